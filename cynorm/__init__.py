@@ -1,0 +1,41 @@
+"""cynorm: normalization kernels for NumPy arrays.
+
+Cython + OpenMP kernels behind a NumPy API, with PyTorch's semantics:
+
+* weight normalization: `weight_norm`, `weight_norm_interface`,
+  `weight_norm_backward`, `norm_except_dim`
+
+Threads: `set_num_threads` / `get_num_threads` (OMP_NUM_THREADS and
+threadpoolctl work too).  Build facts: `show_config()`.  Large outputs come
+from a small cache of freed blocks: `alloc_cache_info`,
+`set_alloc_cache_limit`, `clear_alloc_cache` (or CYNORM_ALLOC_CACHE=off).
+"""
+from cynorm._version import __version__
+from cynorm._threads import get_num_threads, set_num_threads
+from cynorm._config import show_config, config
+from cynorm._kernels._alloc import (
+    cache_info as alloc_cache_info,
+    clear_cache as clear_alloc_cache,
+    set_cache_limit as set_alloc_cache_limit,
+)
+from cynorm.weight_norm import (
+    norm_except_dim,
+    weight_norm,
+    weight_norm_backward,
+    weight_norm_interface,
+)
+
+__all__ = [
+    "__version__",
+    "alloc_cache_info",
+    "clear_alloc_cache",
+    "config",
+    "get_num_threads",
+    "norm_except_dim",
+    "set_alloc_cache_limit",
+    "set_num_threads",
+    "show_config",
+    "weight_norm",
+    "weight_norm_backward",
+    "weight_norm_interface",
+]

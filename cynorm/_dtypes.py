@@ -1,0 +1,50 @@
+"""The dtype policy, in one table.
+
+| storage  | kernel code | math    | saved statistics |
+|----------|-------------|---------|------------------|
+| float32  | 0           | float32 | float32          |
+| float64  | 1           | float64 | float64          |
+| bfloat16 | 2           | float32 | float32          |
+| float16  | 3           | float32 | float32          |
+
+Reductions accumulate in float64 whatever the storage.  16-bit arrays are
+read and written in 16 bits; their stores round to nearest even, bit-identical
+to an ml_dtypes / NumPy cast of the float32 result.
+"""
+from typing import NamedTuple
+
+import ml_dtypes
+import numpy as np
+
+FLOAT32 = np.dtype(np.float32)
+FLOAT64 = np.dtype(np.float64)
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+FLOAT16 = np.dtype(np.float16)
+
+
+class Policy(NamedTuple):
+    code: int          # the kernels' storage code
+    math: np.dtype     # dtype of per-channel coefficients (g, scales)
+    stat: np.dtype     # dtype of saved statistics (norm, mean, rstd ...)
+
+
+POLICY = {
+    FLOAT32: Policy(0, FLOAT32, FLOAT32),
+    FLOAT64: Policy(1, FLOAT64, FLOAT64),
+    BFLOAT16: Policy(2, FLOAT32, FLOAT32),
+    FLOAT16: Policy(3, FLOAT32, FLOAT32),
+}
+
+SUPPORTED_DTYPES = tuple(POLICY)
+SUPPORTED_NAMES = ", ".join(str(d) for d in SUPPORTED_DTYPES)
+
+
+def is_16bit(dtype):
+    return dtype is BFLOAT16 or dtype is FLOAT16 or dtype in (BFLOAT16, FLOAT16)
+
+
+def coefficient_dtypes(storage):
+    """dtypes accepted for per-channel parameters (g, weight, bias) of `storage`."""
+    if is_16bit(storage):
+        return (storage, FLOAT32)
+    return (storage,)

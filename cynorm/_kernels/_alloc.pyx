@@ -1,0 +1,92 @@
+# cython: language_level=3
+"""Output allocation through a NumPy memory handler that reuses freed blocks.
+
+See cn_alloc.h for why.  `empty()` allocates through the handler only when
+the cache is on and the array is large; NumPy's default handler is restored
+right after, so no other allocation in the process is affected.
+"""
+import os
+
+import numpy as np
+
+cimport numpy as cnp
+from cpython.pycapsule cimport PyCapsule_New
+
+cnp.import_array()
+
+cdef extern from "cn_alloc.h":
+    ctypedef struct cn_cache_t:
+        size_t held
+        size_t limit
+        size_t min_size
+        unsigned long long hits
+        unsigned long long misses
+    cn_cache_t cn_cache
+    cnp.PyDataMem_Handler cn_handler
+    int cn_cache_init(size_t limit, size_t min_size)
+    void cn_cache_set_limit(size_t limit) nogil
+    void cn_cache_trim(size_t limit) nogil
+    int cn_cache_blocks() nogil
+    int CN_CACHE_SLOTS
+
+DEFAULT_LIMIT = 512 << 20
+MIN_SIZE = 1 << 20
+
+
+def _limit_from_env():
+    raw = os.environ.get("CYNORM_ALLOC_CACHE", "").strip().lower()
+    if raw == "":
+        return DEFAULT_LIMIT
+    if raw in ("0", "off", "false", "no"):
+        return 0
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(
+            f"CYNORM_ALLOC_CACHE must be a byte count or 'off', got {raw!r}") from None
+    if value < 0:
+        raise ValueError(f"CYNORM_ALLOC_CACHE must be >= 0, got {value}")
+    return value
+
+
+if cn_cache_init(_limit_from_env(), MIN_SIZE) != 0:
+    raise MemoryError("cynorm: could not create the allocation-cache lock")
+
+cdef object _capsule = PyCapsule_New(<void*>&cn_handler, b"mem_handler", NULL)
+
+
+def empty(shape, dtype, Py_ssize_t nbytes):
+    """np.empty(shape, dtype), through the block cache when nbytes is large."""
+    if nbytes < <Py_ssize_t>cn_cache.min_size or cn_cache.limit == 0:
+        return np.empty(shape, dtype)
+    old = cnp.PyDataMem_SetHandler(_capsule)
+    try:
+        return np.empty(shape, dtype)
+    finally:
+        cnp.PyDataMem_SetHandler(old)
+
+
+def set_cache_limit(limit):
+    """Keep at most `limit` bytes of freed output blocks; 0 turns the cache off."""
+    limit = int(limit)
+    if limit < 0:
+        raise ValueError(f"limit must be >= 0 bytes, got {limit}")
+    cn_cache_set_limit(limit)
+
+
+def clear_cache():
+    """Return every kept block to the system (the cache stays on)."""
+    cn_cache_trim(0)
+
+
+def cache_info():
+    """A dict: limit, held (bytes), blocks, slots, min_size, hits, misses."""
+    return {
+        "limit": cn_cache.limit,
+        "held": cn_cache.held,
+        "blocks": cn_cache_blocks(),
+        "slots": CN_CACHE_SLOTS,
+        "min_size": cn_cache.min_size,
+        "hits": cn_cache.hits,
+        "misses": cn_cache.misses,
+    }

@@ -1,0 +1,55 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""The kernels' scalar conversions over whole arrays, for the tests.
+
+They run exactly the inline functions the kernels use, so tests can compare
+them with ml_dtypes / NumPy casts bit for bit.
+"""
+import numpy as np
+
+from cynorm._kernels.common cimport (
+    cn_bf16, cn_f16, cn_f32_to_bf16, cn_bf16_to_f32, cn_f32_to_f16, cn_f16_to_f32,
+)
+
+
+def f32_to_bf16(const float[::1] x):
+    out = np.empty(x.shape[0], np.uint16)
+    cdef unsigned short[::1] o = out
+    cdef Py_ssize_t i
+    with nogil:
+        for i in range(x.shape[0]):
+            o[i] = cn_f32_to_bf16(x[i]).bits
+    return out
+
+
+def bf16_to_f32(const unsigned short[::1] x):
+    out = np.empty(x.shape[0], np.float32)
+    cdef float[::1] o = out
+    cdef cn_bf16 h
+    cdef Py_ssize_t i
+    with nogil:
+        for i in range(x.shape[0]):
+            h.bits = x[i]
+            o[i] = cn_bf16_to_f32(h)
+    return out
+
+
+def f32_to_f16(const float[::1] x):
+    out = np.empty(x.shape[0], np.uint16)
+    cdef unsigned short[::1] o = out
+    cdef Py_ssize_t i
+    with nogil:
+        for i in range(x.shape[0]):
+            o[i] = cn_f32_to_f16(x[i]).bits
+    return out
+
+
+def f16_to_f32(const unsigned short[::1] x):
+    out = np.empty(x.shape[0], np.float32)
+    cdef float[::1] o = out
+    cdef cn_f16 h
+    cdef Py_ssize_t i
+    with nogil:
+        for i in range(x.shape[0]):
+            h.bits = x[i]
+            o[i] = cn_f16_to_f32(h)
+    return out

@@ -1,0 +1,192 @@
+# Shared scalar helpers for every kernel family: the storage types, their
+# conversion to the math type, and typed entry points to the hot loops of
+# cn_rows.h.
+#
+# Determinism rule: a row reduction is defined as ROW_CHUNK-element chunks,
+# each reduced with 16 independent float64 accumulators merged by a fixed
+# tree (cn_rows.h), chunk results then added left to right.  Every code path
+# (fused or not, any thread count) computes exactly that expression.
+
+cdef extern from "cn_scalar.h" nogil:
+    ctypedef struct cn_bf16:
+        unsigned short bits
+    ctypedef struct cn_f16:
+        unsigned short bits
+    float cn_bf16_to_f32(cn_bf16 h)
+    cn_bf16 cn_f32_to_bf16(float f)
+    float cn_f16_to_f32(cn_f16 h)
+    cn_f16 cn_f32_to_f16(float f)
+    const char* CN_SIMD_LEVEL
+    const char* CN_COMPILER
+    const char* CN_F16_IMPL
+    int CN_OPENMP
+
+cdef extern from "cn_rows.h" nogil:
+    double cn_sumsq_f32(const float* x, Py_ssize_t n)
+    double cn_sumsq_f64(const double* x, Py_ssize_t n)
+    double cn_sumsq_bf16(const cn_bf16* x, Py_ssize_t n)
+    double cn_sumsq_f16(const cn_f16* x, Py_ssize_t n)
+    double cn_dot_f32(const float* x, const float* y, Py_ssize_t n)
+    double cn_dot_f64(const double* x, const double* y, Py_ssize_t n)
+    double cn_dot_bf16(const cn_bf16* x, const cn_bf16* y, Py_ssize_t n)
+    double cn_dot_f16(const cn_f16* x, const cn_f16* y, Py_ssize_t n)
+    void cn_colsq_f32(double* acc, const float* x, Py_ssize_t n)
+    void cn_colsq_f64(double* acc, const double* x, Py_ssize_t n)
+    void cn_colsq_bf16(double* acc, const cn_bf16* x, Py_ssize_t n)
+    void cn_colsq_f16(double* acc, const cn_f16* x, Py_ssize_t n)
+    void cn_coldot_f32(double* acc, const float* x, const float* y, Py_ssize_t n)
+    void cn_coldot_f64(double* acc, const double* x, const double* y, Py_ssize_t n)
+    void cn_coldot_bf16(double* acc, const cn_bf16* x, const cn_bf16* y, Py_ssize_t n)
+    void cn_coldot_f16(double* acc, const cn_f16* x, const cn_f16* y, Py_ssize_t n)
+    void cn_scale_f32(float* out, const float* x, Py_ssize_t n, float s)
+    void cn_scale_f64(double* out, const double* x, Py_ssize_t n, double s)
+    void cn_scale_bf16(cn_bf16* out, const cn_bf16* x, Py_ssize_t n, float s)
+    void cn_scale_f16(cn_f16* out, const cn_f16* x, Py_ssize_t n, float s)
+    void cn_scalecols_f32(float* out, const float* x, Py_ssize_t n, const float* s)
+    void cn_scalecols_f64(double* out, const double* x, Py_ssize_t n, const double* s)
+    void cn_scalecols_bf16(cn_bf16* out, const cn_bf16* x, Py_ssize_t n, const float* s)
+    void cn_scalecols_f16(cn_f16* out, const cn_f16* x, Py_ssize_t n, const float* s)
+    void cn_axpby_f32(float* out, const float* x, const float* y, Py_ssize_t n, float a, float b)
+    void cn_axpby_f64(double* out, const double* x, const double* y, Py_ssize_t n, double a, double b)
+    void cn_axpby_bf16(cn_bf16* out, const cn_bf16* x, const cn_bf16* y, Py_ssize_t n, float a, float b)
+    void cn_axpby_f16(cn_f16* out, const cn_f16* x, const cn_f16* y, Py_ssize_t n, float a, float b)
+    void cn_axpbycols_f32(float* out, const float* x, const float* y, Py_ssize_t n, const float* a, const float* b)
+    void cn_axpbycols_f64(double* out, const double* x, const double* y, Py_ssize_t n, const double* a, const double* b)
+    void cn_axpbycols_bf16(cn_bf16* out, const cn_bf16* x, const cn_bf16* y, Py_ssize_t n, const float* a, const float* b)
+    void cn_axpbycols_f16(cn_f16* out, const cn_f16* x, const cn_f16* y, Py_ssize_t n, const float* a, const float* b)
+
+# float64 storage computes in float64; the other three compute in float32.
+ctypedef fused storage_t:
+    float
+    double
+    cn_bf16
+    cn_f16
+
+cdef enum:
+    # Elements per row chunk: bounds the serial part of a long row and fixes
+    # where partial sums meet, independently of the thread count.
+    ROW_CHUNK = 32768
+
+
+cdef inline double load(storage_t x) noexcept nogil:
+    if storage_t is cn_bf16:
+        return cn_bf16_to_f32(x)
+    elif storage_t is cn_f16:
+        return cn_f16_to_f32(x)
+    else:
+        return x
+
+
+cdef inline double chunk_sumsq(const storage_t* x, Py_ssize_t n) noexcept nogil:
+    if storage_t is float:
+        return cn_sumsq_f32(x, n)
+    elif storage_t is double:
+        return cn_sumsq_f64(x, n)
+    elif storage_t is cn_bf16:
+        return cn_sumsq_bf16(x, n)
+    else:
+        return cn_sumsq_f16(x, n)
+
+
+cdef inline double chunk_dot(const storage_t* x, const storage_t* y, Py_ssize_t n) noexcept nogil:
+    if storage_t is float:
+        return cn_dot_f32(x, y, n)
+    elif storage_t is double:
+        return cn_dot_f64(x, y, n)
+    elif storage_t is cn_bf16:
+        return cn_dot_bf16(x, y, n)
+    else:
+        return cn_dot_f16(x, y, n)
+
+
+cdef inline void col_sumsq(double* acc, const storage_t* x, Py_ssize_t n) noexcept nogil:
+    if storage_t is float:
+        cn_colsq_f32(acc, x, n)
+    elif storage_t is double:
+        cn_colsq_f64(acc, x, n)
+    elif storage_t is cn_bf16:
+        cn_colsq_bf16(acc, x, n)
+    else:
+        cn_colsq_f16(acc, x, n)
+
+
+cdef inline void col_dot(double* acc, const storage_t* x, const storage_t* y, Py_ssize_t n) noexcept nogil:
+    if storage_t is float:
+        cn_coldot_f32(acc, x, y, n)
+    elif storage_t is double:
+        cn_coldot_f64(acc, x, y, n)
+    elif storage_t is cn_bf16:
+        cn_coldot_bf16(acc, x, y, n)
+    else:
+        cn_coldot_f16(acc, x, y, n)
+
+
+cdef inline double row_sumsq(const storage_t* x, Py_ssize_t n) noexcept nogil:
+    cdef double s = 0.0
+    cdef Py_ssize_t c = 0
+    while c < n:
+        s += chunk_sumsq(x + c, min(<Py_ssize_t>ROW_CHUNK, n - c))
+        c += ROW_CHUNK
+    return s
+
+
+cdef inline double row_dot(const storage_t* x, const storage_t* y, Py_ssize_t n) noexcept nogil:
+    cdef double s = 0.0
+    cdef Py_ssize_t c = 0
+    while c < n:
+        s += chunk_dot(x + c, y + c, min(<Py_ssize_t>ROW_CHUNK, n - c))
+        c += ROW_CHUNK
+    return s
+
+
+cdef inline void scale_row(storage_t* out, const storage_t* x, Py_ssize_t n,
+                           double s) noexcept nogil:
+    # out = x * s in the math type (for float32-math storages s already holds
+    # a float32 value, so the cast is exact)
+    if storage_t is float:
+        cn_scale_f32(out, x, n, <float>s)
+    elif storage_t is double:
+        cn_scale_f64(out, x, n, s)
+    elif storage_t is cn_bf16:
+        cn_scale_bf16(out, x, n, <float>s)
+    else:
+        cn_scale_f16(out, x, n, <float>s)
+
+
+cdef inline void scale_cols(storage_t* out, const storage_t* x, Py_ssize_t n,
+                            const void* s) noexcept nogil:
+    # out[j] = x[j] * s[j]; s holds the math type
+    if storage_t is float:
+        cn_scalecols_f32(out, x, n, <const float*>s)
+    elif storage_t is double:
+        cn_scalecols_f64(out, x, n, <const double*>s)
+    elif storage_t is cn_bf16:
+        cn_scalecols_bf16(out, x, n, <const float*>s)
+    else:
+        cn_scalecols_f16(out, x, n, <const float*>s)
+
+
+cdef inline void axpby_row(storage_t* out, const storage_t* x, const storage_t* y,
+                           Py_ssize_t n, double a, double b) noexcept nogil:
+    # out = a * x - b * y in the math type
+    if storage_t is float:
+        cn_axpby_f32(out, x, y, n, <float>a, <float>b)
+    elif storage_t is double:
+        cn_axpby_f64(out, x, y, n, a, b)
+    elif storage_t is cn_bf16:
+        cn_axpby_bf16(out, x, y, n, <float>a, <float>b)
+    else:
+        cn_axpby_f16(out, x, y, n, <float>a, <float>b)
+
+
+cdef inline void axpby_cols(storage_t* out, const storage_t* x, const storage_t* y,
+                            Py_ssize_t n, const void* a, const void* b) noexcept nogil:
+    # out[j] = a[j] * x[j] - b[j] * y[j]; a, b hold the math type
+    if storage_t is float:
+        cn_axpbycols_f32(out, x, y, n, <const float*>a, <const float*>b)
+    elif storage_t is double:
+        cn_axpbycols_f64(out, x, y, n, <const double*>a, <const double*>b)
+    elif storage_t is cn_bf16:
+        cn_axpbycols_bf16(out, x, y, n, <const float*>a, <const float*>b)
+    else:
+        cn_axpbycols_f16(out, x, y, n, <const float*>a, <const float*>b)

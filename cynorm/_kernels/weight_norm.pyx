@@ -1,0 +1,423 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+# cython: initializedcheck=False
+"""Weight-normalization kernels (every kernel of the op lives here).
+
+The array is seen as (A, D, B): D is the kept axis, A the axes before it and
+B the axes after it.  Two reduction shapes cover every dim:
+
+* rows (B large, or A == 1): each (a, d) row of B contiguous elements is
+  reduced in ROW_CHUNK pieces; with A == 1 and rows that fit in cache the
+  norm, the scale and the store run while the row is hot ("fused").
+* columns (B small, A > 1): the array is (A, C = D*B); fixed blocks of rows
+  accumulate per-column float64 partials, blocks merge in order, and the B
+  columns of each d fold in order.
+
+Work splits into tasks whose boundaries depend on the shape only, and
+partials merge in a fixed order, so results are bitwise identical at any
+thread count.
+
+This layer computes only: the Python layer (cynorm/weight_norm.py) has
+validated shapes, dtypes and contiguity and allocated every output.
+"""
+from cython.parallel cimport prange
+from libc.stdlib cimport malloc, free
+from libc.math cimport sqrt, pow, fabs
+cimport numpy as cnp
+
+from cynorm._kernels.common cimport (
+    storage_t, cn_bf16, cn_f16, load, chunk_sumsq, chunk_dot, col_sumsq, col_dot,
+    row_sumsq, row_dot, scale_row, scale_cols, axpby_row, axpby_cols, ROW_CHUNK,
+)
+
+cnp.import_array()
+
+cdef enum:
+    OP_SUMSQ = 0
+    OP_SUMABS = 1
+    OP_MAXABS = 2
+    OP_SUMPOW = 3
+    OP_DOT = 4
+
+cdef enum:
+    # rows at least this long are reduced as rows even when A > 1
+    ROW_MIN_B = 128
+    # the column reduction uses at most this many row blocks (so partials
+    # stay small) and at least this many rows per block
+    COL_MAX_BLOCKS = 64
+    COL_MIN_ROWS = 16
+    # columns per column task: keeps a block's partials in L1
+    COL_WIDTH = 2048
+    # the fused path needs a row that stays in cache between its two passes
+    # and enough rows to feed every thread
+    FUSED_MAX_ROW = 262144
+    FUSED_MIN_ROWS = 8
+    # below this many elements one thread beats waking a team
+    SERIAL_BELOW = 65536
+
+cdef inline bint use_rows(Py_ssize_t A, Py_ssize_t B) noexcept nogil:
+    return A == 1 or B >= ROW_MIN_B
+
+
+cdef inline bint use_fused(Py_ssize_t A, Py_ssize_t D, Py_ssize_t B) noexcept nogil:
+    return A == 1 and B <= FUSED_MAX_ROW and D >= FUSED_MIN_ROWS
+
+
+cdef inline double combine(int op, double acc, double part) noexcept nogil:
+    if op == OP_MAXABS:
+        # NaN propagates, as in torch.linalg.norm(ord=inf)
+        if part > acc or part != part:
+            return part
+        return acc
+    return acc + part
+
+
+cdef inline double finish(int op, double r, double p) noexcept nogil:
+    if op == OP_SUMSQ:
+        return sqrt(r)
+    if op == OP_SUMPOW:
+        return pow(r, 1.0 / p)
+    return r
+
+
+cdef inline double chunk_reduce(int op, const storage_t* x, const storage_t* y,
+                                Py_ssize_t n, double p) noexcept nogil:
+    cdef Py_ssize_t j
+    cdef double acc = 0.0
+    if op == OP_SUMSQ:
+        return chunk_sumsq(x, n)
+    if op == OP_DOT:
+        return chunk_dot(x, y, n)
+    if op == OP_SUMABS:
+        for j in range(n):
+            acc += fabs(load(x[j]))
+    elif op == OP_MAXABS:
+        for j in range(n):
+            acc = combine(OP_MAXABS, acc, fabs(load(x[j])))
+    else:
+        for j in range(n):
+            acc += pow(fabs(load(x[j])), p)
+    return acc
+
+
+cdef inline void col_accumulate(int op, double* acc, const storage_t* x,
+                                const storage_t* y, Py_ssize_t n, double p) noexcept nogil:
+    cdef Py_ssize_t j
+    cdef double t
+    if op == OP_SUMSQ:
+        col_sumsq(acc, x, n)
+    elif op == OP_DOT:
+        col_dot(acc, x, y, n)
+    elif op == OP_SUMABS:
+        for j in range(n):
+            acc[j] += fabs(load(x[j]))
+    elif op == OP_MAXABS:
+        for j in range(n):
+            acc[j] = combine(OP_MAXABS, acc[j], fabs(load(x[j])))
+    else:
+        for j in range(n):
+            acc[j] += pow(fabs(load(x[j])), p)
+
+
+cdef int reduce_over_d(int op, const storage_t* x, const storage_t* y,
+                       Py_ssize_t A, Py_ssize_t D, Py_ssize_t B, double p,
+                       double* result, int nt) noexcept nogil:
+    """result[d] = op-reduction of x[:, d, :] (and y for OP_DOT), unfinished.
+
+    Returns -1 when a work buffer cannot be allocated."""
+    cdef Py_ssize_t t, d, c, a, r, j, b, blk, n, b0, j0, off
+    cdef Py_ssize_t nchunk, ntask, C, rb, nblk, ncc, r0, r1
+    cdef double acc
+    cdef double* part
+    cdef double* accp
+    if D == 0:
+        return 0
+    if A == 0 or B == 0:
+        for d in range(D):
+            result[d] = 0.0
+        return 0
+    if use_rows(A, B):
+        nchunk = (B + ROW_CHUNK - 1) // ROW_CHUNK
+        ntask = D * nchunk
+        part = <double*>malloc(ntask * sizeof(double))
+        if part == NULL:
+            return -1
+        for t in prange(ntask, schedule='static', num_threads=nt):
+            d = t // nchunk
+            c = t - d * nchunk
+            b0 = c * ROW_CHUNK
+            n = min(<Py_ssize_t>ROW_CHUNK, B - b0)
+            acc = 0.0
+            for a in range(A):
+                off = (a * D + d) * B + b0
+                acc = combine(op, acc, chunk_reduce(op, x + off, y + off if y != NULL else NULL, n, p))
+            part[t] = acc
+        for d in range(D):
+            acc = 0.0
+            for c in range(nchunk):
+                acc = combine(op, acc, part[d * nchunk + c])
+            result[d] = acc
+        free(part)
+        return 0
+
+    C = D * B
+    rb = max(<Py_ssize_t>COL_MIN_ROWS, (A + COL_MAX_BLOCKS - 1) // COL_MAX_BLOCKS)
+    nblk = (A + rb - 1) // rb
+    ncc = (C + COL_WIDTH - 1) // COL_WIDTH
+    part = <double*>malloc(nblk * C * sizeof(double))
+    if part == NULL:
+        return -1
+    for t in prange(nblk * ncc, schedule='static', num_threads=nt):
+        blk = t // ncc
+        j0 = (t - blk * ncc) * COL_WIDTH
+        n = min(<Py_ssize_t>COL_WIDTH, C - j0)
+        accp = part + blk * C + j0
+        for j in range(n):
+            accp[j] = 0.0
+        r0 = blk * rb
+        r1 = min(A, r0 + rb)
+        for r in range(r0, r1):
+            off = r * C + j0
+            col_accumulate(op, accp, x + off, y + off if y != NULL else NULL, n, p)
+    for j in prange(C, schedule='static', num_threads=nt):
+        acc = part[j]
+        for blk in range(1, nblk):
+            acc = combine(op, acc, part[blk * C + j])
+        part[j] = acc
+    for d in range(D):
+        acc = 0.0
+        for b in range(B):
+            acc = combine(op, acc, part[d * B + b])
+        result[d] = acc
+    free(part)
+    return 0
+
+
+cdef inline double forward_scale(const storage_t* tag, double sumsq, const void* g,
+                                 void* norm, Py_ssize_t d) noexcept nogil:
+    """Stores norm[d]; returns g[d] / norm[d] computed in the math type."""
+    cdef float nf
+    if storage_t is double:
+        (<double*>norm)[d] = sqrt(sumsq)
+        return (<const double*>g)[d] / (<double*>norm)[d]
+    nf = <float>sqrt(sumsq)
+    (<float*>norm)[d] = nf
+    return <double>((<const float*>g)[d] / nf)
+
+
+cdef inline void backward_coefs(const storage_t* tag, double s, const void* g, const void* norm,
+                                void* grad_g, Py_ssize_t d, double* a, double* b) noexcept nogil:
+    """grad_g[d] = s / norm; a = g / norm; b = a * grad_g / norm (math type)."""
+    cdef double nd, gg
+    cdef float nf, ggf, af
+    if storage_t is double:
+        nd = (<const double*>norm)[d]
+        gg = s / nd
+        (<double*>grad_g)[d] = gg
+        a[0] = (<const double*>g)[d] / nd
+        b[0] = a[0] * gg / nd
+    else:
+        nf = (<const float*>norm)[d]
+        ggf = <float>s / nf
+        (<float*>grad_g)[d] = ggf
+        af = (<const float*>g)[d] / nf
+        a[0] = af
+        b[0] = <double>(af * ggf / nf)
+
+
+cdef inline void pack_cols(const storage_t* tag, const double* per_d, Py_ssize_t D, Py_ssize_t B,
+                           double* cols) noexcept nogil:
+    # expand a per-d coefficient to one per column, in the math type
+    cdef Py_ssize_t d, b
+    for d in range(D):
+        for b in range(B):
+            if storage_t is double:
+                cols[d * B + b] = per_d[d]
+            else:
+                (<float*>cols)[d * B + b] = <float>per_d[d]
+
+
+cdef inline const void* coef_ptr(const storage_t* tag, const double* cols,
+                                Py_ssize_t j) noexcept nogil:
+    # column coefficients are packed in the math type (see pack_cols)
+    if storage_t is double:
+        return cols + j
+    return (<const float*>cols) + j
+
+
+cdef int apply_rows_or_cols(storage_t* out, const storage_t* x, const storage_t* y,
+                            Py_ssize_t A, Py_ssize_t D, Py_ssize_t B,
+                            const double* coef_a, const double* coef_b, int nt) noexcept nogil:
+    """out = a[d] * x (y == NULL), or a[d] * x - b[d] * y, over every (a, d, b)."""
+    cdef Py_ssize_t t, q, d, c, n, b0, off, r, j0, nchunk, C, ncc
+    cdef double* ca
+    cdef double* cb
+    if A == 0 or D == 0 or B == 0:
+        return 0
+    if use_rows(A, B):
+        nchunk = (B + ROW_CHUNK - 1) // ROW_CHUNK
+        for t in prange(A * D * nchunk, schedule='static', num_threads=nt):
+            q = t // nchunk            # q = a * D + d
+            c = t - q * nchunk
+            d = q % D
+            b0 = c * ROW_CHUNK
+            n = min(<Py_ssize_t>ROW_CHUNK, B - b0)
+            off = q * B + b0
+            if y == NULL:
+                scale_row(out + off, x + off, n, coef_a[d])
+            else:
+                axpby_row(out + off, x + off, y + off, n, coef_a[d], coef_b[d])
+        return 0
+    C = D * B
+    ca = <double*>malloc(2 * C * sizeof(double))
+    if ca == NULL:
+        return -1
+    cb = ca + C
+    pack_cols(x, coef_a, D, B, ca)
+    if y != NULL:
+        pack_cols(x, coef_b, D, B, cb)
+    ncc = (C + COL_WIDTH - 1) // COL_WIDTH
+    for t in prange(A * ncc, schedule='static', num_threads=nt):
+        r = t // ncc
+        j0 = (t - r * ncc) * COL_WIDTH
+        n = min(<Py_ssize_t>COL_WIDTH, C - j0)
+        off = r * C + j0
+        if y == NULL:
+            scale_cols(out + off, x + off, n, coef_ptr(x, ca, j0))
+        else:
+            axpby_cols(out + off, x + off, y + off, n, coef_ptr(x, ca, j0), coef_ptr(x, cb, j0))
+    free(ca)
+    return 0
+
+
+cdef int forward(const storage_t* v, const void* g, storage_t* w, void* norm,
+                 Py_ssize_t A, Py_ssize_t D, Py_ssize_t B, int nt) noexcept nogil:
+    cdef Py_ssize_t d
+    cdef double s
+    cdef double* work
+    cdef int rc
+    if use_fused(A, D, B):
+        for d in prange(D, schedule='static', num_threads=nt):
+            s = forward_scale(w, row_sumsq(v + d * B, B), g, norm, d)
+            scale_row(w + d * B, v + d * B, B, s)
+        return 0
+    work = <double*>malloc((D + 1) * sizeof(double))
+    if work == NULL:
+        return -1
+    rc = reduce_over_d(OP_SUMSQ, v, <const storage_t*>NULL, A, D, B, 0.0, work, nt)
+    if rc == 0:
+        for d in range(D):
+            work[d] = forward_scale(w, work[d], g, norm, d)
+        rc = apply_rows_or_cols(w, v, <const storage_t*>NULL, A, D, B, work, NULL, nt)
+    free(work)
+    return rc
+
+
+cdef int backward(const storage_t* grad_w, const storage_t* v, const void* g,
+                  const void* norm, storage_t* grad_v, void* grad_g,
+                  Py_ssize_t A, Py_ssize_t D, Py_ssize_t B, int nt) noexcept nogil:
+    cdef Py_ssize_t d
+    cdef double a, b
+    cdef double* work
+    cdef int rc
+    if use_fused(A, D, B):
+        for d in prange(D, schedule='static', num_threads=nt):
+            backward_coefs(grad_v, row_dot(grad_w + d * B, v + d * B, B), g, norm, grad_g, d, &a, &b)
+            axpby_row(grad_v + d * B, grad_w + d * B, v + d * B, B, a, b)
+        return 0
+    work = <double*>malloc((2 * D + 1) * sizeof(double))
+    if work == NULL:
+        return -1
+    rc = reduce_over_d(OP_DOT, grad_w, v, A, D, B, 0.0, work, nt)
+    if rc == 0:
+        for d in range(D):
+            backward_coefs(grad_v, work[d], g, norm, grad_g, d, &work[d], &work[D + d])
+        rc = apply_rows_or_cols(grad_v, grad_w, v, A, D, B, work, work + D, nt)
+    free(work)
+    return rc
+
+
+cdef inline void* data(cnp.ndarray a):
+    return cnp.PyArray_DATA(a)
+
+
+cdef inline int threads_for(Py_ssize_t size, int n_threads) noexcept nogil:
+    return 1 if size < SERIAL_BELOW else max(1, n_threads)
+
+
+def weight_norm_forward(cnp.ndarray v, cnp.ndarray g, cnp.ndarray w, cnp.ndarray norm,
+                        Py_ssize_t A, Py_ssize_t D, Py_ssize_t B, int code, int n_threads):
+    """w = v * g / ||v|| over (A, D, B); norm[d] = ||v[:, d, :]||.
+
+    v, w: C-contiguous storage arrays (16-bit types viewed as uint16);
+    g: contiguous math-type vector of length D; norm: contiguous stat-type
+    vector of length D."""
+    cdef void* pv = data(v)
+    cdef void* pg = data(g)
+    cdef void* pw = data(w)
+    cdef void* pn = data(norm)
+    cdef int nt = threads_for(A * D * B, n_threads)
+    cdef int rc
+    with nogil:
+        if code == 0:
+            rc = forward[float](<float*>pv, pg, <float*>pw, pn, A, D, B, nt)
+        elif code == 1:
+            rc = forward[double](<double*>pv, pg, <double*>pw, pn, A, D, B, nt)
+        elif code == 2:
+            rc = forward[cn_bf16](<cn_bf16*>pv, pg, <cn_bf16*>pw, pn, A, D, B, nt)
+        else:
+            rc = forward[cn_f16](<cn_f16*>pv, pg, <cn_f16*>pw, pn, A, D, B, nt)
+    if rc != 0:
+        raise MemoryError("weight_norm: could not allocate the reduction workspace")
+
+
+def weight_norm_backward(cnp.ndarray grad_w, cnp.ndarray v, cnp.ndarray g, cnp.ndarray norm,
+                         cnp.ndarray grad_v, cnp.ndarray grad_g,
+                         Py_ssize_t A, Py_ssize_t D, Py_ssize_t B, int code, int n_threads):
+    """grad_g = <grad_w, v> / norm; grad_v = (g/norm) grad_w - (g grad_g / norm^2) v.
+
+    grad_g is a contiguous stat-type vector of length D; the rest as in
+    weight_norm_forward."""
+    cdef void* pgw = data(grad_w)
+    cdef void* pv = data(v)
+    cdef void* pg = data(g)
+    cdef void* pn = data(norm)
+    cdef void* pgv = data(grad_v)
+    cdef void* pgg = data(grad_g)
+    cdef int nt = threads_for(A * D * B, n_threads)
+    cdef int rc
+    with nogil:
+        if code == 0:
+            rc = backward[float](<float*>pgw, <float*>pv, pg, pn, <float*>pgv, pgg, A, D, B, nt)
+        elif code == 1:
+            rc = backward[double](<double*>pgw, <double*>pv, pg, pn, <double*>pgv, pgg, A, D, B, nt)
+        elif code == 2:
+            rc = backward[cn_bf16](<cn_bf16*>pgw, <cn_bf16*>pv, pg, pn, <cn_bf16*>pgv, pgg, A, D, B, nt)
+        else:
+            rc = backward[cn_f16](<cn_f16*>pgw, <cn_f16*>pv, pg, pn, <cn_f16*>pgv, pgg, A, D, B, nt)
+    if rc != 0:
+        raise MemoryError("weight_norm_backward: could not allocate the reduction workspace")
+
+
+def norm_except_dim(cnp.ndarray v, cnp.ndarray out, int kind, double p,
+                    Py_ssize_t A, Py_ssize_t D, Py_ssize_t B, int code, int n_threads):
+    """out[d] (float64) = p-norm of v[:, d, :]; kind 0: p=2, 1: p=1, 2: inf, 3: other p."""
+    cdef void* pv = data(v)
+    cdef double* po = <double*>data(out)
+    cdef int nt = threads_for(A * D * B, n_threads)
+    cdef int op = (OP_SUMSQ, OP_SUMABS, OP_MAXABS, OP_SUMPOW)[kind]
+    cdef int rc
+    cdef Py_ssize_t d
+    with nogil:
+        if code == 0:
+            rc = reduce_over_d[float](op, <float*>pv, NULL, A, D, B, p, po, nt)
+        elif code == 1:
+            rc = reduce_over_d[double](op, <double*>pv, NULL, A, D, B, p, po, nt)
+        elif code == 2:
+            rc = reduce_over_d[cn_bf16](op, <cn_bf16*>pv, NULL, A, D, B, p, po, nt)
+        else:
+            rc = reduce_over_d[cn_f16](op, <cn_f16*>pv, NULL, A, D, B, p, po, nt)
+        if rc == 0:
+            for d in range(D):
+                po[d] = finish(op, po[d], p)
+    if rc != 0:
+        raise MemoryError("norm_except_dim: could not allocate the reduction workspace")

@@ -1,0 +1,128 @@
+"""Argument checks shared by every op: one place says "expected X, got Y"."""
+import operator
+
+import numpy as np
+from numpy.exceptions import AxisError
+
+from cynorm._dtypes import POLICY, SUPPORTED_NAMES
+
+
+def as_float_array(x, name):
+    """x as an ndarray of a supported floating dtype; returns (array, policy)."""
+    if type(x) is not np.ndarray:
+        if isinstance(x, np.ndarray):
+            x = np.asarray(x)
+        elif hasattr(x, "__array__") or isinstance(x, (list, tuple, float, int, np.generic)):
+            x = np.asarray(x)
+        else:
+            raise TypeError(f"{name} must be a NumPy array, got {type(x).__name__}")
+    policy = POLICY.get(x.dtype)
+    if policy is None:
+        raise TypeError(
+            f"{name} must have a floating dtype ({SUPPORTED_NAMES}), got {x.dtype}")
+    return x, policy
+
+
+def normalize_dim(dim, ndim, name="dim"):
+    """dim wrapped into [0, ndim), or None (meaning: every axis)."""
+    if dim is None:
+        return None
+    if isinstance(dim, (bool, np.bool_)):
+        raise TypeError(f"{name} must be an int or None, got {dim!r}")
+    try:
+        d = operator.index(dim)
+    except TypeError:
+        raise TypeError(f"{name} must be an int or None, got {type(dim).__name__}") from None
+    if not -ndim <= d < ndim:
+        raise AxisError(
+            f"{name}={d} is out of range for an array of {ndim} dimension"
+            f"{'' if ndim == 1 else 's'} (expected -{ndim} <= {name} < {ndim})"
+            if ndim else f"{name}={d} is invalid for a 0-d array (use {name}=None)")
+    return d + ndim if d < 0 else d
+
+
+def split_shape(shape, dim):
+    """(A, D, B): the product of the axes before dim, dim's size, the product after."""
+    if dim is None:
+        return 1, 1, int(np.prod(shape, dtype=np.int64))
+    a = 1
+    for s in shape[:dim]:
+        a *= s
+    b = 1
+    for s in shape[dim + 1:]:
+        b *= s
+    return a, shape[dim], b
+
+
+def kept_shape(shape, dim):
+    """The keepdims shape of a reduction over every axis but dim."""
+    if dim is None:
+        return (1,) * len(shape)
+    return tuple(s if i == dim else 1 for i, s in enumerate(shape))
+
+
+def check_per_channel(x, name, v_shape, dim, dtypes):
+    """x holds one value per index of v's dim: keepdims layout or 1-D; returns x."""
+    D = 1 if dim is None else v_shape[dim]
+    shape = x.shape
+    ok = shape == kept_shape(v_shape, dim) or shape == (D,)
+    if dim is None:
+        ok = ok or shape == ()
+    if not ok:
+        want = kept_shape(v_shape, dim)
+        alts = f"{want} or {(D,)}" + (" or ()" if dim is None else "")
+        raise ValueError(f"{name} must have shape {alts} for v of shape {v_shape} "
+                         f"and dim={dim}, got {shape}")
+    if x.dtype not in dtypes:
+        raise TypeError(f"{name} must have dtype "
+                        f"{' or '.join(str(d) for d in dtypes)}, got {x.dtype}")
+    return x
+
+
+def check_same(x, name, shape, dtype, ref="v"):
+    if x.shape != shape:
+        raise ValueError(f"{name} must have the shape of {ref} {shape}, got {x.shape}")
+    if x.dtype != dtype:
+        raise TypeError(f"{name} must have the dtype of {ref} ({dtype}), got {x.dtype}")
+
+
+def check_out(out, name, shape, dtype, order="C"):
+    """A caller-provided output: an ndarray of exactly shape/dtype, writeable,
+    contiguous in `order` ('C' or 'F')."""
+    if type(out) is not np.ndarray and not isinstance(out, np.ndarray):
+        raise TypeError(f"{name} must be a NumPy array or None, got {type(out).__name__}")
+    if out.shape != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {out.shape}")
+    if out.dtype != dtype:
+        raise TypeError(f"{name} must have dtype {dtype}, got {out.dtype}")
+    if not out.flags.writeable:
+        raise ValueError(f"{name} is read-only")
+    contiguous = out.flags.c_contiguous if order == "C" else out.flags.f_contiguous
+    if not contiguous:
+        what = "C-contiguous" if order == "C" else "F-contiguous (as the inputs are)"
+        raise ValueError(f"{name} must be {what}")
+    return out
+
+
+def split_out(out, names):
+    """out=None or a tuple with one entry (array or None) per output."""
+    n = len(names)
+    if out is None:
+        return (None,) * n
+    if not isinstance(out, tuple) or len(out) != n:
+        raise TypeError(f"out must be None or a tuple of {n} arrays/None "
+                        f"({', '.join(names)}), got {type(out).__name__}"
+                        + (f" of length {len(out)}" if isinstance(out, tuple) else ""))
+    return out
+
+
+def check_threads(n):
+    if isinstance(n, (bool, np.bool_)):
+        raise TypeError(f"n must be a positive int, got {n!r}")
+    try:
+        n = operator.index(n)
+    except TypeError:
+        raise TypeError(f"n must be a positive int, got {type(n).__name__}") from None
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    return n

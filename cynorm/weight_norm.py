@@ -1,0 +1,254 @@
+"""Weight normalization (Salimans & Kingma, 2016) on NumPy arrays.
+
+    w = g * v / ||v||
+
+where the norm runs over every axis of v except `dim`, so each slice along
+`dim` is rescaled to norm g.  The semantics are PyTorch's
+(torch._weight_norm, torch._weight_norm_interface and its backward,
+torch.norm_except_dim); the kernels are fused for every dim and dtype.
+
+Conventions shared by the functions here:
+
+* v may have any strides and is never modified.  C-contiguous and
+  F-contiguous inputs are read in place; other layouts are copied once.
+  Large outputs follow the input layout (F in, F out; otherwise C).
+* dim wraps like a NumPy axis (-1 is the last axis).  ``dim=None`` means one
+  norm over the whole array.  (ATen spells that dim=-1; here -1 is the last
+  axis, as everywhere in NumPy.)
+* g (and saved_norm) hold one value per index of v's dim: either the keepdims
+  shape (size 1 on every other axis, PyTorch's layout) or 1-D of length
+  v.shape[dim]; for dim=None a 0-d, (1,) or all-ones shape.  Outputs that
+  match g keep g's shape.
+* dtypes: float64, float32, bfloat16 (ml_dtypes), float16.  g has v's dtype,
+  or float32 when v is 16-bit.  The returned norm is float32 for 16-bit v,
+  v's dtype otherwise.  16-bit data is computed in float32.
+* ``out=`` takes a tuple with one array (or None) per output; an output array
+  must have exactly the expected shape and dtype and be C- or F-contiguous.
+* A zero norm is not an error: as in PyTorch, the result is non-finite (0/0
+  gives NaN, g/0 gives inf) wherever that slice is used.
+* Results are bitwise identical at any thread count.
+"""
+import math
+
+import numpy as np
+
+from cynorm import _dtypes
+from cynorm._kernels import weight_norm as _k
+from cynorm._kernels._alloc import empty as _empty
+from cynorm._kernels._runtime import get_num_threads as _threads
+from cynorm._validation import (
+    as_float_array, check_out, check_per_channel, check_same, kept_shape,
+    normalize_dim, split_out, split_shape,
+)
+
+__all__ = ["norm_except_dim", "weight_norm", "weight_norm_interface", "weight_norm_backward"]
+
+
+def _layout(arrays, outs):
+    """Kernel views of `arrays` (all C-contiguous), and whether they are the
+    transposes of F-contiguous inputs.  F layout is used only when every input
+    is F-contiguous (and not C) and every given output is F-contiguous too."""
+    if all(a.flags.c_contiguous for a in arrays):
+        return arrays, False
+    if (all(a.flags.f_contiguous for a in arrays)
+            and all(o is None or o.flags.f_contiguous for o in outs)):
+        return [a.T for a in arrays], True
+    return [np.ascontiguousarray(a) for a in arrays], False
+
+
+def _big_out(out, name, shape, dtype, transposed):
+    """The kernel's C-contiguous buffer for a v-shaped output, and the array
+    the caller gets back."""
+    if out is None:
+        kshape = shape[::-1] if transposed else shape
+        nbytes = math.prod(kshape) * dtype.itemsize
+        buf = _empty(kshape, dtype, nbytes)
+        return buf, (buf.T if transposed else buf)
+    if transposed:
+        return out.T, out
+    if not out.flags.c_contiguous:
+        # only reachable when the inputs were C (or copied to C)
+        raise ValueError(f"{name} must be C-contiguous when the inputs are not all F-contiguous")
+    return out, out
+
+
+def _check_big_out(out, name, shape, dtype):
+    if out is None:
+        return None
+    check_out(out, name, shape, dtype, order="C" if out.flags.c_contiguous else "F")
+    return out
+
+
+def _small_out(out, name, shape, dtype):
+    """A per-channel output: (flat C-contiguous vector the kernel writes, array returned)."""
+    if out is None:
+        arr = np.empty(shape, dtype)
+    else:
+        arr = check_out(out, name, shape, dtype)
+    return arr.reshape(-1), arr
+
+
+def _kernel_dims(shape, dim, transposed):
+    if transposed:
+        shape = shape[::-1]
+        dim = None if dim is None else len(shape) - 1 - dim
+    return split_shape(shape, dim)
+
+
+def _prepare_g(g, v, dim, policy, name="g"):
+    g, _ = as_float_array(g, name)
+    check_per_channel(g, name, v.shape, dim, _dtypes.coefficient_dtypes(v.dtype))
+    return g, np.ascontiguousarray(g, dtype=policy.math).reshape(-1)
+
+
+def _norm_kind(pow):
+    if isinstance(pow, (bool, np.bool_)) or not isinstance(pow, (int, float, np.integer, np.floating)):
+        raise TypeError(f"pow must be a positive real number or inf, got {pow!r}")
+    p = float(pow)
+    if not p > 0:  # also rejects NaN
+        raise ValueError(f"pow must be > 0 (or inf), got {pow!r}")
+    if p == 2.0:
+        return 0, p
+    if p == 1.0:
+        return 1, p
+    if math.isinf(p):
+        return 2, p
+    return 3, p
+
+
+def norm_except_dim(v, pow=2, dim=0, *, out=None):
+    """The p-norm of v over every axis except `dim`, with keepdims.
+
+    Parameters
+    ----------
+    v : ndarray (float64, float32, bfloat16 or float16)
+    pow : float, default 2
+        Any p > 0, or ``np.inf`` for the largest absolute value.
+    dim : int or None, default 0
+        The axis that is kept.  ``None`` reduces over every axis and returns a
+        0-d array (ATen's dim=-1; here -1 is the last axis).
+    out : ndarray, optional
+        Receives the result: the keepdims shape (or () for dim=None), v's dtype.
+
+    Returns
+    -------
+    ndarray of v's dtype (as torch.norm_except_dim), shape 1 on every axis
+    but `dim`.  Sums accumulate in float64; 16-bit inputs round once at the end.
+    """
+    v, policy = as_float_array(v, "v")
+    dim = normalize_dim(dim, v.ndim)
+    kind, p = _norm_kind(pow)
+    shape = () if dim is None else kept_shape(v.shape, dim)
+    if out is not None:
+        check_out(out, "out", shape, v.dtype)
+    (kv,), transposed = _layout([v], ())
+    A, D, B = _kernel_dims(v.shape, dim, transposed)
+    norms = np.empty(D, np.float64)
+    _k.norm_except_dim(kv, norms, kind, p, A, D, B, policy.code, _threads())
+    if _dtypes.is_16bit(v.dtype):
+        norms = norms.astype(np.float32)     # float64 -> float32 -> 16 bits, as ml_dtypes rounds
+    if out is None:
+        return norms.astype(v.dtype, copy=False).reshape(shape)
+    out[...] = norms.reshape(shape)
+    return out
+
+
+def weight_norm_interface(v, g, dim=0, *, out=None):
+    """Fused weight norm that also returns the norm (torch._weight_norm_interface).
+
+    Parameters
+    ----------
+    v : ndarray
+        The direction.  Any strides; never modified.
+    g : ndarray
+        The magnitude, one value per index of v's `dim` (keepdims shape or 1-D).
+    dim : int or None, default 0
+        The axis whose slices are normalized; None normalizes the whole array.
+    out : tuple (w, norm), optional
+        Output arrays (or None entries) to write into.
+
+    Returns
+    -------
+    w : ndarray, v's shape and dtype: v * g / ||v||.
+    norm : ndarray, g's shape; float32 for 16-bit v, else v's dtype.
+    """
+    v, policy = as_float_array(v, "v")
+    dim = normalize_dim(dim, v.ndim)
+    g, g_vec = _prepare_g(g, v, dim, policy)
+    w_out, norm_out = split_out(out, ("w", "norm"))
+    w_out = _check_big_out(w_out, "out[0] (w)", v.shape, v.dtype)
+    (kv,), transposed = _layout([v], (w_out,))
+    A, D, B = _kernel_dims(v.shape, dim, transposed)
+    kw, w = _big_out(w_out, "out[0] (w)", v.shape, v.dtype, transposed)
+    knorm, norm = _small_out(norm_out, "out[1] (norm)", g.shape, policy.stat)
+    _k.weight_norm_forward(kv, g_vec, kw, knorm, A, D, B, policy.code, _threads())
+    return w, norm
+
+
+def weight_norm(v, g, dim=0, *, out=None):
+    """w = v * g / ||v|| (torch._weight_norm): weight_norm_interface without the norm.
+
+    ``out`` is a single array of v's shape and dtype.
+    """
+    v, policy = as_float_array(v, "v")
+    dim = normalize_dim(dim, v.ndim)
+    g, g_vec = _prepare_g(g, v, dim, policy)
+    w_out = _check_big_out(out, "out", v.shape, v.dtype)
+    (kv,), transposed = _layout([v], (w_out,))
+    A, D, B = _kernel_dims(v.shape, dim, transposed)
+    kw, w = _big_out(w_out, "out", v.shape, v.dtype, transposed)
+    knorm = np.empty(D, policy.stat)
+    _k.weight_norm_forward(kv, g_vec, kw, knorm, A, D, B, policy.code, _threads())
+    return w
+
+
+def weight_norm_backward(grad_w, saved_v, saved_g, saved_norm, dim=0, *, out=None):
+    """Gradients of weight_norm_interface (torch._weight_norm_interface_backward).
+
+    With s = sum(grad_w * v) over every axis but `dim`:
+
+        grad_g = s / norm
+        grad_v = (g / norm) * grad_w - (g * grad_g / norm**2) * v
+
+    Parameters
+    ----------
+    grad_w : ndarray, v's shape and dtype.
+    saved_v, saved_g : the forward's v and g.
+    saved_norm : the norm weight_norm_interface returned (g's shape; float32
+        for 16-bit v, else v's dtype).
+    dim : int or None, as in the forward.
+    out : tuple (grad_v, grad_g), optional.
+
+    Returns
+    -------
+    grad_v : ndarray, v's shape and dtype.
+    grad_g : ndarray, g's shape and dtype.
+    """
+    v, policy = as_float_array(saved_v, "saved_v")
+    grad_w, _ = as_float_array(grad_w, "grad_w")
+    check_same(grad_w, "grad_w", v.shape, v.dtype, ref="saved_v")
+    dim = normalize_dim(dim, v.ndim)
+    g, g_vec = _prepare_g(saved_g, v, dim, policy, name="saved_g")
+    norm, _ = as_float_array(saved_norm, "saved_norm")
+    check_per_channel(norm, "saved_norm", v.shape, dim, (policy.stat,))
+    norm_vec = np.ascontiguousarray(norm).reshape(-1)
+    gv_out, gg_out = split_out(out, ("grad_v", "grad_g"))
+    gv_out = _check_big_out(gv_out, "out[0] (grad_v)", v.shape, v.dtype)
+    (kgw, kv), transposed = _layout([grad_w, v], (gv_out,))
+    A, D, B = _kernel_dims(v.shape, dim, transposed)
+    kgv, grad_v = _big_out(gv_out, "out[0] (grad_v)", v.shape, v.dtype, transposed)
+    if g.dtype == policy.stat:
+        kgg, grad_g = _small_out(gg_out, "out[1] (grad_g)", g.shape, g.dtype)
+    else:
+        # 16-bit g: the kernel writes float32, rounded into g's dtype below
+        if gg_out is not None:
+            check_out(gg_out, "out[1] (grad_g)", g.shape, g.dtype)
+        kgg, grad_g = np.empty(D, policy.stat), gg_out
+    _k.weight_norm_backward(kgw, kv, g_vec, norm_vec, kgv, kgg, A, D, B, policy.code, _threads())
+    if grad_g is None or grad_g.dtype != policy.stat:
+        rounded = kgg.astype(g.dtype).reshape(g.shape)
+        if grad_g is None:
+            grad_g = rounded
+        else:
+            grad_g[...] = rounded
+    return grad_v, grad_g

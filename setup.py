@@ -1,0 +1,62 @@
+"""Build the Cython extensions with OpenMP.
+
+Environment switches (all optional):
+  CYNORM_NO_OPENMP=1   build serial extensions (correct, single-threaded)
+  CYNORM_MARCH=native  add -march=<value> (default: the compiler's baseline,
+                       so the build runs on any CPU of the architecture)
+  CYNORM_CFLAGS="..."  extra compiler flags, appended last
+"""
+import os
+import shlex
+import sys
+import sysconfig
+
+import numpy as np
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+KERNELS = "cynorm/_kernels"
+
+
+def compile_flags():
+    openmp = os.environ.get("CYNORM_NO_OPENMP", "") in ("", "0")
+    if sys.platform == "win32":
+        cflags = ["/O2", "/fp:precise"] + (["/openmp"] if openmp else [])
+        return cflags, [], openmp
+    # -ffp-contract=off: no FMA contraction, so every build computes the same
+    # expression and results do not change with the target's instruction set.
+    cflags = ["-O3", "-ffp-contract=off", "-fno-math-errno"]
+    march = os.environ.get("CYNORM_MARCH", "")
+    if march:
+        cflags.append(f"-march={march}")
+    cflags += shlex.split(os.environ.get("CYNORM_CFLAGS", ""))
+    ldflags = []
+    if openmp:
+        if sys.platform == "darwin":
+            cflags += ["-Xpreprocessor", "-fopenmp"]
+            ldflags += ["-lomp"]
+        else:
+            cflags.append("-fopenmp")
+            ldflags.append("-fopenmp")
+    return cflags, ldflags, openmp
+
+
+def extensions():
+    cflags, ldflags, openmp = compile_flags()
+    common = dict(
+        include_dirs=[np.get_include(), KERNELS],
+        extra_compile_args=cflags,
+        extra_link_args=ldflags,
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION"),
+                       ("NPY_TARGET_VERSION", "NPY_2_0_API_VERSION")],
+    )
+    names = ["weight_norm", "_runtime", "_alloc", "_convert"]
+    exts = [Extension(f"cynorm._kernels.{n}", [f"{KERNELS}/{n}.pyx"], **common) for n in names]
+    return cythonize(
+        exts,
+        compiler_directives={"language_level": 3},
+        compile_time_env={"CN_OPENMP_BUILD": openmp},
+    )
+
+
+setup(ext_modules=extensions())
