@@ -88,8 +88,8 @@ def check_same(x, name, shape, dtype, ref="v"):
 
 def check_out(out, name, shape, dtype, order="C"):
     """A caller-provided output: an ndarray of exactly shape/dtype, writeable,
-    contiguous in `order` ('C' or 'F')."""
-    if type(out) is not np.ndarray and not isinstance(out, np.ndarray):
+    and contiguous in `order`: "C", or "CF" for either order."""
+    if not isinstance(out, np.ndarray):
         raise TypeError(f"{name} must be a NumPy array or None, got {type(out).__name__}")
     if out.shape != shape:
         raise ValueError(f"{name} must have shape {shape}, got {out.shape}")
@@ -97,10 +97,10 @@ def check_out(out, name, shape, dtype, order="C"):
         raise TypeError(f"{name} must have dtype {dtype}, got {out.dtype}")
     if not out.flags.writeable:
         raise ValueError(f"{name} is read-only")
-    contiguous = out.flags.c_contiguous if order == "C" else out.flags.f_contiguous
-    if not contiguous:
-        what = "C-contiguous" if order == "C" else "F-contiguous (as the inputs are)"
-        raise ValueError(f"{name} must be {what}")
+    if order == "C" and not out.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous")
+    if order == "CF" and not (out.flags.c_contiguous or out.flags.f_contiguous):
+        raise ValueError(f"{name} must be C-contiguous or F-contiguous")
     return out
 
 

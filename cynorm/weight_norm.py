@@ -23,7 +23,8 @@ Conventions shared by the functions here:
   or float32 when v is 16-bit.  The returned norm is float32 for 16-bit v,
   v's dtype otherwise.  16-bit data is computed in float32.
 * ``out=`` takes a tuple with one array (or None) per output; an output array
-  must have exactly the expected shape and dtype and be C- or F-contiguous.
+  must have exactly the expected shape and dtype and be C- or F-contiguous
+  (a large output's order decides the order the kernel works in).
 * A zero norm is not an error: as in PyTorch, the result is non-finite (0/0
   gives NaN, g/0 gives inf) wherever that slice is used.
 * Results are bitwise identical at any thread count.
@@ -46,37 +47,34 @@ __all__ = ["norm_except_dim", "weight_norm", "weight_norm_interface", "weight_no
 
 def _layout(arrays, outs):
     """Kernel views of `arrays` (all C-contiguous), and whether they are the
-    transposes of F-contiguous inputs.  F layout is used only when every input
-    is F-contiguous (and not C) and every given output is F-contiguous too."""
-    if all(a.flags.c_contiguous for a in arrays):
-        return arrays, False
-    if (all(a.flags.f_contiguous for a in arrays)
-            and all(o is None or o.flags.f_contiguous for o in outs)):
-        return [a.T for a in arrays], True
+    transposes of F-ordered data.  A given output decides the order; without
+    one, F order is used only when every input is F-contiguous (and not C).
+    Inputs in the other order, or in neither, are copied once."""
+    given = [o for o in outs if o is not None]
+    if given:
+        use_f = not given[0].flags.c_contiguous
+    else:
+        use_f = (not all(a.flags.c_contiguous for a in arrays)
+                 and all(a.flags.f_contiguous for a in arrays))
+    if use_f:
+        return [np.asfortranarray(a).T for a in arrays], True
     return [np.ascontiguousarray(a) for a in arrays], False
 
 
-def _big_out(out, name, shape, dtype, transposed):
+def _big_out(out, shape, dtype, transposed):
     """The kernel's C-contiguous buffer for a v-shaped output, and the array
     the caller gets back."""
     if out is None:
         kshape = shape[::-1] if transposed else shape
-        nbytes = math.prod(kshape) * dtype.itemsize
-        buf = _empty(kshape, dtype, nbytes)
+        buf = _empty(kshape, dtype, math.prod(kshape) * dtype.itemsize)
         return buf, (buf.T if transposed else buf)
-    if transposed:
-        return out.T, out
-    if not out.flags.c_contiguous:
-        # only reachable when the inputs were C (or copied to C)
-        raise ValueError(f"{name} must be C-contiguous when the inputs are not all F-contiguous")
-    return out, out
+    return (out.T if transposed else out), out
 
 
 def _check_big_out(out, name, shape, dtype):
     if out is None:
         return None
-    check_out(out, name, shape, dtype, order="C" if out.flags.c_contiguous else "F")
-    return out
+    return check_out(out, name, shape, dtype, order="CF")
 
 
 def _small_out(out, name, shape, dtype):
@@ -133,7 +131,8 @@ def norm_except_dim(v, pow=2, dim=0, *, out=None):
     Returns
     -------
     ndarray of v's dtype (as torch.norm_except_dim), shape 1 on every axis
-    but `dim`.  Sums accumulate in float64; 16-bit inputs round once at the end.
+    but `dim`.  Sums accumulate in float64; 16-bit inputs round once at the end
+    (a float16 norm above 65504 becomes inf, as in PyTorch).
     """
     v, policy = as_float_array(v, "v")
     dim = normalize_dim(dim, v.ndim)
@@ -145,11 +144,12 @@ def norm_except_dim(v, pow=2, dim=0, *, out=None):
     A, D, B = _kernel_dims(v.shape, dim, transposed)
     norms = np.empty(D, np.float64)
     _k.norm_except_dim(kv, norms, kind, p, A, D, B, policy.code, _threads())
-    if _dtypes.is_16bit(v.dtype):
-        norms = norms.astype(np.float32)     # float64 -> float32 -> 16 bits, as ml_dtypes rounds
-    if out is None:
-        return norms.astype(v.dtype, copy=False).reshape(shape)
-    out[...] = norms.reshape(shape)
+    with np.errstate(over="ignore"):      # a float16 norm above 65504 is inf, as in torch
+        if _dtypes.is_16bit(v.dtype):
+            norms = norms.astype(np.float32)  # float64 -> float32 -> 16 bits, as ml_dtypes rounds
+        if out is None:
+            return norms.astype(v.dtype, copy=False).reshape(shape)
+        out[...] = norms.reshape(shape)
     return out
 
 
@@ -179,7 +179,7 @@ def weight_norm_interface(v, g, dim=0, *, out=None):
     w_out = _check_big_out(w_out, "out[0] (w)", v.shape, v.dtype)
     (kv,), transposed = _layout([v], (w_out,))
     A, D, B = _kernel_dims(v.shape, dim, transposed)
-    kw, w = _big_out(w_out, "out[0] (w)", v.shape, v.dtype, transposed)
+    kw, w = _big_out(w_out, v.shape, v.dtype, transposed)
     knorm, norm = _small_out(norm_out, "out[1] (norm)", g.shape, policy.stat)
     _k.weight_norm_forward(kv, g_vec, kw, knorm, A, D, B, policy.code, _threads())
     return w, norm
@@ -196,7 +196,7 @@ def weight_norm(v, g, dim=0, *, out=None):
     w_out = _check_big_out(out, "out", v.shape, v.dtype)
     (kv,), transposed = _layout([v], (w_out,))
     A, D, B = _kernel_dims(v.shape, dim, transposed)
-    kw, w = _big_out(w_out, "out", v.shape, v.dtype, transposed)
+    kw, w = _big_out(w_out, v.shape, v.dtype, transposed)
     knorm = np.empty(D, policy.stat)
     _k.weight_norm_forward(kv, g_vec, kw, knorm, A, D, B, policy.code, _threads())
     return w
@@ -236,7 +236,7 @@ def weight_norm_backward(grad_w, saved_v, saved_g, saved_norm, dim=0, *, out=Non
     gv_out = _check_big_out(gv_out, "out[0] (grad_v)", v.shape, v.dtype)
     (kgw, kv), transposed = _layout([grad_w, v], (gv_out,))
     A, D, B = _kernel_dims(v.shape, dim, transposed)
-    kgv, grad_v = _big_out(gv_out, "out[0] (grad_v)", v.shape, v.dtype, transposed)
+    kgv, grad_v = _big_out(gv_out, v.shape, v.dtype, transposed)
     if g.dtype == policy.stat:
         kgg, grad_g = _small_out(gg_out, "out[1] (grad_g)", g.shape, g.dtype)
     else:

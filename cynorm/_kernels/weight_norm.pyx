@@ -312,17 +312,25 @@ cdef int forward(const storage_t* v, const void* g, storage_t* w, void* norm,
     return rc
 
 
+cdef inline void backward_row(const storage_t* grad_w, const storage_t* v, const void* g,
+                              const void* norm, storage_t* grad_v, void* grad_g,
+                              Py_ssize_t d, Py_ssize_t n) noexcept nogil:
+    # one whole row while it is hot in cache; a and b are locals of this
+    # call, so each OpenMP thread has its own
+    cdef double a, b
+    backward_coefs(grad_v, row_dot(grad_w, v, n), g, norm, grad_g, d, &a, &b)
+    axpby_row(grad_v, grad_w, v, n, a, b)
+
+
 cdef int backward(const storage_t* grad_w, const storage_t* v, const void* g,
                   const void* norm, storage_t* grad_v, void* grad_g,
                   Py_ssize_t A, Py_ssize_t D, Py_ssize_t B, int nt) noexcept nogil:
     cdef Py_ssize_t d
-    cdef double a, b
     cdef double* work
     cdef int rc
     if use_fused(A, D, B):
         for d in prange(D, schedule='static', num_threads=nt):
-            backward_coefs(grad_v, row_dot(grad_w + d * B, v + d * B, B), g, norm, grad_g, d, &a, &b)
-            axpby_row(grad_v + d * B, grad_w + d * B, v + d * B, B, a, b)
+            backward_row(grad_w + d * B, v + d * B, g, norm, grad_v + d * B, grad_g, d, B)
         return 0
     work = <double*>malloc((2 * D + 1) * sizeof(double))
     if work == NULL:

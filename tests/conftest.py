@@ -1,0 +1,43 @@
+import os
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import cynorm
+
+DTYPES = [np.dtype(np.float64), np.dtype(np.float32),
+          np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16)]
+DTYPE_IDS = [str(d) for d in DTYPES]
+
+
+def pytest_report_header(config):
+    cfg = cynorm.config()
+    return [f"cynorm {cfg['version']}: {cfg['simd_compiled']}, openmp {cfg['openmp']}, "
+            f"threads {cfg['threads']}"]
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(20261122)
+
+
+@pytest.fixture
+def restore_threads():
+    n = cynorm.get_num_threads()
+    yield
+    cynorm.set_num_threads(n)
+
+
+def has_torch():
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+requires_torch = pytest.mark.skipif(not has_torch(), reason="torch is not installed "
+                                    "(pip install torch==2.13.0 for the parity tests)")
+
+IN_CI = bool(os.environ.get("CI"))
