@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import cynorm
-import reference as ref
+from cynorm import reference as ref
 from conftest import DTYPES, DTYPE_IDS
 from helpers import (BF16, F16, F32, F64, assert_close, bits, g_dtype, is16, layout,
                      make_g, make_v, stat_dtype)

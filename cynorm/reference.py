@@ -1,7 +1,7 @@
 """Slow float64 NumPy twins of the kernels.
 
-Written from the formulas, never from the kernels: every test compares the
-kernels against these.
+Written from the formulas with plain NumPy, never from the kernels: the test
+suite and `python -m cynorm` compare every kernel against these.
 """
 import numpy as np
 

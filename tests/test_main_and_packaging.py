@@ -1,0 +1,62 @@
+"""The main job, the cudnn_bind placeholder, and the README/CI contract."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+import cudnn_bind
+import cynorm
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_main_job_quick_run_passes():
+    out = subprocess.run([sys.executable, "-m", "cynorm", "--quick"], capture_output=True, text=True,
+                         timeout=300, cwd=os.path.dirname(__file__))
+    assert out.returncode == 0, out.stdout + out.stderr
+    for needle in ("compiler", "openmp", "simd_compiled", "threads", "dtypes", "cudnn",
+                   "weight_norm_interface", "weight_norm_backward", "norm_except_dim", "all checks passed"):
+        assert needle in out.stdout
+    rows = [l for l in out.stdout.splitlines() if l.strip().startswith(("norm_except_dim", "weight_norm"))]
+    assert len(rows) == 12 and all(l.rstrip().endswith("ok") for l in rows)
+
+
+def test_main_job_rejects_unknown_dtype():
+    out = subprocess.run([sys.executable, "-m", "cynorm", "--dtypes", "int8"], capture_output=True,
+                         text=True, cwd=os.path.dirname(__file__))
+    assert out.returncode == 2 and "unknown dtype(s) int8" in out.stderr
+
+
+def test_show_config_lists_the_build(capsys):
+    cynorm.show_config()
+    text = capsys.readouterr().out
+    for key in ("version", "compiler", "openmp", "threads", "simd_compiled", "dtypes", "cudnn"):
+        assert re.search(rf"^\s+{key}\s", text, re.M), key
+
+
+def test_cudnn_bind_placeholder():
+    assert cudnn_bind.is_available() is False
+    assert "not implemented" in cudnn_bind.unavailable_reason()
+    assert isinstance(cudnn_bind.describe(), str)
+    for fn in (cudnn_bind.batch_norm_forward_training, cudnn_bind.batch_norm_forward_inference,
+               cudnn_bind.batch_norm_backward, cudnn_bind.version):
+        with pytest.raises(NotImplementedError):
+            fn()
+
+
+def test_cudnn_library_path_from_env(monkeypatch):
+    monkeypatch.setenv("CUDNN_BIND_LIBRARY", "/nonexistent/libcudnn.so.9")
+    # a path that does not load is skipped, never raised
+    assert cudnn_bind.find_library() in (None,) or "cudnn" in cudnn_bind.find_library()
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(ROOT, ".ci", "run")), reason="not a source checkout")
+def test_ci_runs_the_readme_test_command():
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    commands = re.findall(r"```bash\n(.+?)\n```", readme)
+    assert len(commands) == 2, commands
+    assert "python -m cynorm" in commands[0]
+    ci = open(os.path.join(ROOT, ".ci", "run")).read()
+    assert commands[1] in ci.splitlines()
