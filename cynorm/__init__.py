@@ -10,15 +10,22 @@ threadpoolctl work too).  Build facts: `show_config()`.  Large outputs come
 from a small cache of freed blocks: `alloc_cache_info`,
 `set_alloc_cache_limit`, `clear_alloc_cache` (or CYNORM_ALLOC_CACHE=off).
 """
-from cynorm._version import __version__
-from cynorm._threads import get_num_threads, set_num_threads
-from cynorm._config import show_config, config
-from cynorm._kernels._alloc import (
+import pkgutil
+
+# Run from a source checkout (`python -m cynorm` in the repository root puts
+# the checkout first on sys.path) this package has no compiled kernels; let
+# its subpackages also look in the installed copy (pip install .), which has.
+__path__ = pkgutil.extend_path(__path__, __name__)
+
+from cynorm._version import __version__  # noqa: E402
+from cynorm._threads import get_num_threads, set_num_threads  # noqa: E402
+from cynorm._config import config, show_config  # noqa: E402
+from cynorm._kernels._alloc import (  # noqa: E402
     cache_info as alloc_cache_info,
     clear_cache as clear_alloc_cache,
     set_cache_limit as set_alloc_cache_limit,
 )
-from cynorm.weight_norm import (
+from cynorm.weight_norm import (  # noqa: E402
     norm_except_dim,
     weight_norm,
     weight_norm_backward,

@@ -60,3 +60,13 @@ def test_ci_runs_the_readme_test_command():
     assert "python -m cynorm" in commands[0]
     ci = open(os.path.join(ROOT, ".ci", "run")).read()
     assert commands[1] in ci.splitlines()
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(ROOT, ".ci", "run")), reason="not a source checkout")
+def test_main_job_runs_from_the_checkout_root():
+    """The README's first command runs `python -m cynorm` where the user
+    cloned: the checkout's cynorm/ (unbuilt in a fresh clone) comes first."""
+    out = subprocess.run([sys.executable, "-m", "cynorm", "--quick", "--dtypes", "float32"],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "all checks passed" in out.stdout
