@@ -78,3 +78,12 @@ def bits(a):
     """The raw bytes of a in C order, for bitwise comparisons (NaN == NaN)."""
     a = np.ascontiguousarray(a)
     return a.reshape(-1).view(np.uint8)
+
+
+def as_stored(ref, dtype):
+    """A float64 reference as the kernels return it in `dtype` (16-bit values
+    go through float32, as ml_dtypes rounds; float16 overflows to inf)."""
+    if not is16(dtype):
+        return ref
+    with np.errstate(over="ignore"):
+        return np.asarray(ref).astype(np.float32).astype(dtype)

@@ -15,6 +15,7 @@
 #define CN_ROWS_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include "cn_scalar.h"
 
 #if defined(__GNUC__) || defined(__clang__)
@@ -29,19 +30,103 @@
 
 #define CN_LANES 16
 
+/* Software prefetch a fixed distance ahead of a streaming read.  The L2
+ * streamer stops at every 4 KiB page; measured here, a 4 KiB lead lifts a
+ * two-thread read of a 64 MiB array from 12.0 to 13-14 GB/s.  A prefetch of
+ * an address past the end of the data is harmless (it never faults). */
+#ifndef CN_PREFETCH_BYTES
+#define CN_PREFETCH_BYTES 4096
+#endif
+#if defined(__GNUC__) || defined(__clang__)
+#define CN_PREFETCH(p) __builtin_prefetch((const char *)(p) + CN_PREFETCH_BYTES, 0, 3)
+#elif defined(_MSC_VER)
+#include <xmmintrin.h>
+#define CN_PREFETCH(p) _mm_prefetch((const char *)(p) + CN_PREFETCH_BYTES, _MM_HINT_T0)
+#else
+#define CN_PREFETCH(p) ((void)0)
+#endif
+/* one prefetch per 64-byte line of a block of CN_LANES elements of type IO */
+#define CN_PREFETCH_LANES(IO, p)                                                      \
+    do {                                                                              \
+        CN_PREFETCH(p);                                                               \
+        if (sizeof(IO) * CN_LANES > 64) CN_PREFETCH((const char *)(p) + 64);         \
+    } while (0)
+
+/* ---- streaming (non-temporal) stores ------------------------------------ */
+/* A large output is written once and not read back by the kernel: storing it
+ * around the caches saves the read-for-ownership of every line (one third of
+ * the traffic of a scale pass).  Results are computed into a small aligned
+ * block with the ordinary vectorized loop, then the block is streamed out, so
+ * streamed and cached outputs hold the same bits. */
+#if defined(__SSE2__) || defined(_M_X64) || defined(_M_AMD64)
+#include <emmintrin.h>
+#define CN_HAVE_STREAM 1
+#define CN_STREAM_BLOCK_BYTES 1024
+static inline void cn_stream_block(void *dst, const void *src) {
+    for (int i = 0; i < CN_STREAM_BLOCK_BYTES; i += 16)
+        _mm_stream_si128((__m128i *)((char *)dst + i), _mm_load_si128((const __m128i *)((const char *)src + i)));
+}
+static inline void cn_stream_fence(void) { _mm_sfence(); }
+#else
+#define CN_HAVE_STREAM 0
+#endif
+
+#if defined(_MSC_VER) && !defined(__clang__)
+#define CN_ALIGN64 __declspec(align(64))
+#else
+#define CN_ALIGN64 __attribute__((aligned(64)))
+#endif
+
+/* out[J] = EXPR for J in [0, n): streamed when asked (the head up to 64-byte
+ * alignment and the tail are stored normally). */
+#if CN_HAVE_STREAM
+#define CN_ELEMENTWISE(IO, out, n, stream, J, EXPR)                                   \
+    do {                                                                              \
+        ptrdiff_t j_ = 0;                                                             \
+        if (stream) {                                                                 \
+            enum { B_ = CN_STREAM_BLOCK_BYTES / sizeof(IO) };                         \
+            CN_ALIGN64 IO blk_[B_];                                                   \
+            for (; j_ < (n) && (((uintptr_t)((out) + j_)) & 63u); j_++) {            \
+                ptrdiff_t J = j_;                                                     \
+                (out)[J] = EXPR;                                                      \
+            }                                                                         \
+            for (; j_ + B_ <= (n); j_ += B_) {                                        \
+                for (ptrdiff_t k_ = 0; k_ < B_; k_++) {                               \
+                    ptrdiff_t J = j_ + k_;                                            \
+                    blk_[k_] = EXPR;                                                  \
+                }                                                                     \
+                cn_stream_block((out) + j_, blk_);                                    \
+            }                                                                         \
+            cn_stream_fence();                                                        \
+        }                                                                             \
+        for (; j_ < (n); j_++) {                                                      \
+            ptrdiff_t J = j_;                                                         \
+            (out)[J] = EXPR;                                                          \
+        }                                                                             \
+    } while (0)
+#else
+#define CN_ELEMENTWISE(IO, out, n, stream, J, EXPR)                                   \
+    do {                                                                              \
+        (void)(stream);                                                               \
+        for (ptrdiff_t J = 0; J < (n); J++)                                           \
+            (out)[J] = EXPR;                                                          \
+    } while (0)
+#endif
+
 static inline double cn_merge_lanes(const double *a) {
     return ((((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])))
             + (((a[8] + a[9]) + (a[10] + a[11])) + ((a[12] + a[13]) + (a[14] + a[15]))));
 }
 
+/* loads widen to the math type; stores round back to the storage */
 static inline float cn_load_f32(float x) { return x; }
 static inline float cn_store_f32(float x) { return x; }
-#define cn_load_bf16 cn_bf16_bits_to_f32
-#define cn_store_bf16 cn_f32_to_bf16_bits
-#define cn_load_f16 cn_f16_bits_to_f32
-#define cn_store_f16 cn_f32_to_f16_bits
 static inline double cn_load_f64(double x) { return x; }
 static inline double cn_store_f64(double x) { return x; }
+static inline float cn_load_bf16(uint16_t h) { return cn_bf16_bits_to_f32(h); }
+static inline uint16_t cn_store_bf16(float x) { return cn_f32_to_bf16_bits(x); }
+static inline float cn_load_f16(uint16_t h) { return cn_f16_bits_to_f32(h); }
+static inline uint16_t cn_store_f16(float x) { return cn_f32_to_f16_bits(x); }
 
 /* SFX: name suffix; T: storage type in the signatures; IO: the element type
  * the loops read and write (raw uint16_t bits for the 16-bit types: with the
@@ -53,11 +138,13 @@ CN_NOINLINE static double cn_sumsq_##SFX(const T *xs, ptrdiff_t n) {            
     IO pad[CN_LANES] = {0};                                                          \
     ptrdiff_t i, m = n - n % CN_LANES;                                               \
     int k;                                                                           \
-    for (i = 0; i < m; i += CN_LANES)                                                \
+    for (i = 0; i < m; i += CN_LANES) {                                              \
+        CN_PREFETCH_LANES(IO, x + i);                                                \
         for (k = 0; k < CN_LANES; k++) {                                             \
             double t = cn_load_##SFX(x[i + k]);                                      \
             acc[k] += t * t;                                                         \
         }                                                                            \
+    }                                                                                \
     /* the tail runs as one zero-padded block (adding 0 is exact): a loop  */       \
     /* indexing acc by a variable lane kept the main loop scalar            */       \
     for (k = 0; k < n - m; k++) pad[k] = x[m + k];                                   \
@@ -73,9 +160,12 @@ CN_NOINLINE static double cn_dot_##SFX(const T *xs, const T *ys, ptrdiff_t n) { 
     IO px[CN_LANES] = {0}, py[CN_LANES] = {0};                                       \
     ptrdiff_t i, m = n - n % CN_LANES;                                               \
     int k;                                                                           \
-    for (i = 0; i < m; i += CN_LANES)                                                \
+    for (i = 0; i < m; i += CN_LANES) {                                              \
+        CN_PREFETCH_LANES(IO, x + i);                                                \
+        CN_PREFETCH_LANES(IO, y + i);                                                \
         for (k = 0; k < CN_LANES; k++)                                               \
             acc[k] += (double)cn_load_##SFX(x[i + k]) * (double)cn_load_##SFX(y[i + k]); \
+    }                                                                                \
     for (k = 0; k < n - m; k++) {                                                    \
         px[k] = x[m + k];                                                            \
         py[k] = y[m + k];                                                            \
@@ -97,33 +187,32 @@ CN_NOINLINE static void cn_coldot_##SFX(double *restrict acc, const T *xs,      
     for (ptrdiff_t j = 0; j < n; j++)                                                \
         acc[j] += (double)cn_load_##SFX(x[j]) * (double)cn_load_##SFX(y[j]);         \
 }                                                                                    \
-CN_NOINLINE static void cn_scale_##SFX(T *outs, const T *xs, ptrdiff_t n, M s) {     \
+CN_NOINLINE static void cn_scale_##SFX(T *outs, const T *xs, ptrdiff_t n, M s,      \
+                                       int stream) {                                 \
     IO *restrict out = (IO *)outs;                                                   \
     const IO *restrict x = (const IO *)xs;                                           \
-    for (ptrdiff_t j = 0; j < n; j++)                                                \
-        out[j] = cn_store_##SFX(cn_load_##SFX(x[j]) * s);                            \
+    CN_ELEMENTWISE(IO, out, n, stream, J, cn_store_##SFX(cn_load_##SFX(x[J]) * s));  \
 }                                                                                    \
 CN_NOINLINE static void cn_scalecols_##SFX(T *outs, const T *xs, ptrdiff_t n,        \
-                                           const M *restrict s) {                    \
+                                           const M *restrict s, int stream) {        \
     IO *restrict out = (IO *)outs;                                                   \
     const IO *restrict x = (const IO *)xs;                                           \
-    for (ptrdiff_t j = 0; j < n; j++)                                                \
-        out[j] = cn_store_##SFX(cn_load_##SFX(x[j]) * s[j]);                         \
+    CN_ELEMENTWISE(IO, out, n, stream, J, cn_store_##SFX(cn_load_##SFX(x[J]) * s[J])); \
 }                                                                                    \
 CN_NOINLINE static void cn_axpby_##SFX(T *outs, const T *xs, const T *ys,            \
-                                       ptrdiff_t n, M a, M b) {                      \
+                                       ptrdiff_t n, M a, M b, int stream) {          \
     IO *restrict out = (IO *)outs;                                                   \
     const IO *restrict x = (const IO *)xs, *restrict y = (const IO *)ys;             \
-    for (ptrdiff_t j = 0; j < n; j++)                                                \
-        out[j] = cn_store_##SFX(a * cn_load_##SFX(x[j]) - b * cn_load_##SFX(y[j]));  \
+    CN_ELEMENTWISE(IO, out, n, stream, J,                                            \
+                   cn_store_##SFX(a * cn_load_##SFX(x[J]) - b * cn_load_##SFX(y[J]))); \
 }                                                                                    \
 CN_NOINLINE static void cn_axpbycols_##SFX(T *outs, const T *xs, const T *ys,        \
                                            ptrdiff_t n, const M *restrict a,         \
-                                           const M *restrict b) {                    \
+                                           const M *restrict b, int stream) {        \
     IO *restrict out = (IO *)outs;                                                   \
     const IO *restrict x = (const IO *)xs, *restrict y = (const IO *)ys;             \
-    for (ptrdiff_t j = 0; j < n; j++)                                                \
-        out[j] = cn_store_##SFX(a[j] * cn_load_##SFX(x[j]) - b[j] * cn_load_##SFX(y[j])); \
+    CN_ELEMENTWISE(IO, out, n, stream, J,                                            \
+                   cn_store_##SFX(a[J] * cn_load_##SFX(x[J]) - b[J] * cn_load_##SFX(y[J]))); \
 }
 
 CN_ROW_OPS(f32, float, float, float)

@@ -38,22 +38,22 @@ cdef extern from "cn_rows.h" nogil:
     void cn_coldot_f64(double* acc, const double* x, const double* y, Py_ssize_t n)
     void cn_coldot_bf16(double* acc, const cn_bf16* x, const cn_bf16* y, Py_ssize_t n)
     void cn_coldot_f16(double* acc, const cn_f16* x, const cn_f16* y, Py_ssize_t n)
-    void cn_scale_f32(float* out, const float* x, Py_ssize_t n, float s)
-    void cn_scale_f64(double* out, const double* x, Py_ssize_t n, double s)
-    void cn_scale_bf16(cn_bf16* out, const cn_bf16* x, Py_ssize_t n, float s)
-    void cn_scale_f16(cn_f16* out, const cn_f16* x, Py_ssize_t n, float s)
-    void cn_scalecols_f32(float* out, const float* x, Py_ssize_t n, const float* s)
-    void cn_scalecols_f64(double* out, const double* x, Py_ssize_t n, const double* s)
-    void cn_scalecols_bf16(cn_bf16* out, const cn_bf16* x, Py_ssize_t n, const float* s)
-    void cn_scalecols_f16(cn_f16* out, const cn_f16* x, Py_ssize_t n, const float* s)
-    void cn_axpby_f32(float* out, const float* x, const float* y, Py_ssize_t n, float a, float b)
-    void cn_axpby_f64(double* out, const double* x, const double* y, Py_ssize_t n, double a, double b)
-    void cn_axpby_bf16(cn_bf16* out, const cn_bf16* x, const cn_bf16* y, Py_ssize_t n, float a, float b)
-    void cn_axpby_f16(cn_f16* out, const cn_f16* x, const cn_f16* y, Py_ssize_t n, float a, float b)
-    void cn_axpbycols_f32(float* out, const float* x, const float* y, Py_ssize_t n, const float* a, const float* b)
-    void cn_axpbycols_f64(double* out, const double* x, const double* y, Py_ssize_t n, const double* a, const double* b)
-    void cn_axpbycols_bf16(cn_bf16* out, const cn_bf16* x, const cn_bf16* y, Py_ssize_t n, const float* a, const float* b)
-    void cn_axpbycols_f16(cn_f16* out, const cn_f16* x, const cn_f16* y, Py_ssize_t n, const float* a, const float* b)
+    void cn_scale_f32(float* out, const float* x, Py_ssize_t n, float s, int stream)
+    void cn_scale_f64(double* out, const double* x, Py_ssize_t n, double s, int stream)
+    void cn_scale_bf16(cn_bf16* out, const cn_bf16* x, Py_ssize_t n, float s, int stream)
+    void cn_scale_f16(cn_f16* out, const cn_f16* x, Py_ssize_t n, float s, int stream)
+    void cn_scalecols_f32(float* out, const float* x, Py_ssize_t n, const float* s, int stream)
+    void cn_scalecols_f64(double* out, const double* x, Py_ssize_t n, const double* s, int stream)
+    void cn_scalecols_bf16(cn_bf16* out, const cn_bf16* x, Py_ssize_t n, const float* s, int stream)
+    void cn_scalecols_f16(cn_f16* out, const cn_f16* x, Py_ssize_t n, const float* s, int stream)
+    void cn_axpby_f32(float* out, const float* x, const float* y, Py_ssize_t n, float a, float b, int stream)
+    void cn_axpby_f64(double* out, const double* x, const double* y, Py_ssize_t n, double a, double b, int stream)
+    void cn_axpby_bf16(cn_bf16* out, const cn_bf16* x, const cn_bf16* y, Py_ssize_t n, float a, float b, int stream)
+    void cn_axpby_f16(cn_f16* out, const cn_f16* x, const cn_f16* y, Py_ssize_t n, float a, float b, int stream)
+    void cn_axpbycols_f32(float* out, const float* x, const float* y, Py_ssize_t n, const float* a, const float* b, int stream)
+    void cn_axpbycols_f64(double* out, const double* x, const double* y, Py_ssize_t n, const double* a, const double* b, int stream)
+    void cn_axpbycols_bf16(cn_bf16* out, const cn_bf16* x, const cn_bf16* y, Py_ssize_t n, const float* a, const float* b, int stream)
+    void cn_axpbycols_f16(cn_f16* out, const cn_f16* x, const cn_f16* y, Py_ssize_t n, const float* a, const float* b, int stream)
 
 # float64 storage computes in float64; the other three compute in float32.
 ctypedef fused storage_t:
@@ -140,53 +140,53 @@ cdef inline double row_dot(const storage_t* x, const storage_t* y, Py_ssize_t n)
 
 
 cdef inline void scale_row(storage_t* out, const storage_t* x, Py_ssize_t n,
-                           double s) noexcept nogil:
+                           double s, bint stream) noexcept nogil:
     # out = x * s in the math type (for float32-math storages s already holds
     # a float32 value, so the cast is exact)
     if storage_t is float:
-        cn_scale_f32(out, x, n, <float>s)
+        cn_scale_f32(out, x, n, <float>s, stream)
     elif storage_t is double:
-        cn_scale_f64(out, x, n, s)
+        cn_scale_f64(out, x, n, s, stream)
     elif storage_t is cn_bf16:
-        cn_scale_bf16(out, x, n, <float>s)
+        cn_scale_bf16(out, x, n, <float>s, stream)
     else:
-        cn_scale_f16(out, x, n, <float>s)
+        cn_scale_f16(out, x, n, <float>s, stream)
 
 
 cdef inline void scale_cols(storage_t* out, const storage_t* x, Py_ssize_t n,
-                            const void* s) noexcept nogil:
+                            const void* s, bint stream) noexcept nogil:
     # out[j] = x[j] * s[j]; s holds the math type
     if storage_t is float:
-        cn_scalecols_f32(out, x, n, <const float*>s)
+        cn_scalecols_f32(out, x, n, <const float*>s, stream)
     elif storage_t is double:
-        cn_scalecols_f64(out, x, n, <const double*>s)
+        cn_scalecols_f64(out, x, n, <const double*>s, stream)
     elif storage_t is cn_bf16:
-        cn_scalecols_bf16(out, x, n, <const float*>s)
+        cn_scalecols_bf16(out, x, n, <const float*>s, stream)
     else:
-        cn_scalecols_f16(out, x, n, <const float*>s)
+        cn_scalecols_f16(out, x, n, <const float*>s, stream)
 
 
 cdef inline void axpby_row(storage_t* out, const storage_t* x, const storage_t* y,
-                           Py_ssize_t n, double a, double b) noexcept nogil:
+                           Py_ssize_t n, double a, double b, bint stream) noexcept nogil:
     # out = a * x - b * y in the math type
     if storage_t is float:
-        cn_axpby_f32(out, x, y, n, <float>a, <float>b)
+        cn_axpby_f32(out, x, y, n, <float>a, <float>b, stream)
     elif storage_t is double:
-        cn_axpby_f64(out, x, y, n, a, b)
+        cn_axpby_f64(out, x, y, n, a, b, stream)
     elif storage_t is cn_bf16:
-        cn_axpby_bf16(out, x, y, n, <float>a, <float>b)
+        cn_axpby_bf16(out, x, y, n, <float>a, <float>b, stream)
     else:
-        cn_axpby_f16(out, x, y, n, <float>a, <float>b)
+        cn_axpby_f16(out, x, y, n, <float>a, <float>b, stream)
 
 
 cdef inline void axpby_cols(storage_t* out, const storage_t* x, const storage_t* y,
-                            Py_ssize_t n, const void* a, const void* b) noexcept nogil:
+                            Py_ssize_t n, const void* a, const void* b, bint stream) noexcept nogil:
     # out[j] = a[j] * x[j] - b[j] * y[j]; a, b hold the math type
     if storage_t is float:
-        cn_axpbycols_f32(out, x, y, n, <const float*>a, <const float*>b)
+        cn_axpbycols_f32(out, x, y, n, <const float*>a, <const float*>b, stream)
     elif storage_t is double:
-        cn_axpbycols_f64(out, x, y, n, <const double*>a, <const double*>b)
+        cn_axpbycols_f64(out, x, y, n, <const double*>a, <const double*>b, stream)
     elif storage_t is cn_bf16:
-        cn_axpbycols_bf16(out, x, y, n, <const float*>a, <const float*>b)
+        cn_axpbycols_bf16(out, x, y, n, <const float*>a, <const float*>b, stream)
     else:
-        cn_axpbycols_f16(out, x, y, n, <const float*>a, <const float*>b)
+        cn_axpbycols_f16(out, x, y, n, <const float*>a, <const float*>b, stream)

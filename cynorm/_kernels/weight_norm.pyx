@@ -54,6 +54,10 @@ cdef enum:
     # below this many elements one thread beats waking a team
     SERIAL_BELOW = 65536
 
+# outputs at least this large are written with streaming stores: they cannot
+# stay in cache anyway, and streaming saves reading every line before writing
+cdef Py_ssize_t STREAM_MIN_BYTES = 16 << 20
+
 cdef inline bint use_rows(Py_ssize_t A, Py_ssize_t B) noexcept nogil:
     return A == 1 or B >= ROW_MIN_B
 
@@ -247,25 +251,30 @@ cdef inline const void* coef_ptr(const storage_t* tag, const double* cols,
 cdef int apply_rows_or_cols(storage_t* out, const storage_t* x, const storage_t* y,
                             Py_ssize_t A, Py_ssize_t D, Py_ssize_t B,
                             const double* coef_a, const double* coef_b, int nt) noexcept nogil:
-    """out = a[d] * x (y == NULL), or a[d] * x - b[d] * y, over every (a, d, b)."""
-    cdef Py_ssize_t t, q, d, c, n, b0, off, r, j0, nchunk, C, ncc
+    """out = a[d] * x (y == NULL), or a[d] * x - b[d] * y, over every (a, d, b).
+
+    Tasks run last to first: the reduction pass just read x first to last, so
+    its tail is the part most likely still in the last-level cache."""
+    cdef Py_ssize_t t, q, d, c, n, b0, off, r, j0, nchunk, C, ncc, ntask
+    cdef bint stream = A * D * B * <Py_ssize_t>sizeof(storage_t) >= STREAM_MIN_BYTES
     cdef double* ca
     cdef double* cb
     if A == 0 or D == 0 or B == 0:
         return 0
     if use_rows(A, B):
         nchunk = (B + ROW_CHUNK - 1) // ROW_CHUNK
-        for t in prange(A * D * nchunk, schedule='static', num_threads=nt):
-            q = t // nchunk            # q = a * D + d
-            c = t - q * nchunk
+        ntask = A * D * nchunk
+        for t in prange(ntask, schedule='static', num_threads=nt):
+            q = (ntask - 1 - t) // nchunk            # q = a * D + d
+            c = (ntask - 1 - t) - q * nchunk
             d = q % D
             b0 = c * ROW_CHUNK
             n = min(<Py_ssize_t>ROW_CHUNK, B - b0)
             off = q * B + b0
             if y == NULL:
-                scale_row(out + off, x + off, n, coef_a[d])
+                scale_row(out + off, x + off, n, coef_a[d], stream)
             else:
-                axpby_row(out + off, x + off, y + off, n, coef_a[d], coef_b[d])
+                axpby_row(out + off, x + off, y + off, n, coef_a[d], coef_b[d], stream)
         return 0
     C = D * B
     ca = <double*>malloc(2 * C * sizeof(double))
@@ -276,15 +285,16 @@ cdef int apply_rows_or_cols(storage_t* out, const storage_t* x, const storage_t*
     if y != NULL:
         pack_cols(x, coef_b, D, B, cb)
     ncc = (C + COL_WIDTH - 1) // COL_WIDTH
-    for t in prange(A * ncc, schedule='static', num_threads=nt):
-        r = t // ncc
-        j0 = (t - r * ncc) * COL_WIDTH
+    ntask = A * ncc
+    for t in prange(ntask, schedule='static', num_threads=nt):
+        r = (ntask - 1 - t) // ncc
+        j0 = ((ntask - 1 - t) - r * ncc) * COL_WIDTH
         n = min(<Py_ssize_t>COL_WIDTH, C - j0)
         off = r * C + j0
         if y == NULL:
-            scale_cols(out + off, x + off, n, coef_ptr(x, ca, j0))
+            scale_cols(out + off, x + off, n, coef_ptr(x, ca, j0), stream)
         else:
-            axpby_cols(out + off, x + off, y + off, n, coef_ptr(x, ca, j0), coef_ptr(x, cb, j0))
+            axpby_cols(out + off, x + off, y + off, n, coef_ptr(x, ca, j0), coef_ptr(x, cb, j0), stream)
     free(ca)
     return 0
 
@@ -295,10 +305,11 @@ cdef int forward(const storage_t* v, const void* g, storage_t* w, void* norm,
     cdef double s
     cdef double* work
     cdef int rc
+    cdef bint stream = A * D * B * <Py_ssize_t>sizeof(storage_t) >= STREAM_MIN_BYTES
     if use_fused(A, D, B):
         for d in prange(D, schedule='static', num_threads=nt):
             s = forward_scale(w, row_sumsq(v + d * B, B), g, norm, d)
-            scale_row(w + d * B, v + d * B, B, s)
+            scale_row(w + d * B, v + d * B, B, s, stream)
         return 0
     work = <double*>malloc((D + 1) * sizeof(double))
     if work == NULL:
@@ -314,12 +325,12 @@ cdef int forward(const storage_t* v, const void* g, storage_t* w, void* norm,
 
 cdef inline void backward_row(const storage_t* grad_w, const storage_t* v, const void* g,
                               const void* norm, storage_t* grad_v, void* grad_g,
-                              Py_ssize_t d, Py_ssize_t n) noexcept nogil:
+                              Py_ssize_t d, Py_ssize_t n, bint stream) noexcept nogil:
     # one whole row while it is hot in cache; a and b are locals of this
     # call, so each OpenMP thread has its own
     cdef double a, b
     backward_coefs(grad_v, row_dot(grad_w, v, n), g, norm, grad_g, d, &a, &b)
-    axpby_row(grad_v, grad_w, v, n, a, b)
+    axpby_row(grad_v, grad_w, v, n, a, b, stream)
 
 
 cdef int backward(const storage_t* grad_w, const storage_t* v, const void* g,
@@ -328,9 +339,10 @@ cdef int backward(const storage_t* grad_w, const storage_t* v, const void* g,
     cdef Py_ssize_t d
     cdef double* work
     cdef int rc
+    cdef bint stream = A * D * B * <Py_ssize_t>sizeof(storage_t) >= STREAM_MIN_BYTES
     if use_fused(A, D, B):
         for d in prange(D, schedule='static', num_threads=nt):
-            backward_row(grad_w + d * B, v + d * B, g, norm, grad_v + d * B, grad_g, d, B)
+            backward_row(grad_w + d * B, v + d * B, g, norm, grad_v + d * B, grad_g, d, B, stream)
         return 0
     work = <double*>malloc((2 * D + 1) * sizeof(double))
     if work == NULL:
@@ -429,3 +441,12 @@ def norm_except_dim(cnp.ndarray v, cnp.ndarray out, int kind, double p,
                 po[d] = finish(op, po[d], p)
     if rc != 0:
         raise MemoryError("norm_except_dim: could not allocate the reduction workspace")
+
+
+def set_stream_min_bytes(Py_ssize_t nbytes):
+    """Outputs of at least nbytes use streaming stores; returns the old value.
+    (Tuning and tests: 0 streams every output, a huge value none.)"""
+    global STREAM_MIN_BYTES
+    old = STREAM_MIN_BYTES
+    STREAM_MIN_BYTES = nbytes
+    return old
