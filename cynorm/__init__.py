@@ -25,7 +25,7 @@ from cynorm._kernels._alloc import (  # noqa: E402
     clear_cache as clear_alloc_cache,
     set_cache_limit as set_alloc_cache_limit,
 )
-from cynorm.weight_norm import (  # noqa: E402
+from cynorm.weightnorm import (  # noqa: E402
     norm_except_dim,
     weight_norm,
     weight_norm_backward,

@@ -45,11 +45,14 @@
 #else
 #define CN_PREFETCH(p) ((void)0)
 #endif
-/* one prefetch per 64-byte line of a block of CN_LANES elements of type IO */
-#define CN_PREFETCH_LANES(IO, p)                                                      \
+/* The reductions run in blocks of CN_BLOCK elements: one prefetch per 64-byte
+ * line of the block ahead of it, then the lanes.  A prefetch inside the
+ * lane loop itself made GCC give up vectorizing it. */
+#define CN_BLOCK (4 * CN_LANES)
+#define CN_PREFETCH_BLOCK(IO, p)                                                      \
     do {                                                                              \
-        CN_PREFETCH(p);                                                               \
-        if (sizeof(IO) * CN_LANES > 64) CN_PREFETCH((const char *)(p) + 64);         \
+        for (size_t l_ = 0; l_ < CN_BLOCK * sizeof(IO); l_ += 64)                    \
+            CN_PREFETCH((const char *)(p) + l_);                                      \
     } while (0)
 
 /* ---- streaming (non-temporal) stores ------------------------------------ */
@@ -136,15 +139,21 @@ CN_NOINLINE static double cn_sumsq_##SFX(const T *xs, ptrdiff_t n) {            
     const IO *x = (const IO *)xs;                                                    \
     double acc[CN_LANES] = {0};                                                      \
     IO pad[CN_LANES] = {0};                                                          \
-    ptrdiff_t i, m = n - n % CN_LANES;                                               \
-    int k;                                                                           \
-    for (i = 0; i < m; i += CN_LANES) {                                              \
-        CN_PREFETCH_LANES(IO, x + i);                                                \
+    ptrdiff_t i = 0, m = n - n % CN_LANES, mb = n - n % CN_BLOCK;                    \
+    int k, q;                                                                        \
+    for (; i < mb; i += CN_BLOCK) {                                                  \
+        CN_PREFETCH_BLOCK(IO, x + i);                                                \
+        for (q = 0; q < CN_BLOCK; q += CN_LANES)                                     \
+            for (k = 0; k < CN_LANES; k++) {                                         \
+                double t = cn_load_##SFX(x[i + q + k]);                              \
+                acc[k] += t * t;                                                     \
+            }                                                                        \
+    }                                                                                \
+    for (; i < m; i += CN_LANES)                                                     \
         for (k = 0; k < CN_LANES; k++) {                                             \
             double t = cn_load_##SFX(x[i + k]);                                      \
             acc[k] += t * t;                                                         \
         }                                                                            \
-    }                                                                                \
     /* the tail runs as one zero-padded block (adding 0 is exact): a loop  */       \
     /* indexing acc by a variable lane kept the main loop scalar            */       \
     for (k = 0; k < n - m; k++) pad[k] = x[m + k];                                   \
@@ -158,14 +167,18 @@ CN_NOINLINE static double cn_dot_##SFX(const T *xs, const T *ys, ptrdiff_t n) { 
     const IO *x = (const IO *)xs, *y = (const IO *)ys;                               \
     double acc[CN_LANES] = {0};                                                      \
     IO px[CN_LANES] = {0}, py[CN_LANES] = {0};                                       \
-    ptrdiff_t i, m = n - n % CN_LANES;                                               \
-    int k;                                                                           \
-    for (i = 0; i < m; i += CN_LANES) {                                              \
-        CN_PREFETCH_LANES(IO, x + i);                                                \
-        CN_PREFETCH_LANES(IO, y + i);                                                \
+    ptrdiff_t i = 0, m = n - n % CN_LANES, mb = n - n % CN_BLOCK;                    \
+    int k, q;                                                                        \
+    for (; i < mb; i += CN_BLOCK) {                                                  \
+        CN_PREFETCH_BLOCK(IO, x + i);                                                \
+        CN_PREFETCH_BLOCK(IO, y + i);                                                \
+        for (q = 0; q < CN_BLOCK; q += CN_LANES)                                     \
+            for (k = 0; k < CN_LANES; k++)                                           \
+                acc[k] += (double)cn_load_##SFX(x[i + q + k]) * (double)cn_load_##SFX(y[i + q + k]); \
+    }                                                                                \
+    for (; i < m; i += CN_LANES)                                                     \
         for (k = 0; k < CN_LANES; k++)                                               \
             acc[k] += (double)cn_load_##SFX(x[i + k]) * (double)cn_load_##SFX(y[i + k]); \
-    }                                                                                \
     for (k = 0; k < n - m; k++) {                                                    \
         px[k] = x[m + k];                                                            \
         py[k] = y[m + k];                                                            \
@@ -176,16 +189,31 @@ CN_NOINLINE static double cn_dot_##SFX(const T *xs, const T *ys, ptrdiff_t n) { 
 }                                                                                    \
 CN_NOINLINE static void cn_colsq_##SFX(double *restrict acc, const T *xs, ptrdiff_t n) { \
     const IO *restrict x = (const IO *)xs;                                           \
-    for (ptrdiff_t j = 0; j < n; j++) {                                              \
-        double t = cn_load_##SFX(x[j]);                                              \
-        acc[j] += t * t;                                                             \
+    ptrdiff_t i = 0, mb = n - n % CN_BLOCK;                                          \
+    for (; i < mb; i += CN_BLOCK) {                                                  \
+        CN_PREFETCH_BLOCK(IO, x + i);                                                \
+        for (int k = 0; k < CN_BLOCK; k++) {                                         \
+            double t = cn_load_##SFX(x[i + k]);                                      \
+            acc[i + k] += t * t;                                                     \
+        }                                                                            \
+    }                                                                                \
+    for (; i < n; i++) {                                                             \
+        double t = cn_load_##SFX(x[i]);                                              \
+        acc[i] += t * t;                                                             \
     }                                                                                \
 }                                                                                    \
 CN_NOINLINE static void cn_coldot_##SFX(double *restrict acc, const T *xs,           \
                                         const T *ys, ptrdiff_t n) {                  \
     const IO *restrict x = (const IO *)xs, *restrict y = (const IO *)ys;             \
-    for (ptrdiff_t j = 0; j < n; j++)                                                \
-        acc[j] += (double)cn_load_##SFX(x[j]) * (double)cn_load_##SFX(y[j]);         \
+    ptrdiff_t i = 0, mb = n - n % CN_BLOCK;                                          \
+    for (; i < mb; i += CN_BLOCK) {                                                  \
+        CN_PREFETCH_BLOCK(IO, x + i);                                                \
+        CN_PREFETCH_BLOCK(IO, y + i);                                                \
+        for (int k = 0; k < CN_BLOCK; k++)                                           \
+            acc[i + k] += (double)cn_load_##SFX(x[i + k]) * (double)cn_load_##SFX(y[i + k]); \
+    }                                                                                \
+    for (; i < n; i++)                                                               \
+        acc[i] += (double)cn_load_##SFX(x[i]) * (double)cn_load_##SFX(y[i]);         \
 }                                                                                    \
 CN_NOINLINE static void cn_scale_##SFX(T *outs, const T *xs, ptrdiff_t n, M s,      \
                                        int stream) {                                 \

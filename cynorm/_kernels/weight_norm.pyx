@@ -45,8 +45,9 @@ cdef enum:
     # stay small) and at least this many rows per block
     COL_MAX_BLOCKS = 64
     COL_MIN_ROWS = 16
-    # columns per column task: keeps a block's partials in L1
-    COL_WIDTH = 2048
+    # columns per column task: whole rows of common widths (sequential reads),
+    # while a block's float64 partials (64 KiB) stay in L2
+    COL_WIDTH = 8192
     # the fused path needs a row that stays in cache between its two passes
     # and enough rows to feed every thread
     FUSED_MAX_ROW = 262144
@@ -54,9 +55,10 @@ cdef enum:
     # below this many elements one thread beats waking a team
     SERIAL_BELOW = 65536
 
-# outputs at least this large are written with streaming stores: they cannot
-# stay in cache anyway, and streaming saves reading every line before writing
-cdef Py_ssize_t STREAM_MIN_BYTES = 16 << 20
+# outputs at least this large are written with streaming stores: they would
+# not stay in cache anyway, and streaming saves reading every line before
+# writing it.  cynorm/weightnorm.py sets it from the last-level cache size.
+cdef Py_ssize_t STREAM_MIN_BYTES = 32 << 20
 
 cdef inline bint use_rows(Py_ssize_t A, Py_ssize_t B) noexcept nogil:
     return A == 1 or B >= ROW_MIN_B

@@ -29,7 +29,9 @@ Conventions shared by the functions here:
   gives NaN, g/0 gives inf) wherever that slice is used.
 * Results are bitwise identical at any thread count.
 """
+import glob
 import math
+import os
 
 import numpy as np
 
@@ -43,6 +45,34 @@ from cynorm._validation import (
 )
 
 __all__ = ["norm_except_dim", "weight_norm", "weight_norm_interface", "weight_norm_backward"]
+
+
+def _last_level_cache_bytes():
+    """Size of the largest CPU cache (Linux sysfs), or 0 when unknown."""
+    sizes = []
+    for index in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
+        try:
+            with open(os.path.join(index, "size")) as f:
+                text = f.read().strip().upper()
+        except OSError:
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return max(sizes, default=0)
+
+
+def _streaming_threshold():
+    """Outputs above half the last-level cache go out with streaming stores:
+    they would not stay cached anyway.  (Measured on a 105 MiB-L3 machine:
+    64 MiB float32 outputs 1.3-1.9x faster streamed, 32 MiB bfloat16 ones
+    slightly faster cached.)"""
+    llc = _last_level_cache_bytes()
+    return max(16 << 20, llc // 2) if llc else 32 << 20
+
+
+_k.set_stream_min_bytes(_streaming_threshold())
 
 
 def _layout(arrays, outs):
