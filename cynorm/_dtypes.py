@@ -23,16 +23,17 @@ FLOAT16 = np.dtype(np.float16)
 
 
 class Policy(NamedTuple):
-    code: int          # the kernels' storage code
-    math: np.dtype     # dtype of per-channel coefficients (g, scales)
-    stat: np.dtype     # dtype of saved statistics (norm, mean, rstd ...)
+    code: int            # the kernels' storage code
+    math: np.dtype       # dtype the kernels read per-channel coefficients in
+    stat: np.dtype       # dtype of saved statistics (norm, mean, rstd ...)
+    coefficients: tuple  # dtypes accepted for per-channel parameters (g, weight, bias)
 
 
 POLICY = {
-    FLOAT32: Policy(0, FLOAT32, FLOAT32),
-    FLOAT64: Policy(1, FLOAT64, FLOAT64),
-    BFLOAT16: Policy(2, FLOAT32, FLOAT32),
-    FLOAT16: Policy(3, FLOAT32, FLOAT32),
+    FLOAT32: Policy(0, FLOAT32, FLOAT32, (FLOAT32,)),
+    FLOAT64: Policy(1, FLOAT64, FLOAT64, (FLOAT64,)),
+    BFLOAT16: Policy(2, FLOAT32, FLOAT32, (BFLOAT16, FLOAT32)),
+    FLOAT16: Policy(3, FLOAT32, FLOAT32, (FLOAT16, FLOAT32)),
 }
 
 SUPPORTED_DTYPES = tuple(POLICY)
@@ -41,10 +42,3 @@ SUPPORTED_NAMES = ", ".join(str(d) for d in SUPPORTED_DTYPES)
 
 def is_16bit(dtype):
     return dtype is BFLOAT16 or dtype is FLOAT16 or dtype in (BFLOAT16, FLOAT16)
-
-
-def coefficient_dtypes(storage):
-    """dtypes accepted for per-channel parameters (g, weight, bias) of `storage`."""
-    if is_16bit(storage):
-        return (storage, FLOAT32)
-    return (storage,)

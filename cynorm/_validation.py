@@ -1,4 +1,5 @@
 """Argument checks shared by every op: one place says "expected X, got Y"."""
+import math
 import operator
 
 import numpy as np
@@ -44,14 +45,8 @@ def normalize_dim(dim, ndim, name="dim"):
 def split_shape(shape, dim):
     """(A, D, B): the product of the axes before dim, dim's size, the product after."""
     if dim is None:
-        return 1, 1, int(np.prod(shape, dtype=np.int64))
-    a = 1
-    for s in shape[:dim]:
-        a *= s
-    b = 1
-    for s in shape[dim + 1:]:
-        b *= s
-    return a, shape[dim], b
+        return 1, 1, math.prod(shape)
+    return math.prod(shape[:dim]), shape[dim], math.prod(shape[dim + 1:])
 
 
 def kept_shape(shape, dim):
@@ -63,12 +58,14 @@ def kept_shape(shape, dim):
 
 def check_per_channel(x, name, v_shape, dim, dtypes):
     """x holds one value per index of v's dim: keepdims layout or 1-D; returns x."""
-    D = 1 if dim is None else v_shape[dim]
     shape = x.shape
-    ok = shape == kept_shape(v_shape, dim) or shape == (D,)
     if dim is None:
-        ok = ok or shape == ()
+        ok = shape == () or shape == (1,) or shape == (1,) * len(v_shape)
+    else:
+        D = v_shape[dim]
+        ok = shape == (D,) or shape == (1,) * dim + (D,) + (1,) * (len(v_shape) - dim - 1)
     if not ok:
+        D = 1 if dim is None else v_shape[dim]
         want = kept_shape(v_shape, dim)
         alts = f"{want} or {(D,)}" + (" or ()" if dim is None else "")
         raise ValueError(f"{name} must have shape {alts} for v of shape {v_shape} "

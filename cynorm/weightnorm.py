@@ -83,9 +83,10 @@ def _layout(arrays, outs):
     given = [o for o in outs if o is not None]
     if given:
         use_f = not given[0].flags.c_contiguous
+    elif all(a.flags.c_contiguous for a in arrays):
+        return arrays, False
     else:
-        use_f = (not all(a.flags.c_contiguous for a in arrays)
-                 and all(a.flags.f_contiguous for a in arrays))
+        use_f = all(a.flags.f_contiguous for a in arrays)
     if use_f:
         return [np.asfortranarray(a).T for a in arrays], True
     return [np.ascontiguousarray(a) for a in arrays], False
@@ -108,12 +109,12 @@ def _check_big_out(out, name, shape, dtype):
 
 
 def _small_out(out, name, shape, dtype):
-    """A per-channel output: (flat C-contiguous vector the kernel writes, array returned)."""
+    """A per-channel output: (contiguous array the kernel writes, array returned).
+    The kernels see only the data of per-channel arrays, so no reshape."""
     if out is None:
         arr = np.empty(shape, dtype)
-    else:
-        arr = check_out(out, name, shape, dtype)
-    return arr.reshape(-1), arr
+        return arr, arr
+    return check_out(out, name, shape, dtype), out
 
 
 def _kernel_dims(shape, dim, transposed):
@@ -124,9 +125,10 @@ def _kernel_dims(shape, dim, transposed):
 
 
 def _prepare_g(g, v, dim, policy, name="g"):
+    """g checked, and its values as a contiguous math-type array for the kernel."""
     g, _ = as_float_array(g, name)
-    check_per_channel(g, name, v.shape, dim, _dtypes.coefficient_dtypes(v.dtype))
-    return g, np.ascontiguousarray(g, dtype=policy.math).reshape(-1)
+    check_per_channel(g, name, v.shape, dim, policy.coefficients)
+    return g, np.ascontiguousarray(g, dtype=policy.math)
 
 
 def _norm_kind(pow):
@@ -261,7 +263,7 @@ def weight_norm_backward(grad_w, saved_v, saved_g, saved_norm, dim=0, *, out=Non
     g, g_vec = _prepare_g(saved_g, v, dim, policy, name="saved_g")
     norm, _ = as_float_array(saved_norm, "saved_norm")
     check_per_channel(norm, "saved_norm", v.shape, dim, (policy.stat,))
-    norm_vec = np.ascontiguousarray(norm).reshape(-1)
+    norm_vec = np.ascontiguousarray(norm)
     gv_out, gg_out = split_out(out, ("grad_v", "grad_g"))
     gv_out = _check_big_out(gv_out, "out[0] (grad_v)", v.shape, v.dtype)
     (kgw, kv), transposed = _layout([grad_w, v], (gv_out,))

@@ -5,11 +5,16 @@
  * of line on purpose: inlined into an OpenMP-outlined body GCC 12 turned the
  * 16-bit reductions back into scalar code (measured 3.5x slower).
  *
- * Reductions: LANES independent float64 accumulators merged by a fixed tree.
- * One chain of adds is latency bound; sixteen keep the vector units busy, and
- * float64 keeps float32 rows of any length accurate to far below one float32
- * ulp.  Elementwise ops compute in the storage's math type (float64 for
- * float64, float32 otherwise) and round 16-bit stores to nearest even.
+ * Reductions: CN_LANES independent float64 accumulators merged by a fixed
+ * tree.  One chain of adds is latency bound; sixteen keep the vector units
+ * busy.  Each lane adds, in float64, the math-type value x0*x0 + x1*x1 of
+ * two elements (x0*y0 + x1*y1 for dot products): for float32 math that halves
+ * the float32 -> float64 conversions, the bottleneck once data is in cache,
+ * while a sum of squares stays within about 2 float32 ulps of exact whatever
+ * the length (every term is positive and rounds at most twice), so the norm
+ * stays within 2e-7.  float64 storage computes the same shape in float64.
+ * Elementwise ops compute in the storage's math type (float64 for float64,
+ * float32 otherwise) and round 16-bit stores to nearest even.
  */
 #ifndef CN_ROWS_H
 #define CN_ROWS_H
@@ -143,23 +148,24 @@ CN_NOINLINE static double cn_sumsq_##SFX(const T *xs, ptrdiff_t n) {            
     int k, q;                                                                        \
     for (; i < mb; i += CN_BLOCK) {                                                  \
         CN_PREFETCH_BLOCK(IO, x + i);                                                \
-        for (q = 0; q < CN_BLOCK; q += CN_LANES)                                     \
+        for (q = 0; q < CN_BLOCK; q += 2 * CN_LANES)                                 \
             for (k = 0; k < CN_LANES; k++) {                                         \
-                double t = cn_load_##SFX(x[i + q + k]);                              \
-                acc[k] += t * t;                                                     \
+                M a = cn_load_##SFX(x[i + q + k]);                                   \
+                M b = cn_load_##SFX(x[i + q + CN_LANES + k]);                        \
+                acc[k] += (double)(a * a + b * b);                                   \
             }                                                                        \
     }                                                                                \
     for (; i < m; i += CN_LANES)                                                     \
         for (k = 0; k < CN_LANES; k++) {                                             \
-            double t = cn_load_##SFX(x[i + k]);                                      \
-            acc[k] += t * t;                                                         \
+            M a = cn_load_##SFX(x[i + k]);                                           \
+            acc[k] += (double)(a * a);                                               \
         }                                                                            \
     /* the tail runs as one zero-padded block (adding 0 is exact): a loop  */       \
     /* indexing acc by a variable lane kept the main loop scalar            */       \
     for (k = 0; k < n - m; k++) pad[k] = x[m + k];                                   \
     for (k = 0; k < CN_LANES; k++) {                                                 \
-        double t = cn_load_##SFX(pad[k]);                                            \
-        acc[k] += t * t;                                                             \
+        M a = cn_load_##SFX(pad[k]);                                                 \
+        acc[k] += (double)(a * a);                                                   \
     }                                                                                \
     return cn_merge_lanes(acc);                                                      \
 }                                                                                    \
@@ -172,19 +178,23 @@ CN_NOINLINE static double cn_dot_##SFX(const T *xs, const T *ys, ptrdiff_t n) { 
     for (; i < mb; i += CN_BLOCK) {                                                  \
         CN_PREFETCH_BLOCK(IO, x + i);                                                \
         CN_PREFETCH_BLOCK(IO, y + i);                                                \
-        for (q = 0; q < CN_BLOCK; q += CN_LANES)                                     \
-            for (k = 0; k < CN_LANES; k++)                                           \
-                acc[k] += (double)cn_load_##SFX(x[i + q + k]) * (double)cn_load_##SFX(y[i + q + k]); \
+        for (q = 0; q < CN_BLOCK; q += 2 * CN_LANES)                                 \
+            for (k = 0; k < CN_LANES; k++) {                                         \
+                M a = cn_load_##SFX(x[i + q + k]) * cn_load_##SFX(y[i + q + k]);    \
+                M b = cn_load_##SFX(x[i + q + CN_LANES + k])                         \
+                      * cn_load_##SFX(y[i + q + CN_LANES + k]);                      \
+                acc[k] += (double)(a + b);                                           \
+            }                                                                        \
     }                                                                                \
     for (; i < m; i += CN_LANES)                                                     \
         for (k = 0; k < CN_LANES; k++)                                               \
-            acc[k] += (double)cn_load_##SFX(x[i + k]) * (double)cn_load_##SFX(y[i + k]); \
+            acc[k] += (double)(cn_load_##SFX(x[i + k]) * cn_load_##SFX(y[i + k]));   \
     for (k = 0; k < n - m; k++) {                                                    \
         px[k] = x[m + k];                                                            \
         py[k] = y[m + k];                                                            \
     }                                                                                \
     for (k = 0; k < CN_LANES; k++)                                                   \
-        acc[k] += (double)cn_load_##SFX(px[k]) * (double)cn_load_##SFX(py[k]);       \
+        acc[k] += (double)(cn_load_##SFX(px[k]) * cn_load_##SFX(py[k]));             \
     return cn_merge_lanes(acc);                                                      \
 }                                                                                    \
 CN_NOINLINE static void cn_colsq_##SFX(double *restrict acc, const T *xs, ptrdiff_t n) { \
