@@ -225,6 +225,36 @@ CN_NOINLINE static void cn_coldot_##SFX(double *restrict acc, const T *xs,      
     for (; i < n; i++)                                                               \
         acc[i] += (double)cn_load_##SFX(x[i]) * (double)cn_load_##SFX(y[i]);         \
 }                                                                                    \
+/* two rows at once: each column adds, in float64, the math-type sum of the   */ \
+/* two rows' terms (see the note on paired lanes at the top)                 */ \
+CN_NOINLINE static void cn_colsq2_##SFX(double *restrict acc, const T *xs0,          \
+                                        const T *xs1, ptrdiff_t n) {                 \
+    const IO *restrict x0 = (const IO *)xs0, *restrict x1 = (const IO *)xs1;         \
+    ptrdiff_t i = 0, mb = n - n % CN_BLOCK;                                          \
+    for (; i < mb; i += CN_BLOCK) {                                                  \
+        CN_PREFETCH_BLOCK(IO, x0 + i);                                               \
+        CN_PREFETCH_BLOCK(IO, x1 + i);                                               \
+        for (int k = 0; k < CN_BLOCK; k++) {                                         \
+            M a = cn_load_##SFX(x0[i + k]), b = cn_load_##SFX(x1[i + k]);            \
+            acc[i + k] += (double)(a * a + b * b);                                   \
+        }                                                                            \
+    }                                                                                \
+    for (; i < n; i++) {                                                             \
+        M a = cn_load_##SFX(x0[i]), b = cn_load_##SFX(x1[i]);                        \
+        acc[i] += (double)(a * a + b * b);                                           \
+    }                                                                                \
+}                                                                                    \
+CN_NOINLINE static void cn_coldot2_##SFX(double *restrict acc, const T *xs0,         \
+                                         const T *ys0, const T *xs1, const T *ys1,   \
+                                         ptrdiff_t n) {                              \
+    const IO *restrict x0 = (const IO *)xs0, *restrict y0 = (const IO *)ys0;         \
+    const IO *restrict x1 = (const IO *)xs1, *restrict y1 = (const IO *)ys1;         \
+    for (ptrdiff_t i = 0; i < n; i++) {                                              \
+        M a = cn_load_##SFX(x0[i]) * cn_load_##SFX(y0[i]);                           \
+        M b = cn_load_##SFX(x1[i]) * cn_load_##SFX(y1[i]);                           \
+        acc[i] += (double)(a + b);                                                   \
+    }                                                                                \
+}                                                                                    \
 CN_NOINLINE static void cn_scale_##SFX(T *outs, const T *xs, ptrdiff_t n, M s,      \
                                        int stream) {                                 \
     IO *restrict out = (IO *)outs;                                                   \

@@ -38,6 +38,14 @@ cdef extern from "cn_rows.h" nogil:
     void cn_coldot_f64(double* acc, const double* x, const double* y, Py_ssize_t n)
     void cn_coldot_bf16(double* acc, const cn_bf16* x, const cn_bf16* y, Py_ssize_t n)
     void cn_coldot_f16(double* acc, const cn_f16* x, const cn_f16* y, Py_ssize_t n)
+    void cn_colsq2_f32(double* acc, const float* x0, const float* x1, Py_ssize_t n)
+    void cn_colsq2_f64(double* acc, const double* x0, const double* x1, Py_ssize_t n)
+    void cn_colsq2_bf16(double* acc, const cn_bf16* x0, const cn_bf16* x1, Py_ssize_t n)
+    void cn_colsq2_f16(double* acc, const cn_f16* x0, const cn_f16* x1, Py_ssize_t n)
+    void cn_coldot2_f32(double* acc, const float* x0, const float* y0, const float* x1, const float* y1, Py_ssize_t n)
+    void cn_coldot2_f64(double* acc, const double* x0, const double* y0, const double* x1, const double* y1, Py_ssize_t n)
+    void cn_coldot2_bf16(double* acc, const cn_bf16* x0, const cn_bf16* y0, const cn_bf16* x1, const cn_bf16* y1, Py_ssize_t n)
+    void cn_coldot2_f16(double* acc, const cn_f16* x0, const cn_f16* y0, const cn_f16* x1, const cn_f16* y1, Py_ssize_t n)
     void cn_scale_f32(float* out, const float* x, Py_ssize_t n, float s, int stream)
     void cn_scale_f64(double* out, const double* x, Py_ssize_t n, double s, int stream)
     void cn_scale_bf16(cn_bf16* out, const cn_bf16* x, Py_ssize_t n, float s, int stream)
@@ -119,6 +127,30 @@ cdef inline void col_dot(double* acc, const storage_t* x, const storage_t* y, Py
         cn_coldot_bf16(acc, x, y, n)
     else:
         cn_coldot_f16(acc, x, y, n)
+
+
+cdef inline void col_sumsq2(double* acc, const storage_t* x0, const storage_t* x1,
+                            Py_ssize_t n) noexcept nogil:
+    if storage_t is float:
+        cn_colsq2_f32(acc, x0, x1, n)
+    elif storage_t is double:
+        cn_colsq2_f64(acc, x0, x1, n)
+    elif storage_t is cn_bf16:
+        cn_colsq2_bf16(acc, x0, x1, n)
+    else:
+        cn_colsq2_f16(acc, x0, x1, n)
+
+
+cdef inline void col_dot2(double* acc, const storage_t* x0, const storage_t* y0,
+                          const storage_t* x1, const storage_t* y1, Py_ssize_t n) noexcept nogil:
+    if storage_t is float:
+        cn_coldot2_f32(acc, x0, y0, x1, y1, n)
+    elif storage_t is double:
+        cn_coldot2_f64(acc, x0, y0, x1, y1, n)
+    elif storage_t is cn_bf16:
+        cn_coldot2_bf16(acc, x0, y0, x1, y1, n)
+    else:
+        cn_coldot2_f16(acc, x0, y0, x1, y1, n)
 
 
 cdef inline double row_sumsq(const storage_t* x, Py_ssize_t n) noexcept nogil:

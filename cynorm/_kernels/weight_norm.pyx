@@ -26,6 +26,7 @@ cimport numpy as cnp
 
 from cynorm._kernels.common cimport (
     storage_t, cn_bf16, cn_f16, load, chunk_sumsq, chunk_dot, col_sumsq, col_dot,
+    col_sumsq2, col_dot2,
     row_sumsq, row_dot, scale_row, scale_cols, axpby_row, axpby_cols, ROW_CHUNK,
 )
 
@@ -124,6 +125,40 @@ cdef inline void col_accumulate(int op, double* acc, const storage_t* x,
             acc[j] += pow(fabs(load(x[j])), p)
 
 
+cdef inline void col_block(int op, double* accp, const storage_t* x, const storage_t* y,
+                           Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t C, Py_ssize_t j0,
+                           Py_ssize_t n, double p) noexcept nogil:
+    """Rows [r0, r1) of columns [j0, j0 + n) into accp; sums of squares and
+    dot products take the rows two at a time (the row pairing is fixed by r0,
+    so it does not depend on the thread count)."""
+    cdef Py_ssize_t r = r0, off, off1
+    if op == OP_SUMSQ or op == OP_DOT:
+        while r + 1 < r1:
+            off = r * C + j0
+            off1 = off + C
+            if op == OP_SUMSQ:
+                col_sumsq2(accp, x + off, x + off1, n)
+            else:
+                col_dot2(accp, x + off, y + off, x + off1, y + off1, n)
+            r += 2
+    while r < r1:
+        off = r * C + j0
+        col_accumulate(op, accp, x + off, y + off if y != NULL else NULL, n, p)
+        r += 1
+
+
+cdef inline void merge_blocks(int op, double* part, Py_ssize_t nblk, Py_ssize_t C,
+                              Py_ssize_t j0, Py_ssize_t j1) noexcept nogil:
+    """part[0, j] = the blocks' partials of column j combined in block order."""
+    cdef Py_ssize_t j, blk
+    cdef double acc
+    for j in range(j0, j1):
+        acc = part[j]
+        for blk in range(1, nblk):
+            acc = combine(op, acc, part[blk * C + j])
+        part[j] = acc
+
+
 cdef int reduce_over_d(int op, const storage_t* x, const storage_t* y,
                        Py_ssize_t A, Py_ssize_t D, Py_ssize_t B, double p,
                        double* result, int nt) noexcept nogil:
@@ -181,14 +216,13 @@ cdef int reduce_over_d(int op, const storage_t* x, const storage_t* y,
             accp[j] = 0.0
         r0 = blk * rb
         r1 = min(A, r0 + rb)
-        for r in range(r0, r1):
-            off = r * C + j0
-            col_accumulate(op, accp, x + off, y + off if y != NULL else NULL, n, p)
-    for j in prange(C, schedule='static', num_threads=nt):
-        acc = part[j]
-        for blk in range(1, nblk):
-            acc = combine(op, acc, part[blk * C + j])
-        part[j] = acc
+        col_block(op, accp, x, y, r0, r1, C, j0, n, p)
+    if nblk * C < SERIAL_BELOW:
+        # small: a parallel region would cost more than the merge
+        merge_blocks(op, part, nblk, C, 0, C)
+    else:
+        for t in prange((C + COL_WIDTH - 1) // COL_WIDTH, schedule='static', num_threads=nt):
+            merge_blocks(op, part, nblk, C, t * COL_WIDTH, min(C, (t + 1) * COL_WIDTH))
     for d in range(D):
         acc = 0.0
         for b in range(B):
