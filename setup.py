@@ -19,6 +19,17 @@ import sys
 import numpy as np
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+
+class build_ext_always(build_ext):
+    """Recompile every time: the flags depend on the environment (CYNORM_MARCH,
+    CYNORM_NO_OPENMP), which setuptools' up-to-date check cannot see, so an
+    in-tree build/ left by another configuration would otherwise be reused."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        self.force = True
 
 KERNELS = "cynorm/_kernels"
 
@@ -69,4 +80,4 @@ def extensions():
     )
 
 
-setup(ext_modules=extensions())
+setup(ext_modules=extensions(), cmdclass={"build_ext": build_ext_always})
