@@ -188,8 +188,9 @@ def plot(all_results, path):
     fig, axes = plt.subplots(len(settings), 1, figsize=(14, 4.5 * len(settings)), squeeze=False)
     for ax, setting in zip(axes[:, 0], settings):
         res = all_results[setting]
-        labels = [f"{r['op'][:3]} {r['dtype'][:4]} {'x'.join(map(str, r['shape']))} d{r['dim']} t{r['threads']}"
-                  for r in res]
+        short = {"forward": "fwd", "backward": "bwd", "float32": "f32", "bfloat16": "bf16"}
+        labels = [f"{short[r['op']]} {short[r['dtype']]} {'x'.join(map(str, r['shape']))} "
+                  f"dim{r['dim']} {r['threads']}thr" for r in res]
         x = np.arange(len(res))
         ax.bar(x - 0.2, [r["ms"]["torch"] / r["ms"]["cynorm"] for r in res], 0.4, label="torch / cynorm")
         ax.bar(x + 0.2, [r["ms"]["torch"] / r["ms"]["cynorm_out"] for r in res], 0.4, label="torch / cynorm out=")
