@@ -15,7 +15,7 @@ from helpers import (BF16, F16, F32, F64, as_stored, assert_close, bits, g_dtype
 # rows (long rows, few rows), rows with A > 1 (middle dims, B >= 128), and the
 # column path (small B) with one or many row blocks and column chunks.
 SHAPES = [
-    (7,), (17,), (1023,), (100003,),
+    (1,), (7,), (17,), (1023,), (100003,),
     (1, 1), (3, 7), (17, 5), (1023, 3), (7, 1023), (2, 100003), (100003, 2),
     (8, 40000), (5000, 7), (40, 3000),
     (4, 5, 6), (3, 4, 200), (2, 3, 4, 5), (2, 3, 1, 4, 5),
