@@ -9,16 +9,24 @@ from cynorm._dtypes import POLICY, SUPPORTED_NAMES
 
 
 def as_float_array(x, name):
-    """x as an ndarray of a supported floating dtype; returns (array, policy)."""
+    """x as an ndarray of a supported floating dtype; returns (array, policy).
+
+    Array-likes (lists, objects with __array__) are converted as np.asarray
+    does; non-native byte order is converted to native (a copy).  Masked
+    arrays are refused: their mask would be silently ignored."""
     if type(x) is not np.ndarray:
-        if isinstance(x, np.ndarray):
-            x = np.asarray(x)
-        elif hasattr(x, "__array__") or isinstance(x, (list, tuple, float, int, np.generic)):
+        if isinstance(x, np.ma.MaskedArray):
+            raise TypeError(f"{name} is a masked array: pass its data and handle the mask yourself")
+        if isinstance(x, np.ndarray) or hasattr(x, "__array__") or isinstance(
+                x, (list, tuple, float, int, np.generic)):
             x = np.asarray(x)
         else:
             raise TypeError(f"{name} must be a NumPy array, got {type(x).__name__}")
     policy = POLICY.get(x.dtype)
     if policy is None:
+        native = x.dtype.newbyteorder("=") if x.dtype.byteorder not in ("=", "|") else None
+        if native is not None and native in POLICY:
+            return as_float_array(x.astype(native), name)
         raise TypeError(
             f"{name} must have a floating dtype ({SUPPORTED_NAMES}), got {x.dtype}")
     return x, policy

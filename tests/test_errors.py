@@ -138,3 +138,19 @@ def test_set_num_threads_validation(restore_threads):
 def test_alloc_limit_validation():
     with pytest.raises(ValueError, match="limit must be >= 0"):
         cynorm.set_alloc_cache_limit(-1)
+
+
+def test_masked_arrays_are_refused():
+    v = np.ma.masked_array(np.ones((4, 5), np.float32), mask=np.zeros((4, 5), bool))
+    with pytest.raises(TypeError, match="v is a masked array"):
+        cynorm.weight_norm(v, np.ones(4, np.float32), 0)
+
+
+def test_non_native_byte_order_is_converted():
+    v = np.arange(1.0, 21.0).reshape(4, 5)
+    g = np.ones(4)
+    want = cynorm.weight_norm(v, g, 0)
+    swapped = v.astype(v.dtype.newbyteorder(">" if np.little_endian else "<"))
+    got = cynorm.weight_norm(swapped, g.astype(swapped.dtype), 0)
+    assert got.dtype == np.float64 and got.dtype.isnative
+    np.testing.assert_array_equal(got, want)

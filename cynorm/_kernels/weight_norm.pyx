@@ -16,7 +16,7 @@ Work splits into tasks whose boundaries depend on the shape only, and
 partials merge in a fixed order, so results are bitwise identical at any
 thread count.
 
-This layer computes only: the Python layer (cynorm/weight_norm.py) has
+This layer computes only: the Python layer (cynorm/weightnorm.py) has
 validated shapes, dtypes and contiguity and allocated every output.
 """
 from cython.parallel cimport prange
