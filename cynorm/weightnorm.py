@@ -269,18 +269,10 @@ def weight_norm_backward(grad_w, saved_v, saved_g, saved_norm, dim=0, *, out=Non
     (kgw, kv), transposed = _layout([grad_w, v], (gv_out,))
     A, D, B = _kernel_dims(v.shape, dim, transposed)
     kgv, grad_v = _big_out(gv_out, v.shape, v.dtype, transposed)
-    if g.dtype == policy.stat:
-        kgg, grad_g = _small_out(gg_out, "out[1] (grad_g)", g.shape, g.dtype)
-    else:
-        # 16-bit g: the kernel writes float32, rounded into g's dtype below
-        if gg_out is not None:
-            check_out(gg_out, "out[1] (grad_g)", g.shape, g.dtype)
-        kgg, grad_g = np.empty(D, policy.stat), gg_out
+    kgg, grad_g = _small_out(gg_out, "out[1] (grad_g)", g.shape, g.dtype)
+    if g.dtype != policy.stat:
+        kgg = np.empty(D, policy.stat)     # 16-bit g: the kernel writes float32
     _k.weight_norm_backward(kgw, kv, g_vec, norm_vec, kgv, kgg, A, D, B, policy.code, _threads())
-    if grad_g is None or grad_g.dtype != policy.stat:
-        rounded = kgg.astype(g.dtype).reshape(g.shape)
-        if grad_g is None:
-            grad_g = rounded
-        else:
-            grad_g[...] = rounded
+    if kgg is not grad_g:
+        grad_g[...] = kgg.reshape(g.shape)  # rounds to nearest even, as ml_dtypes casts
     return grad_v, grad_g
