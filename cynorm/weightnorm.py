@@ -92,6 +92,25 @@ def _layout(arrays, outs):
     return [np.ascontiguousarray(a) for a in arrays], False
 
 
+def _unalias(inputs, outs):
+    """inputs, with a private copy of any that overlaps a given output in
+    another layout.  An output that is exactly an input (out=v) is safe:
+    every kernel reads an element, or a whole slice, before writing it."""
+    given = [o for o in outs if o is not None]
+    if not given:
+        return inputs
+    result = []
+    for a in inputs:
+        for o in given:
+            if np.may_share_memory(a, o) and not (
+                    a.__array_interface__["data"][0] == o.__array_interface__["data"][0]
+                    and a.strides == o.strides and a.shape == o.shape and a.dtype == o.dtype):
+                a = a.copy()
+                break
+        result.append(a)
+    return result
+
+
 def _big_out(out, shape, dtype, transposed):
     """The kernel's C-contiguous buffer for a v-shaped output, and the array
     the caller gets back."""
@@ -209,6 +228,7 @@ def weight_norm_interface(v, g, dim=0, *, out=None):
     g, g_vec = _prepare_g(g, v, dim, policy)
     w_out, norm_out = split_out(out, ("w", "norm"))
     w_out = _check_big_out(w_out, "out[0] (w)", v.shape, v.dtype)
+    v, g_vec = _unalias([v, g_vec], (w_out, norm_out))
     (kv,), transposed = _layout([v], (w_out,))
     A, D, B = _kernel_dims(v.shape, dim, transposed)
     kw, w = _big_out(w_out, v.shape, v.dtype, transposed)
@@ -226,6 +246,7 @@ def weight_norm(v, g, dim=0, *, out=None):
     dim = normalize_dim(dim, v.ndim)
     g, g_vec = _prepare_g(g, v, dim, policy)
     w_out = _check_big_out(out, "out", v.shape, v.dtype)
+    v, g_vec = _unalias([v, g_vec], (w_out,))
     (kv,), transposed = _layout([v], (w_out,))
     A, D, B = _kernel_dims(v.shape, dim, transposed)
     kw, w = _big_out(w_out, v.shape, v.dtype, transposed)
@@ -266,6 +287,7 @@ def weight_norm_backward(grad_w, saved_v, saved_g, saved_norm, dim=0, *, out=Non
     norm_vec = np.ascontiguousarray(norm)
     gv_out, gg_out = split_out(out, ("grad_v", "grad_g"))
     gv_out = _check_big_out(gv_out, "out[0] (grad_v)", v.shape, v.dtype)
+    grad_w, v, g_vec, norm_vec = _unalias([grad_w, v, g_vec, norm_vec], (gv_out, gg_out))
     (kgw, kv), transposed = _layout([grad_w, v], (gv_out,))
     A, D, B = _kernel_dims(v.shape, dim, transposed)
     kgv, grad_v = _big_out(gv_out, v.shape, v.dtype, transposed)

@@ -234,34 +234,41 @@ cdef int reduce_over_d(int op, const storage_t* x, const storage_t* y,
 
 cdef inline double forward_scale(const storage_t* tag, double sumsq, const void* g,
                                  void* norm, Py_ssize_t d) noexcept nogil:
-    """Stores norm[d]; returns g[d] / norm[d] computed in the math type."""
-    cdef float nf
+    """Stores norm[d]; returns g[d] / norm[d] computed in the math type.
+    (g is read before norm is written: a caller may pass g's own memory as
+    the norm output.)"""
+    cdef double nd, s
+    cdef float nf, sf
     if storage_t is double:
-        (<double*>norm)[d] = sqrt(sumsq)
-        return (<const double*>g)[d] / (<double*>norm)[d]
+        nd = sqrt(sumsq)
+        s = (<const double*>g)[d] / nd
+        (<double*>norm)[d] = nd
+        return s
     nf = <float>sqrt(sumsq)
+    sf = (<const float*>g)[d] / nf
     (<float*>norm)[d] = nf
-    return <double>((<const float*>g)[d] / nf)
+    return <double>sf
 
 
 cdef inline void backward_coefs(const storage_t* tag, double s, const void* g, const void* norm,
                                 void* grad_g, Py_ssize_t d, double* a, double* b) noexcept nogil:
-    """grad_g[d] = s / norm; a = g / norm; b = a * grad_g / norm (math type)."""
+    """grad_g[d] = s / norm; a = g / norm; b = a * grad_g / norm (math type).
+    (Inputs are read before grad_g is written: it may share g's memory.)"""
     cdef double nd, gg
     cdef float nf, ggf, af
     if storage_t is double:
         nd = (<const double*>norm)[d]
         gg = s / nd
-        (<double*>grad_g)[d] = gg
         a[0] = (<const double*>g)[d] / nd
         b[0] = a[0] * gg / nd
+        (<double*>grad_g)[d] = gg
     else:
         nf = (<const float*>norm)[d]
         ggf = <float>s / nf
-        (<float*>grad_g)[d] = ggf
         af = (<const float*>g)[d] / nf
         a[0] = af
         b[0] = <double>(af * ggf / nf)
+        (<float*>grad_g)[d] = ggf
 
 
 cdef inline void pack_cols(const storage_t* tag, const double* per_d, Py_ssize_t D, Py_ssize_t B,
