@@ -204,6 +204,21 @@ def norm_except_dim(v, pow=2, dim=0, *, out=None):
     return out
 
 
+def _forward(v, g, dim, w_out, w_name, norm_out):
+    """The shared body of weight_norm and weight_norm_interface: (w, norm)."""
+    v, policy = as_float_array(v, "v")
+    dim = normalize_dim(dim, v.ndim)
+    g, g_vec = _prepare_g(g, v, dim, policy)
+    w_out = _check_big_out(w_out, w_name, v.shape, v.dtype)
+    v, g_vec = _unalias([v, g_vec], (w_out, norm_out))
+    (kv,), transposed = _layout([v], (w_out,))
+    A, D, B = _kernel_dims(v.shape, dim, transposed)
+    kw, w = _big_out(w_out, v.shape, v.dtype, transposed)
+    knorm, norm = _small_out(norm_out, "out[1] (norm)", g.shape, policy.stat)
+    _k.weight_norm_forward(kv, g_vec, kw, knorm, A, D, B, policy.code, _threads())
+    return w, norm
+
+
 def weight_norm_interface(v, g, dim=0, *, out=None):
     """Fused weight norm that also returns the norm (torch._weight_norm_interface).
 
@@ -223,18 +238,8 @@ def weight_norm_interface(v, g, dim=0, *, out=None):
     w : ndarray, v's shape and dtype: v * g / ||v||.
     norm : ndarray, g's shape; float32 for 16-bit v, else v's dtype.
     """
-    v, policy = as_float_array(v, "v")
-    dim = normalize_dim(dim, v.ndim)
-    g, g_vec = _prepare_g(g, v, dim, policy)
     w_out, norm_out = split_out(out, ("w", "norm"))
-    w_out = _check_big_out(w_out, "out[0] (w)", v.shape, v.dtype)
-    v, g_vec = _unalias([v, g_vec], (w_out, norm_out))
-    (kv,), transposed = _layout([v], (w_out,))
-    A, D, B = _kernel_dims(v.shape, dim, transposed)
-    kw, w = _big_out(w_out, v.shape, v.dtype, transposed)
-    knorm, norm = _small_out(norm_out, "out[1] (norm)", g.shape, policy.stat)
-    _k.weight_norm_forward(kv, g_vec, kw, knorm, A, D, B, policy.code, _threads())
-    return w, norm
+    return _forward(v, g, dim, w_out, "out[0] (w)", norm_out)
 
 
 def weight_norm(v, g, dim=0, *, out=None):
@@ -242,17 +247,7 @@ def weight_norm(v, g, dim=0, *, out=None):
 
     ``out`` is a single array of v's shape and dtype.
     """
-    v, policy = as_float_array(v, "v")
-    dim = normalize_dim(dim, v.ndim)
-    g, g_vec = _prepare_g(g, v, dim, policy)
-    w_out = _check_big_out(out, "out", v.shape, v.dtype)
-    v, g_vec = _unalias([v, g_vec], (w_out,))
-    (kv,), transposed = _layout([v], (w_out,))
-    A, D, B = _kernel_dims(v.shape, dim, transposed)
-    kw, w = _big_out(w_out, v.shape, v.dtype, transposed)
-    knorm = np.empty(D, policy.stat)
-    _k.weight_norm_forward(kv, g_vec, kw, knorm, A, D, B, policy.code, _threads())
-    return w
+    return _forward(v, g, dim, out, "out", None)[0]
 
 
 def weight_norm_backward(grad_w, saved_v, saved_g, saved_norm, dim=0, *, out=None):

@@ -165,7 +165,7 @@ cdef int reduce_over_d(int op, const storage_t* x, const storage_t* y,
     """result[d] = op-reduction of x[:, d, :] (and y for OP_DOT), unfinished.
 
     Returns -1 when a work buffer cannot be allocated."""
-    cdef Py_ssize_t t, d, c, a, r, j, b, blk, n, b0, j0, off
+    cdef Py_ssize_t t, d, c, a, j, b, blk, n, b0, j0, off
     cdef Py_ssize_t nchunk, ntask, C, rb, nblk, ncc, r0, r1
     cdef double acc
     cdef double* part
@@ -221,7 +221,7 @@ cdef int reduce_over_d(int op, const storage_t* x, const storage_t* y,
         # small: a parallel region would cost more than the merge
         merge_blocks(op, part, nblk, C, 0, C)
     else:
-        for t in prange((C + COL_WIDTH - 1) // COL_WIDTH, schedule='static', num_threads=nt):
+        for t in prange(ncc, schedule='static', num_threads=nt):
             merge_blocks(op, part, nblk, C, t * COL_WIDTH, min(C, (t + 1) * COL_WIDTH))
     for d in range(D):
         acc = 0.0
