@@ -71,7 +71,7 @@ def extensions():
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION"),
                        ("NPY_TARGET_VERSION", "NPY_2_0_API_VERSION")],
     )
-    names = ["weight_norm", "_runtime", "_alloc", "_convert"]
+    names = ["weight_norm", "layer_norm", "batch_norm", "_runtime", "_alloc", "_convert"]
     exts = [Extension(f"cynorm._kernels.{n}", [f"{KERNELS}/{n}.pyx"], **common) for n in names]
     return cythonize(
         exts,

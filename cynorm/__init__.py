@@ -4,6 +4,11 @@ Cython + OpenMP kernels behind a NumPy API, with PyTorch's semantics:
 
 * weight normalization: `weight_norm`, `weight_norm_interface`,
   `weight_norm_backward`, `norm_except_dim`
+* layer normalization: `layer_norm`, `layer_norm_backward`
+* batch normalization: `batch_norm`, `batch_norm_backward`, and the
+  split-statistics ops synchronized batch norm is built from:
+  `batch_norm_stats`, `batch_norm_gather_stats`, `batch_norm_elemt`,
+  `batch_norm_backward_reduce`, `batch_norm_backward_elemt`
 
 Threads: `set_num_threads` / `get_num_threads` (OMP_NUM_THREADS and
 threadpoolctl work too).  Build facts: `show_config()`.  Large outputs come
@@ -25,6 +30,15 @@ from cynorm._kernels._alloc import (  # noqa: E402
     clear_cache as clear_alloc_cache,
     set_cache_limit as set_alloc_cache_limit,
 )
+from cynorm.layernorm import layer_norm, layer_norm_backward  # noqa: E402
+from cynorm.batchnorm import batch_norm, batch_norm_backward  # noqa: E402
+from cynorm.batchnorm_stats import (  # noqa: E402
+    batch_norm_backward_elemt,
+    batch_norm_backward_reduce,
+    batch_norm_elemt,
+    batch_norm_gather_stats,
+    batch_norm_stats,
+)
 from cynorm.weightnorm import (  # noqa: E402
     norm_except_dim,
     weight_norm,
@@ -35,9 +49,18 @@ from cynorm.weightnorm import (  # noqa: E402
 __all__ = [
     "__version__",
     "alloc_cache_info",
+    "batch_norm",
+    "batch_norm_backward",
+    "batch_norm_backward_elemt",
+    "batch_norm_backward_reduce",
+    "batch_norm_elemt",
+    "batch_norm_gather_stats",
+    "batch_norm_stats",
     "clear_alloc_cache",
     "config",
     "get_num_threads",
+    "layer_norm",
+    "layer_norm_backward",
     "norm_except_dim",
     "set_alloc_cache_limit",
     "set_num_threads",

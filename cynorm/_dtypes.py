@@ -42,3 +42,13 @@ SUPPORTED_NAMES = ", ".join(str(d) for d in SUPPORTED_DTYPES)
 
 def is_16bit(dtype):
     return dtype is BFLOAT16 or dtype is FLOAT16 or dtype in (BFLOAT16, FLOAT16)
+
+
+def from_float64(a, dtype):
+    """float64 values as dtype, rounded the way the kernels store: 16-bit
+    types go through float32 (ml_dtypes' round-to-nearest-even of the float32
+    value), so a float64 sum and a kernel result agree bit for bit."""
+    dtype = np.dtype(dtype)
+    if is_16bit(dtype):
+        return np.asarray(a, np.float32).astype(dtype)
+    return np.asarray(a).astype(dtype, copy=False)

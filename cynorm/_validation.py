@@ -131,3 +131,50 @@ def check_threads(n):
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     return n
+
+
+def check_eps(eps, name="eps"):
+    """eps as a float >= 0."""
+    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a real number >= 0, got {eps!r}")
+    e = float(eps)
+    if not e >= 0.0:        # also rejects NaN
+        raise ValueError(f"{name} must be >= 0, got {eps!r}")
+    return e
+
+
+def check_real(value, name):
+    """A finite real number (momentum and the like)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(
+            value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a real number, got {value!r}")
+    v = float(value)
+    if not math.isfinite(v):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return v
+
+
+def check_mask(mask, name="output_mask", n=3):
+    """A sequence of n booleans."""
+    try:
+        items = tuple(mask)
+    except TypeError:
+        raise TypeError(f"{name} must be a sequence of {n} booleans, got {mask!r}") from None
+    if len(items) != n:
+        raise ValueError(f"{name} must have {n} entries, got {len(items)}")
+    if not all(isinstance(m, (bool, np.bool_)) for m in items):
+        raise TypeError(f"{name} must hold booleans, got {items!r}")
+    return tuple(bool(m) for m in items)
+
+
+def check_vector(a, name, length, dtypes, what):
+    """A 1-D array of `length` values (one per channel) with a dtype in dtypes;
+    returns the array."""
+    a, _ = as_float_array(a, name)
+    if a.shape != (length,):
+        raise ValueError(f"{name} must have shape ({length},) (one value per {what}), "
+                         f"got {a.shape}")
+    if a.dtype not in dtypes:
+        raise TypeError(f"{name} must have dtype {' or '.join(str(d) for d in dtypes)}, "
+                        f"got {a.dtype}")
+    return a

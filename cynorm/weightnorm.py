@@ -29,118 +29,26 @@ Conventions shared by the functions here:
   gives NaN, g/0 gives inf) wherever that slice is used.
 * Results are bitwise identical at any thread count.
 """
-import glob
 import math
-import os
 
 import numpy as np
 
 from cynorm import _dtypes
+from cynorm._arrays import (
+    big_out as _big_out, check_big_out as _check_big_out, kernel_dims as _kernel_dims,
+    layout as _layout, small_out as _small_out, streaming_threshold, unalias as _unalias,
+)
 from cynorm._kernels import weight_norm as _k
-from cynorm._kernels._alloc import empty as _empty
 from cynorm._kernels._runtime import get_num_threads as _threads
 from cynorm._validation import (
     as_float_array, check_out, check_per_channel, check_same, kept_shape,
-    normalize_dim, split_out, split_shape,
+    normalize_dim, split_out,
 )
 
 __all__ = ["norm_except_dim", "weight_norm", "weight_norm_interface", "weight_norm_backward"]
 
 
-def _last_level_cache_bytes():
-    """Size of the largest CPU cache (Linux sysfs), or 0 when unknown."""
-    sizes = []
-    for index in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
-        try:
-            with open(os.path.join(index, "size")) as f:
-                text = f.read().strip().upper()
-        except OSError:
-            continue
-        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-        digits = text.rstrip("KMG")
-        if digits.isdigit():
-            sizes.append(int(digits) * scale)
-    return max(sizes, default=0)
-
-
-def _streaming_threshold():
-    """Outputs above half the last-level cache go out with streaming stores:
-    they would not stay cached anyway.  (Measured on a 105 MiB-L3 machine:
-    64 MiB float32 outputs 1.3-1.9x faster streamed, 32 MiB bfloat16 ones
-    slightly faster cached.)"""
-    llc = _last_level_cache_bytes()
-    return max(16 << 20, llc // 2) if llc else 32 << 20
-
-
-_k.set_stream_min_bytes(_streaming_threshold())
-
-
-def _layout(arrays, outs):
-    """Kernel views of `arrays` (all C-contiguous), and whether they are the
-    transposes of F-ordered data.  A given output decides the order; without
-    one, F order is used only when every input is F-contiguous (and not C).
-    Inputs in the other order, or in neither, are copied once."""
-    given = [o for o in outs if o is not None]
-    if given:
-        use_f = not given[0].flags.c_contiguous
-    elif all(a.flags.c_contiguous for a in arrays):
-        return arrays, False
-    else:
-        use_f = all(a.flags.f_contiguous for a in arrays)
-    if use_f:
-        return [np.asfortranarray(a).T for a in arrays], True
-    return [np.ascontiguousarray(a) for a in arrays], False
-
-
-def _unalias(inputs, outs):
-    """inputs, with a private copy of any that overlaps a given output in
-    another layout.  An output that is exactly an input (out=v) is safe:
-    every kernel reads an element, or a whole slice, before writing it."""
-    given = [o for o in outs if o is not None]
-    if not given:
-        return inputs
-    result = []
-    for a in inputs:
-        for o in given:
-            if np.may_share_memory(a, o) and not (
-                    a.__array_interface__["data"][0] == o.__array_interface__["data"][0]
-                    and a.strides == o.strides and a.shape == o.shape and a.dtype == o.dtype):
-                a = a.copy()
-                break
-        result.append(a)
-    return result
-
-
-def _big_out(out, shape, dtype, transposed):
-    """The kernel's C-contiguous buffer for a v-shaped output, and the array
-    the caller gets back."""
-    if out is None:
-        kshape = shape[::-1] if transposed else shape
-        buf = _empty(kshape, dtype, math.prod(kshape) * dtype.itemsize)
-        return buf, (buf.T if transposed else buf)
-    return (out.T if transposed else out), out
-
-
-def _check_big_out(out, name, shape, dtype):
-    if out is None:
-        return None
-    return check_out(out, name, shape, dtype, order="CF")
-
-
-def _small_out(out, name, shape, dtype):
-    """A per-channel output: (contiguous array the kernel writes, array returned).
-    The kernels see only the data of per-channel arrays, so no reshape."""
-    if out is None:
-        arr = np.empty(shape, dtype)
-        return arr, arr
-    return check_out(out, name, shape, dtype), out
-
-
-def _kernel_dims(shape, dim, transposed):
-    if transposed:
-        shape = shape[::-1]
-        dim = None if dim is None else len(shape) - 1 - dim
-    return split_shape(shape, dim)
+_k.set_stream_min_bytes(streaming_threshold())
 
 
 def _prepare_g(g, v, dim, policy, name="g"):

@@ -24,7 +24,7 @@
 #include "cn_scalar.h"
 
 #if defined(__GNUC__) || defined(__clang__)
-#define CN_NOINLINE __attribute__((noinline))
+#define CN_NOINLINE __attribute__((noinline, unused))
 #else
 #define CN_NOINLINE
 #endif

@@ -1,0 +1,342 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+# cython: initializedcheck=False
+"""Batch-norm kernels (every kernel of the op and its split-statistics pieces).
+
+x is seen as (A, C, B): C channels, A the axes before the channel axis
+(the batch), B the axes after it (spatial; B == 1 for channels-last).
+
+Two per-channel reductions: moments (sum of x - k and (x - k)^2 for a shift
+k[c], the channel's first element) and centred gradient sums (sum dy and
+sum dy*(x - mean[c])).  Two shapes cover every layout:
+
+* rows (B >= ROW_MIN_B): rows of B contiguous elements.  Tasks are
+  (channel, block of the batch, chunk of the row); with few channels the
+  batch is split too, so C = 3 still feeds every thread.
+* columns (B small: channels-last, (N, C), small spatial): the array is
+  (A, C*B); fixed blocks of rows accumulate per-column float64 partials,
+  blocks merge in block order, and each channel folds its B columns in order.
+
+Two elementwise passes: normalize (x - m[c]) * s[c] + t[c], and the gradient
+(dy - p[c] - (x - m[c]) * q[c]) * a[c].  Every per-channel coefficient is
+computed by the Python layer (cynorm/batchnorm.py) and arrives in the math
+type.  Task boundaries and merge orders depend on the shape only: results
+are bitwise identical at any thread count.
+"""
+from cython.parallel cimport prange
+from libc.stdlib cimport calloc, malloc, free
+cimport numpy as cnp
+
+from cynorm._kernels.stats cimport (
+    cn_itemsize, cn_load_any, cn_store_math, cn_row_moments, cn_row_centered_dot,
+    cn_col_moments, cn_col_centered_dot, cn_norm_row, cn_norm_cols, cn_grad_row,
+    cn_grad_cols, math_size, load_stat,
+)
+
+cnp.import_array()
+
+cdef enum:
+    ROW_CHUNK = 32768
+    SERIAL_BELOW = 65536
+    # rows at least this long are reduced as rows
+    ROW_MIN_B = 128
+    # the row reduction splits the batch until there are this many tasks
+    ROW_TASKS = 64
+    # the column reduction: at most COL_MAX_BLOCKS row blocks of at least
+    # COL_MIN_ROWS rows, COL_WIDTH columns per task, and at most
+    # COL_PARTIAL_BYTES of partials (beyond that, the row shape is used)
+    COL_MAX_BLOCKS = 64
+    COL_MIN_ROWS = 16
+    COL_WIDTH = 8192
+    COL_MAX_COLUMNS = 1 << 22
+
+cdef Py_ssize_t COL_PARTIAL_BYTES = 64 << 20
+
+cdef enum:
+    OP_MOMENTS = 0
+    OP_GRAD_SUMS = 1
+
+cdef Py_ssize_t STREAM_MIN_BYTES = 32 << 20
+
+
+cdef inline bint use_columns(Py_ssize_t C, Py_ssize_t B) noexcept nogil:
+    return B < ROW_MIN_B and C * B <= COL_MAX_COLUMNS
+
+
+cdef inline int threads_for(Py_ssize_t size, int n_threads) noexcept nogil:
+    return 1 if size < SERIAL_BELOW else max(1, n_threads)
+
+
+cdef int reduce_rows(int op, int code, const char* x, const char* dy, const double* center,
+                     double* s1, double* s2, Py_ssize_t A, Py_ssize_t C, Py_ssize_t B,
+                     int nt) noexcept nogil:
+    cdef size_t isz = cn_itemsize(code)
+    cdef Py_ssize_t nbc = (B + ROW_CHUNK - 1) // ROW_CHUNK
+    cdef Py_ssize_t nab, rb, per_c, ntask, t, c, rem, ab, bc, a, off, n, b0
+    cdef double* part
+    nab = min(A, max(<Py_ssize_t>1, (ROW_TASKS + C * nbc - 1) // (C * nbc)))
+    rb = (A + nab - 1) // nab
+    nab = (A + rb - 1) // rb
+    per_c = nab * nbc
+    ntask = C * per_c
+    part = <double*>calloc(2 * ntask, sizeof(double))
+    if part == NULL:
+        return -1
+    for t in prange(ntask, schedule='static', num_threads=nt):
+        c = t // per_c
+        rem = t - c * per_c
+        ab = rem // nbc
+        bc = rem - ab * nbc
+        b0 = bc * ROW_CHUNK
+        n = min(<Py_ssize_t>ROW_CHUNK, B - b0)
+        for a in range(ab * rb, min(A, ab * rb + rb)):
+            off = (a * C + c) * B + b0
+            if op == OP_MOMENTS:
+                cn_row_moments(code, x + off * isz, n, center[c], part + 2 * t)
+            else:
+                cn_row_centered_dot(code, dy + off * isz, x + off * isz, NULL, n, center[c],
+                                    part + 2 * t)
+    for c in range(C):
+        s1[c] = 0.0
+        s2[c] = 0.0
+        for t in range(c * per_c, (c + 1) * per_c):
+            s1[c] += part[2 * t]
+            s2[c] += part[2 * t + 1]
+    free(part)
+    return 0
+
+
+cdef void* pack_columns(int code, const double* per_channel, Py_ssize_t C,
+                        Py_ssize_t B) noexcept nogil:
+    """per_channel[c] repeated B times, in the math type (NULL if out of memory)."""
+    cdef void* cols = malloc(C * B * math_size(code) + 1)
+    cdef Py_ssize_t c, b
+    if cols != NULL:
+        for c in range(C):
+            for b in range(B):
+                cn_store_math(code, cols, c * B + b, per_channel[c])
+    return cols
+
+
+cdef int reduce_columns(int op, int code, const char* x, const char* dy, const double* center,
+                        double* s1, double* s2, Py_ssize_t A, Py_ssize_t C, Py_ssize_t B,
+                        int nt) noexcept nogil:
+    cdef size_t isz = cn_itemsize(code)
+    cdef size_t msz = math_size(code)
+    cdef Py_ssize_t CB = C * B
+    cdef Py_ssize_t rb, nblk, ncc, t, blk, j0, n, r, off, j, c, b
+    cdef double* part
+    cdef double* p1
+    cdef double* p2
+    cdef double acc1, acc2
+    cdef char* kcols
+    rb = max(<Py_ssize_t>COL_MIN_ROWS, (A + COL_MAX_BLOCKS - 1) // COL_MAX_BLOCKS)
+    nblk = (A + rb - 1) // rb
+    if nblk > 1 and 16 * nblk * CB > COL_PARTIAL_BYTES:
+        nblk = max(<Py_ssize_t>1, COL_PARTIAL_BYTES // (16 * CB))
+        rb = (A + nblk - 1) // nblk
+        nblk = (A + rb - 1) // rb
+    ncc = (CB + COL_WIDTH - 1) // COL_WIDTH
+    kcols = <char*>pack_columns(code, center, C, B)
+    if kcols == NULL:
+        return -1
+    part = <double*>calloc(2 * nblk * CB + 1, sizeof(double))
+    if part == NULL:
+        free(kcols)
+        return -1
+    for t in prange(nblk * ncc, schedule='static', num_threads=nt):
+        blk = t // ncc
+        j0 = (t - blk * ncc) * COL_WIDTH
+        n = min(<Py_ssize_t>COL_WIDTH, CB - j0)
+        for r in range(blk * rb, min(A, blk * rb + rb)):
+            off = r * CB + j0
+            if op == OP_MOMENTS:
+                cn_col_moments(code, part + 2 * blk * CB + j0, part + (2 * blk + 1) * CB + j0,
+                               x + off * isz, kcols + j0 * msz, n)
+            else:
+                cn_col_centered_dot(code, part + 2 * blk * CB + j0,
+                                    part + (2 * blk + 1) * CB + j0,
+                                    dy + off * isz, x + off * isz, kcols + j0 * msz, n)
+    # blocks merge in block order, then each channel folds its columns in order
+    for c in range(C):
+        s1[c] = 0.0
+        s2[c] = 0.0
+        for b in range(B):
+            j = c * B + b
+            acc1 = 0.0
+            acc2 = 0.0
+            for blk in range(nblk):
+                acc1 += part[2 * blk * CB + j]
+                acc2 += part[(2 * blk + 1) * CB + j]
+            s1[c] += acc1
+            s2[c] += acc2
+    free(part)
+    free(kcols)
+    return 0
+
+
+cdef int reduce_channels(int op, int code, const char* x, const char* dy, const double* center,
+                         double* s1, double* s2, Py_ssize_t A, Py_ssize_t C, Py_ssize_t B,
+                         int nt) noexcept nogil:
+    cdef Py_ssize_t c
+    if A == 0 or B == 0:
+        for c in range(C):
+            s1[c] = 0.0
+            s2[c] = 0.0
+        return 0
+    if use_columns(C, B):
+        return reduce_columns(op, code, x, dy, center, s1, s2, A, C, B, nt)
+    return reduce_rows(op, code, x, dy, center, s1, s2, A, C, B, nt)
+
+
+cdef inline void* data(cnp.ndarray a):
+    return cnp.PyArray_DATA(a)
+
+
+def channel_moments(cnp.ndarray x, cnp.ndarray shift, cnp.ndarray s1, cnp.ndarray s2,
+                    Py_ssize_t A, Py_ssize_t C, Py_ssize_t B, int code, int n_threads):
+    """shift[c] = x[0, c, 0]; s1[c] = sum(x - shift[c]); s2[c] = sum((x - shift[c])^2).
+
+    x: C-contiguous storage array; shift, s1, s2: float64 vectors of length C.
+    Needs A * B > 0."""
+    cdef const char* px = <const char*>data(x)
+    cdef double* pk = <double*>data(shift)
+    cdef int nt = threads_for(A * C * B, n_threads)
+    cdef Py_ssize_t c
+    cdef double* p1 = <double*>data(s1)
+    cdef double* p2 = <double*>data(s2)
+    cdef int rc
+    with nogil:
+        for c in range(C):
+            pk[c] = cn_load_any(code, px, c * B)
+        rc = reduce_channels(OP_MOMENTS, code, px, NULL, pk, p1, p2, A, C, B, nt)
+    if rc != 0:
+        raise MemoryError("batch norm: could not allocate the reduction workspace")
+
+
+def channel_grad_sums(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray mean, cnp.ndarray s1,
+                      cnp.ndarray s2, Py_ssize_t A, Py_ssize_t C, Py_ssize_t B, int code,
+                      int n_threads):
+    """s1[c] = sum(dy), s2[c] = sum(dy * (x - mean[c])).
+
+    mean: float64 vector holding math-type values; s1, s2: float64 vectors."""
+    cdef const char* pdy = <const char*>data(dy)
+    cdef const char* px = <const char*>data(x)
+    cdef int nt = threads_for(A * C * B, n_threads)
+    cdef double* pm = <double*>data(mean)
+    cdef double* p1 = <double*>data(s1)
+    cdef double* p2 = <double*>data(s2)
+    cdef int rc
+    with nogil:
+        rc = reduce_channels(OP_GRAD_SUMS, code, px, pdy, pm, p1, p2, A, C, B, nt)
+    if rc != 0:
+        raise MemoryError("batch norm: could not allocate the reduction workspace")
+
+
+cdef int apply(int code, char* out, const char* x, const char* dy, const double* cm,
+               const double* cs, const double* ct, const double* ca,
+               Py_ssize_t A, Py_ssize_t C, Py_ssize_t B, int nt) noexcept nogil:
+    """dy == NULL: out = (x - m) * s + t with (cm, cs, ct);
+    else: out = (dy - p - (x - m) * q) * a with (p, m, q, a) = (cm, cs, ct, ca)."""
+    cdef size_t isz = cn_itemsize(code)
+    cdef size_t msz = math_size(code)
+    cdef bint stream = A * C * B * <Py_ssize_t>isz >= STREAM_MIN_BYTES
+    cdef Py_ssize_t nbc, ntask, t, q, c, bc, b0, n, off, CB, ncc, r, j0
+    cdef char* k0
+    cdef char* k1
+    cdef char* k2
+    cdef char* k3
+    if A == 0 or C == 0 or B == 0:
+        return 0
+    if not use_columns(C, B):
+        nbc = (B + ROW_CHUNK - 1) // ROW_CHUNK
+        ntask = A * C * nbc
+        for t in prange(ntask, schedule='static', num_threads=nt):
+            q = t // nbc                       # q = a * C + c
+            bc = t - q * nbc
+            c = q % C
+            b0 = bc * ROW_CHUNK
+            n = min(<Py_ssize_t>ROW_CHUNK, B - b0)
+            off = (q * B + b0) * isz
+            if dy == NULL:
+                cn_norm_row(code, out + off, x + off, n, cm[c], cs[c], ct[c], NULL, NULL, stream)
+            else:
+                cn_grad_row(code, out + off, dy + off, x + off, NULL, n, cm[c], cs[c], ct[c],
+                            ca[c], stream)
+        return 0
+    CB = C * B
+    k0 = <char*>pack_columns(code, cm, C, B)
+    k1 = <char*>pack_columns(code, cs, C, B)
+    k2 = <char*>pack_columns(code, ct, C, B)
+    k3 = <char*>pack_columns(code, ca, C, B) if dy != NULL else NULL
+    if k0 == NULL or k1 == NULL or k2 == NULL or (dy != NULL and k3 == NULL):
+        free(k0)
+        free(k1)
+        free(k2)
+        free(k3)
+        return -1
+    ncc = (CB + COL_WIDTH - 1) // COL_WIDTH
+    ntask = A * ncc
+    for t in prange(ntask, schedule='static', num_threads=nt):
+        r = t // ncc
+        j0 = (t - r * ncc) * COL_WIDTH
+        n = min(<Py_ssize_t>COL_WIDTH, CB - j0)
+        off = (r * CB + j0) * isz
+        if dy == NULL:
+            cn_norm_cols(code, out + off, x + off, n, k0 + j0 * msz, k1 + j0 * msz,
+                         k2 + j0 * msz, stream)
+        else:
+            cn_grad_cols(code, out + off, dy + off, x + off, n, k0 + j0 * msz, k1 + j0 * msz,
+                         k2 + j0 * msz, k3 + j0 * msz, stream)
+    free(k0)
+    free(k1)
+    free(k2)
+    free(k3)
+    return 0
+
+
+def channel_normalize(cnp.ndarray x, cnp.ndarray y, cnp.ndarray m, cnp.ndarray s,
+                      cnp.ndarray t, Py_ssize_t A, Py_ssize_t C, Py_ssize_t B, int code,
+                      int n_threads):
+    """y = (x - m[c]) * s[c] + t[c] in the math type.
+
+    m, s, t: float64 vectors of length C (rounded to the math type here)."""
+    cdef int nt = threads_for(A * C * B, n_threads)
+    cdef char* py = <char*>data(y)
+    cdef const char* px = <const char*>data(x)
+    cdef double* pm = <double*>data(m)
+    cdef double* ps = <double*>data(s)
+    cdef double* pt = <double*>data(t)
+    cdef int rc
+    with nogil:
+        rc = apply(code, py, px, NULL, pm, ps, pt, NULL, A, C, B, nt)
+    if rc != 0:
+        raise MemoryError("batch norm: could not allocate the coefficient workspace")
+
+
+def channel_grad_input(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray gx, cnp.ndarray p,
+                       cnp.ndarray m, cnp.ndarray q, cnp.ndarray a, Py_ssize_t A,
+                       Py_ssize_t C, Py_ssize_t B, int code, int n_threads):
+    """gx = (dy - p[c] - (x - m[c]) * q[c]) * a[c] in the math type.
+
+    p, m, q, a: float64 vectors of length C (rounded to the math type here)."""
+    cdef int nt = threads_for(A * C * B, n_threads)
+    cdef char* pgx = <char*>data(gx)
+    cdef const char* px = <const char*>data(x)
+    cdef const char* pdy = <const char*>data(dy)
+    cdef double* pp = <double*>data(p)
+    cdef double* pm = <double*>data(m)
+    cdef double* pq = <double*>data(q)
+    cdef double* pa = <double*>data(a)
+    cdef int rc
+    with nogil:
+        rc = apply(code, pgx, px, pdy, pp, pm, pq, pa, A, C, B, nt)
+    if rc != 0:
+        raise MemoryError("batch norm: could not allocate the coefficient workspace")
+
+
+def set_stream_min_bytes(Py_ssize_t nbytes):
+    """Outputs of at least nbytes use streaming stores; returns the old value."""
+    global STREAM_MIN_BYTES
+    old = STREAM_MIN_BYTES
+    STREAM_MIN_BYTES = nbytes
+    return old

@@ -1,0 +1,284 @@
+/* The hot loops of layer norm and batch norm: moments, centred gradient sums,
+ * and the normalizing / gradient elementwise passes, one set per storage type,
+ * plus dispatchers that pick the set by the storage code of cynorm/_dtypes.py
+ * (0 float32, 1 float64, 2 bfloat16, 3 float16).
+ *
+ * Dispatch happens here rather than through Cython fused types: the
+ * orchestration in layer_norm.pyx / batch_norm.pyx is then written once, and
+ * a switch per row chunk costs nothing next to the loop it selects.
+ *
+ * Numerics.  Statistics are sums of *shifted* values: the caller passes a
+ * shift k (a sample of the same row or channel), the loops add x - k and
+ * (x - k)^2, and the variance is S2/n - (S1/n)^2.  With k a sample, S1/n is
+ * of the order of the standard deviation, so nothing large cancels (plain
+ * E[x^2] - E[x]^2 loses every digit when the mean is 1e4 times the spread).
+ * Differences and products are formed in the math type (float32 for
+ * float32/16-bit storage); every sum is a float64 accumulation in
+ * CN_LANES lanes merged by a fixed tree, as in cn_rows.h, so a result never
+ * depends on how rows were spread over threads.
+ */
+#ifndef CN_STATS_H
+#define CN_STATS_H
+
+#include "cn_rows.h"
+
+#define CN_STATS_OPS(SFX, T, IO, M)                                                  \
+/* s[0] += sum(x - k), s[1] += sum((x - k)^2) */                                    \
+CN_NOINLINE static void cn_rmom_##SFX(const T *xs, ptrdiff_t n, M k, double *s) {    \
+    const IO *x = (const IO *)xs;                                                    \
+    double a1[CN_LANES] = {0}, a2[CN_LANES] = {0}, t1 = 0.0, t2 = 0.0;               \
+    ptrdiff_t i = 0, m = n - n % (2 * CN_LANES);                                     \
+    for (; i < m; i += 2 * CN_LANES) {                                               \
+        if ((i & (CN_BLOCK - 1)) == 0) CN_PREFETCH_BLOCK(IO, x + i);                 \
+        for (int l = 0; l < CN_LANES; l++) {                                         \
+            M d0 = cn_load_##SFX(x[i + l]) - k;                                      \
+            M d1 = cn_load_##SFX(x[i + CN_LANES + l]) - k;                           \
+            a1[l] += (double)(d0 + d1);                                              \
+            a2[l] += (double)(d0 * d0 + d1 * d1);                                    \
+        }                                                                            \
+    }                                                                                \
+    for (; i < n; i++) {                                                             \
+        M d = cn_load_##SFX(x[i]) - k;                                               \
+        t1 += (double)d;                                                             \
+        t2 += (double)(d * d);                                                       \
+    }                                                                                \
+    s[0] += cn_merge_lanes(a1) + t1;                                                 \
+    s[1] += cn_merge_lanes(a2) + t2;                                                 \
+}                                                                                    \
+/* g = dy (w == NULL) or dy * w[j]: s[0] += sum(g), s[1] += sum(g * (x - m)) */      \
+CN_NOINLINE static void cn_rcdot_##SFX(const T *dys, const T *xs, const M *w,        \
+                                       ptrdiff_t n, M mu, double *s) {               \
+    const IO *dy = (const IO *)dys, *x = (const IO *)xs;                             \
+    double a1[CN_LANES] = {0}, a2[CN_LANES] = {0}, t1 = 0.0, t2 = 0.0;               \
+    ptrdiff_t i = 0, m = n - n % (2 * CN_LANES);                                     \
+    if (w == NULL) {                                                                 \
+        for (; i < m; i += 2 * CN_LANES) {                                           \
+            if ((i & (CN_BLOCK - 1)) == 0) {                                         \
+                CN_PREFETCH_BLOCK(IO, x + i);                                        \
+                CN_PREFETCH_BLOCK(IO, dy + i);                                       \
+            }                                                                        \
+            for (int l = 0; l < CN_LANES; l++) {                                     \
+                M g0 = cn_load_##SFX(dy[i + l]);                                     \
+                M g1 = cn_load_##SFX(dy[i + CN_LANES + l]);                          \
+                M c0 = cn_load_##SFX(x[i + l]) - mu;                                 \
+                M c1 = cn_load_##SFX(x[i + CN_LANES + l]) - mu;                      \
+                a1[l] += (double)(g0 + g1);                                          \
+                a2[l] += (double)(g0 * c0 + g1 * c1);                                \
+            }                                                                        \
+        }                                                                            \
+        for (; i < n; i++) {                                                         \
+            M g = cn_load_##SFX(dy[i]);                                              \
+            t1 += (double)g;                                                         \
+            t2 += (double)(g * (cn_load_##SFX(x[i]) - mu));                          \
+        }                                                                            \
+    } else {                                                                         \
+        for (; i < m; i += 2 * CN_LANES) {                                           \
+            if ((i & (CN_BLOCK - 1)) == 0) {                                         \
+                CN_PREFETCH_BLOCK(IO, x + i);                                        \
+                CN_PREFETCH_BLOCK(IO, dy + i);                                       \
+            }                                                                        \
+            for (int l = 0; l < CN_LANES; l++) {                                     \
+                M g0 = cn_load_##SFX(dy[i + l]) * w[i + l];                          \
+                M g1 = cn_load_##SFX(dy[i + CN_LANES + l]) * w[i + CN_LANES + l];    \
+                M c0 = cn_load_##SFX(x[i + l]) - mu;                                 \
+                M c1 = cn_load_##SFX(x[i + CN_LANES + l]) - mu;                      \
+                a1[l] += (double)(g0 + g1);                                          \
+                a2[l] += (double)(g0 * c0 + g1 * c1);                                \
+            }                                                                        \
+        }                                                                            \
+        for (; i < n; i++) {                                                         \
+            M g = cn_load_##SFX(dy[i]) * w[i];                                       \
+            t1 += (double)g;                                                         \
+            t2 += (double)(g * (cn_load_##SFX(x[i]) - mu));                          \
+        }                                                                            \
+    }                                                                                \
+    s[0] += cn_merge_lanes(a1) + t1;                                                 \
+    s[1] += cn_merge_lanes(a2) + t2;                                                 \
+}                                                                                    \
+/* per column j: a1[j] += x - k[j], a2[j] += (x - k[j])^2 */                         \
+CN_NOINLINE static void cn_cmom_##SFX(double *restrict a1, double *restrict a2,      \
+                                      const T *xs, const M *restrict k, ptrdiff_t n) { \
+    const IO *restrict x = (const IO *)xs;                                           \
+    for (ptrdiff_t j = 0; j < n; j++) {                                              \
+        M d = cn_load_##SFX(x[j]) - k[j];                                            \
+        a1[j] += (double)d;                                                          \
+        a2[j] += (double)(d * d);                                                    \
+    }                                                                                \
+}                                                                                    \
+/* per column j: a1[j] += dy, a2[j] += dy * (x - m[j]) */                            \
+CN_NOINLINE static void cn_ccdot_##SFX(double *restrict a1, double *restrict a2,     \
+                                       const T *dys, const T *xs, const M *restrict mu, \
+                                       ptrdiff_t n) {                                \
+    const IO *restrict dy = (const IO *)dys, *restrict x = (const IO *)xs;           \
+    for (ptrdiff_t j = 0; j < n; j++) {                                              \
+        M g = cn_load_##SFX(dy[j]);                                                  \
+        a1[j] += (double)g;                                                          \
+        a2[j] += (double)(g * (cn_load_##SFX(x[j]) - mu[j]));                        \
+    }                                                                                \
+}                                                                                    \
+/* one row of known mean and rstd: a1[j] += dy, a2[j] += dy * ((x - mu) * r) */     \
+CN_NOINLINE static void cn_ccdots_##SFX(double *restrict a1, double *restrict a2,    \
+                                        const T *dys, const T *xs, M mu, M r,        \
+                                        ptrdiff_t n) {                               \
+    const IO *restrict dy = (const IO *)dys, *restrict x = (const IO *)xs;           \
+    for (ptrdiff_t j = 0; j < n; j++) {                                              \
+        M g = cn_load_##SFX(dy[j]);                                                  \
+        a1[j] += (double)g;                                                          \
+        a2[j] += (double)(g * ((cn_load_##SFX(x[j]) - mu) * r));                     \
+    }                                                                                \
+}                                                                                    \
+/* out = (x - m) * s + t; with w: ((x - m) * s) * w[j] + b[j] */                     \
+CN_NOINLINE static void cn_normrow_##SFX(T *outs, const T *xs, ptrdiff_t n, M mu,    \
+                                         M s, M t, const M *restrict w,              \
+                                         const M *restrict b, int stream) {          \
+    IO *restrict out = (IO *)outs;                                                   \
+    const IO *restrict x = (const IO *)xs;                                           \
+    if (w == NULL)                                                                   \
+        CN_ELEMENTWISE(IO, out, n, stream, J,                                        \
+                       cn_store_##SFX((cn_load_##SFX(x[J]) - mu) * s + t));          \
+    else                                                                             \
+        CN_ELEMENTWISE(IO, out, n, stream, J,                                        \
+                       cn_store_##SFX(((cn_load_##SFX(x[J]) - mu) * s) * w[J] + b[J])); \
+}                                                                                    \
+/* out[j] = (x[j] - m[j]) * s[j] + t[j] */                                           \
+CN_NOINLINE static void cn_normcols_##SFX(T *outs, const T *xs, ptrdiff_t n,         \
+                                          const M *restrict mu, const M *restrict s, \
+                                          const M *restrict t, int stream) {         \
+    IO *restrict out = (IO *)outs;                                                   \
+    const IO *restrict x = (const IO *)xs;                                           \
+    CN_ELEMENTWISE(IO, out, n, stream, J,                                            \
+                   cn_store_##SFX((cn_load_##SFX(x[J]) - mu[J]) * s[J] + t[J]));     \
+}                                                                                    \
+/* g = dy (w == NULL) or dy * w[j]: out = (g - p - (x - m) * q) * a */               \
+CN_NOINLINE static void cn_gradrow_##SFX(T *outs, const T *dys, const T *xs,         \
+                                         const M *restrict w, ptrdiff_t n, M p,      \
+                                         M mu, M q, M a, int stream) {               \
+    IO *restrict out = (IO *)outs;                                                   \
+    const IO *restrict dy = (const IO *)dys, *restrict x = (const IO *)xs;           \
+    if (w == NULL)                                                                   \
+        CN_ELEMENTWISE(IO, out, n, stream, J,                                        \
+                       cn_store_##SFX((cn_load_##SFX(dy[J]) - p                      \
+                                       - (cn_load_##SFX(x[J]) - mu) * q) * a));      \
+    else                                                                             \
+        CN_ELEMENTWISE(IO, out, n, stream, J,                                        \
+                       cn_store_##SFX((cn_load_##SFX(dy[J]) * w[J] - p               \
+                                       - (cn_load_##SFX(x[J]) - mu) * q) * a));      \
+}                                                                                    \
+/* out[j] = (dy - p[j] - (x - m[j]) * q[j]) * a[j] */                                \
+CN_NOINLINE static void cn_gradcols_##SFX(T *outs, const T *dys, const T *xs,        \
+                                          ptrdiff_t n, const M *restrict p,          \
+                                          const M *restrict mu, const M *restrict q, \
+                                          const M *restrict a, int stream) {         \
+    IO *restrict out = (IO *)outs;                                                   \
+    const IO *restrict dy = (const IO *)dys, *restrict x = (const IO *)xs;           \
+    CN_ELEMENTWISE(IO, out, n, stream, J,                                            \
+                   cn_store_##SFX((cn_load_##SFX(dy[J]) - p[J]                       \
+                                   - (cn_load_##SFX(x[J]) - mu[J]) * q[J]) * a[J])); \
+}
+
+CN_STATS_OPS(f32, float, float, float)
+CN_STATS_OPS(f64, double, double, double)
+CN_STATS_OPS(bf16, cn_bf16, uint16_t, float)
+CN_STATS_OPS(f16, cn_f16, uint16_t, float)
+
+/* ---- dispatch by storage code ------------------------------------------ */
+/* Pointers are untyped; scalar coefficients arrive as double and are rounded
+ * once to the math type; per-column coefficient arrays hold the math type
+ * (double for code 1, float otherwise). */
+
+static inline size_t cn_itemsize(int code) { return code == 1 ? 8 : code == 0 ? 4 : 2; }
+
+#define CN_DISPATCH(code, CALL)                                                      \
+    switch (code) {                                                                  \
+    case 0: CALL(f32, float, float); break;                                          \
+    case 1: CALL(f64, double, double); break;                                        \
+    case 2: CALL(bf16, cn_bf16, float); break;                                       \
+    default: CALL(f16, cn_f16, float); break;                                        \
+    }
+
+static inline void cn_row_moments(int code, const void *x, ptrdiff_t n, double k, double *s) {
+#define C_(S, T, M) cn_rmom_##S((const T *)x, n, (M)k, s)
+    CN_DISPATCH(code, C_)
+#undef C_
+}
+
+static inline void cn_row_centered_dot(int code, const void *dy, const void *x, const void *w,
+                                       ptrdiff_t n, double mu, double *s) {
+#define C_(S, T, M) cn_rcdot_##S((const T *)dy, (const T *)x, (const M *)w, n, (M)mu, s)
+    CN_DISPATCH(code, C_)
+#undef C_
+}
+
+static inline void cn_col_moments(int code, double *a1, double *a2, const void *x,
+                                  const void *k, ptrdiff_t n) {
+#define C_(S, T, M) cn_cmom_##S(a1, a2, (const T *)x, (const M *)k, n)
+    CN_DISPATCH(code, C_)
+#undef C_
+}
+
+static inline void cn_col_centered_dot(int code, double *a1, double *a2, const void *dy,
+                                       const void *x, const void *mu, ptrdiff_t n) {
+#define C_(S, T, M) cn_ccdot_##S(a1, a2, (const T *)dy, (const T *)x, (const M *)mu, n)
+    CN_DISPATCH(code, C_)
+#undef C_
+}
+
+static inline void cn_col_scaled_dot(int code, double *a1, double *a2, const void *dy,
+                                     const void *x, double mu, double r, ptrdiff_t n) {
+#define C_(S, T, M) cn_ccdots_##S(a1, a2, (const T *)dy, (const T *)x, (M)mu, (M)r, n)
+    CN_DISPATCH(code, C_)
+#undef C_
+}
+
+static inline void cn_norm_row(int code, void *out, const void *x, ptrdiff_t n, double mu,
+                               double s, double t, const void *w, const void *b, int stream) {
+#define C_(S, T, M) cn_normrow_##S((T *)out, (const T *)x, n, (M)mu, (M)s, (M)t,        \
+                                   (const M *)w, (const M *)b, stream)
+    CN_DISPATCH(code, C_)
+#undef C_
+}
+
+static inline void cn_norm_cols(int code, void *out, const void *x, ptrdiff_t n,
+                                const void *mu, const void *s, const void *t, int stream) {
+#define C_(S, T, M) cn_normcols_##S((T *)out, (const T *)x, n, (const M *)mu,            \
+                                    (const M *)s, (const M *)t, stream)
+    CN_DISPATCH(code, C_)
+#undef C_
+}
+
+static inline void cn_grad_row(int code, void *out, const void *dy, const void *x,
+                               const void *w, ptrdiff_t n, double p, double mu, double q,
+                               double a, int stream) {
+#define C_(S, T, M) cn_gradrow_##S((T *)out, (const T *)dy, (const T *)x, (const M *)w,  \
+                                   n, (M)p, (M)mu, (M)q, (M)a, stream)
+    CN_DISPATCH(code, C_)
+#undef C_
+}
+
+static inline void cn_grad_cols(int code, void *out, const void *dy, const void *x,
+                                ptrdiff_t n, const void *p, const void *mu, const void *q,
+                                const void *a, int stream) {
+#define C_(S, T, M) cn_gradcols_##S((T *)out, (const T *)dy, (const T *)x, n,            \
+                                    (const M *)p, (const M *)mu, (const M *)q,          \
+                                    (const M *)a, stream)
+    CN_DISPATCH(code, C_)
+#undef C_
+}
+
+/* one element of a storage array, widened to double (for shifts) */
+static inline double cn_load_any(int code, const void *x, ptrdiff_t i) {
+    switch (code) {
+    case 0: return ((const float *)x)[i];
+    case 1: return ((const double *)x)[i];
+    case 2: return cn_bf16_bits_to_f32(((const uint16_t *)x)[i]);
+    default: return cn_f16_bits_to_f32(((const uint16_t *)x)[i]);
+    }
+}
+
+/* a double rounded to the math type of `code`, stored at m[i] */
+static inline void cn_store_math(int code, void *m, ptrdiff_t i, double v) {
+    if (code == 1) ((double *)m)[i] = v;
+    else ((float *)m)[i] = (float)v;
+}
+
+#endif

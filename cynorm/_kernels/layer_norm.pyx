@@ -1,0 +1,197 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+# cython: initializedcheck=False
+"""Layer-norm kernels (every kernel of the op lives here).
+
+x is seen as M rows of N contiguous elements (N = the normalized size).
+
+* forward: each row's moments (shifted by the row's first element, see
+  cn_stats.h), then the normalized row, while the row is still in cache.
+* backward: each row's two sums (sum g, sum g*(x - mean), g = dy*w), then
+  grad_x of the row; grad_weight and grad_bias are column sums over rows,
+  accumulated per fixed block of rows into float64 partials that merge in
+  block order.
+
+Rows are reduced serially in ROW_CHUNK pieces and row blocks depend only on
+the shape, so results are bitwise identical at any thread count.  This layer
+computes only: cynorm/layernorm.py validated and allocated everything.
+"""
+from cython.parallel cimport prange
+from libc.stdlib cimport calloc, free
+from libc.math cimport sqrt
+cimport numpy as cnp
+
+from cynorm._kernels.stats cimport (
+    cn_itemsize, cn_load_any, cn_row_moments, cn_row_centered_dot, cn_col_scaled_dot,
+    cn_norm_row, cn_grad_row, math_size, load_stat,
+)
+
+cnp.import_array()
+
+cdef enum:
+    ROW_CHUNK = 32768
+    SERIAL_BELOW = 65536
+    # grad_weight / grad_bias: at most this many row blocks, and at most
+    # PARTIAL_BYTES of float64 column partials
+    MAX_BLOCKS = 64
+    PARTIAL_BYTES = 8 << 20
+    MERGE_WIDTH = 4096
+
+cdef Py_ssize_t STREAM_MIN_BYTES = 32 << 20
+
+
+cdef inline void store_stat(int code, void* a, Py_ssize_t i, double v, double* rounded) noexcept nogil:
+    # statistics are kept in the math type; the kernels then use the stored
+    # (rounded) value, as the backward will
+    if code == 1:
+        (<double*>a)[i] = v
+        rounded[0] = v
+    else:
+        (<float*>a)[i] = <float>v
+        rounded[0] = <float>v
+
+
+cdef void forward_row(int code, const char* x, char* y, const void* w, const void* b,
+                      Py_ssize_t N, double eps, void* mean, void* rstd, Py_ssize_t r,
+                      bint stream) noexcept nogil:
+    cdef double s[2]
+    cdef double k, mu, var, m, rs
+    cdef Py_ssize_t c = 0
+    cdef size_t isz = cn_itemsize(code)
+    s[0] = 0.0
+    s[1] = 0.0
+    k = cn_load_any(code, x, 0)
+    while c < N:
+        cn_row_moments(code, x + c * isz, min(<Py_ssize_t>ROW_CHUNK, N - c), k, s)
+        c += ROW_CHUNK
+    mu = s[0] / N
+    var = s[1] / N - mu * mu
+    if var < 0.0:
+        var = 0.0
+    store_stat(code, mean, r, k + mu, &m)
+    store_stat(code, rstd, r, 1.0 / sqrt(var + eps), &rs)
+    cn_norm_row(code, y, x, N, m, rs, 0.0, w, b, stream)
+
+
+cdef void backward_row(int code, const char* dy, const char* x, char* gx, const char* w,
+                       Py_ssize_t N, double m, double r, bint stream) noexcept nogil:
+    cdef double s[2]
+    cdef Py_ssize_t c = 0
+    cdef size_t isz = cn_itemsize(code)
+    cdef size_t msz = math_size(code)
+    s[0] = 0.0
+    s[1] = 0.0
+    while c < N:
+        cn_row_centered_dot(code, dy + c * isz, x + c * isz, w + c * msz if w != NULL else NULL,
+                            min(<Py_ssize_t>ROW_CHUNK, N - c), m, s)
+        c += ROW_CHUNK
+    # grad_x = r * (g - mean(g) - xhat * mean(g * xhat)), xhat = (x - m) * r
+    cn_grad_row(code, gx, dy, x, w, N, s[0] / N, m, r * r * s[1] / N, r, stream)
+
+
+cdef inline void* data(cnp.ndarray a):
+    return cnp.PyArray_DATA(a)
+
+
+cdef inline void* data_or_null(object a):
+    return NULL if a is None else cnp.PyArray_DATA(<cnp.ndarray>a)
+
+
+cdef inline int threads_for(Py_ssize_t size, int n_threads) noexcept nogil:
+    return 1 if size < SERIAL_BELOW else max(1, n_threads)
+
+
+def layer_norm_forward(cnp.ndarray x, object w, object b, cnp.ndarray y, cnp.ndarray mean,
+                       cnp.ndarray rstd, Py_ssize_t M, Py_ssize_t N, double eps, int code,
+                       int n_threads):
+    """y = (x - mean) * rstd [* w + b] over M rows of N (N > 0).
+
+    x, y: C-contiguous storage arrays; w, b: None or math-type vectors of
+    length N (both or neither); mean, rstd: math-type vectors of length M."""
+    cdef const char* px = <const char*>data(x)
+    cdef char* py = <char*>data(y)
+    cdef void* pw = data_or_null(w)
+    cdef void* pb = data_or_null(b)
+    cdef void* pm = data(mean)
+    cdef void* pr = data(rstd)
+    cdef size_t isz = cn_itemsize(code)
+    cdef int nt = threads_for(M * N, n_threads)
+    cdef bint stream = M * N * <Py_ssize_t>isz >= STREAM_MIN_BYTES
+    cdef Py_ssize_t r
+    with nogil:
+        for r in prange(M, schedule='static', num_threads=nt):
+            forward_row(code, px + r * N * isz, py + r * N * isz, pw, pb, N, eps, pm, pr, r, stream)
+
+
+def layer_norm_backward(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray mean, cnp.ndarray rstd,
+                        object w, object gx, object gw, object gb,
+                        Py_ssize_t M, Py_ssize_t N, int code, int n_threads):
+    """grad_x (gx, storage type) and the column sums gw = sum dy * xhat,
+    gb = sum dy (float64 vectors of length N), each skipped when None.
+
+    w: None or a math-type vector of length N; mean, rstd: math-type
+    vectors of length M."""
+    cdef const char* pdy = <const char*>data(dy)
+    cdef const char* px = <const char*>data(x)
+    cdef const char* pw = <const char*>data_or_null(w)
+    cdef char* pgx = <char*>data_or_null(gx)
+    cdef double* pgw = <double*>data_or_null(gw)
+    cdef double* pgb = <double*>data_or_null(gb)
+    cdef void* pm = data(mean)
+    cdef void* pr = data(rstd)
+    cdef size_t isz = cn_itemsize(code)
+    cdef int nt = threads_for(M * N, n_threads)
+    cdef bint stream = M * N * <Py_ssize_t>isz >= STREAM_MIN_BYTES
+    cdef bint want_cols = pgw != NULL or pgb != NULL
+    cdef Py_ssize_t r, rb, nblk, blk, r0, r1, j, j0, j1
+    cdef double* part = NULL
+    cdef double* p1
+    cdef double* p2
+    cdef double acc1, acc2
+    if M == 0 or N == 0:
+        return
+    if not want_cols:
+        with nogil:
+            for r in prange(M, schedule='static', num_threads=nt):
+                backward_row(code, pdy + r * N * isz, px + r * N * isz, pgx + r * N * isz, pw,
+                             N, load_stat(code, pm, r), load_stat(code, pr, r), stream)
+        return
+    # row blocks fixed by the shape: partial column sums per block
+    nblk = min(M, min(<Py_ssize_t>MAX_BLOCKS, max(<Py_ssize_t>1, PARTIAL_BYTES // (16 * N))))
+    rb = (M + nblk - 1) // nblk
+    nblk = (M + rb - 1) // rb
+    part = <double*>calloc(2 * nblk * N, sizeof(double))
+    if part == NULL:
+        raise MemoryError("layer_norm_backward: could not allocate the reduction workspace")
+    with nogil:
+        for blk in prange(nblk, schedule='static', num_threads=nt):
+            r0 = blk * rb
+            r1 = min(M, r0 + rb)
+            for r in range(r0, r1):
+                if pgx != NULL:
+                    backward_row(code, pdy + r * N * isz, px + r * N * isz, pgx + r * N * isz,
+                                 pw, N, load_stat(code, pm, r), load_stat(code, pr, r), stream)
+                cn_col_scaled_dot(code, part + 2 * blk * N, part + (2 * blk + 1) * N,
+                                  pdy + r * N * isz, px + r * N * isz,
+                                  load_stat(code, pm, r), load_stat(code, pr, r), N)
+        # blocks merge in block order, columns in parallel
+        for j0 in prange(0, N, MERGE_WIDTH, schedule='static', num_threads=nt):
+            j1 = min(N, j0 + MERGE_WIDTH)
+            for j in range(j0, j1):
+                acc1 = 0.0
+                acc2 = 0.0
+                for blk in range(nblk):
+                    acc1 = acc1 + part[2 * blk * N + j]
+                    acc2 = acc2 + part[(2 * blk + 1) * N + j]
+                if pgb != NULL:
+                    pgb[j] = acc1
+                if pgw != NULL:
+                    pgw[j] = acc2
+    free(part)
+
+
+def set_stream_min_bytes(Py_ssize_t nbytes):
+    """Outputs of at least nbytes use streaming stores; returns the old value."""
+    global STREAM_MIN_BYTES
+    old = STREAM_MIN_BYTES
+    STREAM_MIN_BYTES = nbytes
+    return old

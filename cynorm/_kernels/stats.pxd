@@ -1,0 +1,40 @@
+# Typed declarations of cn_stats.h: the hot loops of layer norm and batch
+# norm, dispatched in C by the storage code (0 float32, 1 float64,
+# 2 bfloat16, 3 float16).  Scalars are passed as double and rounded once to
+# the math type; coefficient arrays hold the math type (double for code 1,
+# float otherwise); sums accumulate in float64.
+
+cdef extern from "cn_stats.h" nogil:
+    size_t cn_itemsize(int code)
+    double cn_load_any(int code, const void* x, Py_ssize_t i)
+    void cn_store_math(int code, void* m, Py_ssize_t i, double v)
+    void cn_row_moments(int code, const void* x, Py_ssize_t n, double k, double* s)
+    void cn_row_centered_dot(int code, const void* dy, const void* x, const void* w,
+                             Py_ssize_t n, double mu, double* s)
+    void cn_col_moments(int code, double* a1, double* a2, const void* x, const void* k,
+                        Py_ssize_t n)
+    void cn_col_centered_dot(int code, double* a1, double* a2, const void* dy, const void* x,
+                             const void* mu, Py_ssize_t n)
+    void cn_col_scaled_dot(int code, double* a1, double* a2, const void* dy, const void* x,
+                           double mu, double r, Py_ssize_t n)
+    void cn_norm_row(int code, void* out, const void* x, Py_ssize_t n, double mu, double s,
+                     double t, const void* w, const void* b, int stream)
+    void cn_norm_cols(int code, void* out, const void* x, Py_ssize_t n, const void* mu,
+                      const void* s, const void* t, int stream)
+    void cn_grad_row(int code, void* out, const void* dy, const void* x, const void* w,
+                     Py_ssize_t n, double p, double mu, double q, double a, int stream)
+    void cn_grad_cols(int code, void* out, const void* dy, const void* x, Py_ssize_t n,
+                      const void* p, const void* mu, const void* q, const void* a, int stream)
+
+
+cdef inline size_t math_size(int code) noexcept nogil:
+    # bytes of one math-type value: float64 storage computes in float64,
+    # every other storage in float32
+    return 8 if code == 1 else 4
+
+
+cdef inline double load_stat(int code, const void* a, Py_ssize_t i) noexcept nogil:
+    # saved statistics (mean, rstd, invstd) have the math type too
+    if code == 1:
+        return (<const double*>a)[i]
+    return (<const float*>a)[i]

@@ -1,0 +1,217 @@
+"""The split-statistics pieces of batch norm, from which synchronized batch
+norm is built (PyTorch: batch_norm_stats, batch_norm_gather_stats_with_counts,
+batch_norm_elemt, batch_norm_backward_reduce, batch_norm_backward_elemt).
+
+One training step over a batch split into shards (one per process):
+
+    mean_k, invstd_k = batch_norm_stats(x_k)                      # each shard
+    mean, invstd = batch_norm_gather_stats(stack(mean_k), stack(invstd_k), counts)
+    y_k = batch_norm_elemt(x_k, weight, bias, mean, invstd)
+    # backward
+    sum_dy_k, sum_dy_xmu_k, _, _ = batch_norm_backward_reduce(dy_k, x_k, mean, invstd, weight)
+    sum_dy, sum_dy_xmu = sum over k                               # an all-reduce
+    grad_x_k = batch_norm_backward_elemt(dy_k, x_k, mean, invstd, weight,
+                                         sum_dy, sum_dy_xmu, counts)
+
+gives the whole batch's batch_norm results.  Conventions (axis, dtypes,
+strides) are those of cynorm.batch_norm.
+"""
+import numpy as np
+
+from cynorm._arrays import big_out, check_big_out, unalias
+from cynorm._dtypes import from_float64
+from cynorm._validation import as_float_array, check_eps, check_real, check_same, split_out
+from cynorm.batchnorm import (
+    channel_input, channel_stat, channel_vector, grad_input_into, grad_sums, moments,
+    normalize_into, prepare,
+)
+
+__all__ = ["batch_norm_stats", "batch_norm_gather_stats", "batch_norm_elemt",
+           "batch_norm_backward_reduce", "batch_norm_backward_elemt"]
+
+
+def batch_norm_stats(x, eps=1e-5, axis=1):
+    """Per-channel mean and invstd = 1 / sqrt(biased var + eps) of one shard.
+
+    Returns (mean, invstd), each (C,): float64 for float64 x, float32 otherwise.
+    A shard with no values gives NaN (batch_norm_gather_stats skips shards
+    whose count is 0)."""
+    x, policy, axis, C, n = channel_input(x, axis)
+    eps = check_eps(eps)
+    (kx,), _, dims = prepare([x], axis, ())
+    mean, var = moments(kx, dims, policy)
+    with np.errstate(invalid="ignore"):
+        invstd = 1.0 / np.sqrt(var + eps)
+    return from_float64(mean, policy.stat), from_float64(invstd, policy.stat)
+
+
+def _counts(counts, W):
+    c = np.asarray(counts)
+    if c.dtype.kind not in "iuf":
+        raise TypeError(f"counts must hold numbers (one count per shard), got dtype {c.dtype}")
+    if c.shape != (W,):
+        raise ValueError(f"counts must have shape ({W},) (one count per shard), got {c.shape}")
+    c = c.astype(np.float64)
+    if not (np.all(np.isfinite(c)) and np.all(c >= 0)):
+        raise ValueError("counts must be finite and >= 0")
+    return c
+
+
+def batch_norm_gather_stats(mean, invstd, counts, running_mean=None, running_var=None,
+                            momentum=0.1, eps=1e-5):
+    """Combine per-shard statistics into the whole batch's
+    (torch.batch_norm_gather_stats_with_counts).
+
+    Parameters
+    ----------
+    mean, invstd : ndarray (W, C)
+        batch_norm_stats of each of W shards, one row per shard.
+    counts : array-like (W,)
+        Values per channel in each shard (shards with count 0 are skipped).
+    running_mean, running_var : ndarray (C,), optional
+        Updated in place: new = (1 - momentum) * old + momentum * batch, with
+        the whole batch's unbiased variance.
+    momentum, eps : as in batch_norm (eps must be the one the shards used).
+
+    Returns
+    -------
+    mean, invstd : (C,) in mean's dtype (float32 if it is 16-bit).
+
+    The shards merge in order with Chan's pairwise update, in float64.
+    """
+    m, _ = as_float_array(mean, "mean")
+    s, _ = as_float_array(invstd, "invstd")
+    if m.ndim != 2:
+        raise ValueError(f"mean must have shape (shards, channels), got {m.shape}")
+    W, C = m.shape
+    check_same(s, "invstd", m.shape, s.dtype, ref="mean")
+    counts = _counts(counts, W)
+    momentum = check_real(momentum, "momentum")
+    eps = check_eps(eps)
+    out_dtype = m.dtype if m.dtype.itemsize >= 4 else np.dtype(np.float32)
+    rm = rv = None
+    if running_mean is not None or running_var is not None:
+        if running_mean is None or running_var is None:
+            raise ValueError("running_mean and running_var must be given together")
+        rm, _ = as_float_array(running_mean, "running_mean")
+        rv, _ = as_float_array(running_var, "running_var")
+        for a, name in ((rm, "running_mean"), (rv, "running_var")):
+            if a.shape != (C,):
+                raise ValueError(f"{name} must have shape ({C},), got {a.shape}")
+            if not a.flags.writeable:
+                raise ValueError(f"{name} is read-only: it is updated in place")
+    m64, s64 = m.astype(np.float64), s.astype(np.float64)
+    total = 0.0
+    mu = np.zeros(C)
+    m2 = np.zeros(C)          # sum of squared deviations
+    for k in range(W):
+        nk = counts[k]
+        if nk == 0:
+            continue
+        var_k = 1.0 / (s64[k] * s64[k]) - eps
+        delta = m64[k] - mu
+        new_total = total + nk
+        mu = mu + delta * (nk / new_total)
+        m2 = m2 + var_k * nk + delta * delta * (total * nk / new_total)
+        total = new_total
+    if total == 0:
+        nan = np.full(C, np.nan)
+        return nan.astype(out_dtype), nan.astype(out_dtype)
+    var = m2 / total
+    with np.errstate(invalid="ignore"):
+        inv = 1.0 / np.sqrt(var + eps)
+    if rm is not None:
+        if total <= 1:
+            raise ValueError("Expected more than 1 value per channel when training "
+                             f"(the shards hold {total:g} in all)")
+        rm[...] = from_float64(momentum * mu + (1.0 - momentum) * rm.astype(np.float64), rm.dtype)
+        rv[...] = from_float64(momentum * (m2 / (total - 1)) + (1.0 - momentum)
+                               * rv.astype(np.float64), rv.dtype)
+    return from_float64(mu, out_dtype), from_float64(inv, out_dtype)
+
+
+def batch_norm_elemt(x, weight, bias, mean, invstd, eps=1e-5, axis=1, *, out=None):
+    """y = (x - mean) * invstd * weight + bias per channel (torch.batch_norm_elemt).
+
+    weight and bias may be None; eps is unused (invstd already holds it) and
+    kept for PyTorch's signature.  ``out`` is an array of x's shape and dtype,
+    C- or F-contiguous."""
+    x, policy, axis, C, _ = channel_input(x, axis)
+    check_eps(eps)
+    weight = channel_vector(weight, "weight", C, policy)
+    bias = channel_vector(bias, "bias", C, policy)
+    m = channel_stat(mean, "mean", C)
+    inv = channel_stat(invstd, "invstd", C)
+    y_out = check_big_out(out, "out", x.shape, x.dtype)
+    (x,) = unalias([x], (y_out,))
+    (kx,), transposed, dims = prepare([x], axis, (y_out,))
+    ky, y = big_out(y_out, x.shape, x.dtype, transposed)
+    scale = inv if weight is None else inv * weight.astype(np.float64)
+    shift = np.zeros(C) if bias is None else bias.astype(np.float64)
+    normalize_into(kx, ky, m, scale, shift, dims, policy)
+    return y
+
+
+def batch_norm_backward_reduce(grad_out, x, mean, invstd, weight, input_g=True, weight_g=True,
+                               bias_g=True, axis=1):
+    """One shard's backward sums (torch.batch_norm_backward_reduce).
+
+    Returns (sum_dy, sum_dy_xmu, grad_weight, grad_bias), each (C,):
+    sum_dy = sum(dy) and sum_dy_xmu = sum(dy * (x - mean)) when input_g
+    (statistics' dtype: float64 for float64 x, float32 otherwise);
+    grad_weight = sum_dy_xmu * invstd when weight_g and grad_bias = sum_dy
+    when bias_g (weight's dtype, or the statistics' dtype without weight).
+    Entries not asked for are None."""
+    x, policy, axis, C, n = channel_input(x, axis)
+    grad_out, _ = as_float_array(grad_out, "grad_out")
+    check_same(grad_out, "grad_out", x.shape, x.dtype, ref="x")
+    flags = []
+    for flag, name in ((input_g, "input_g"), (weight_g, "weight_g"), (bias_g, "bias_g")):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise TypeError(f"{name} must be a bool, got {flag!r}")
+        flags.append(bool(flag))
+    weight = channel_vector(weight, "weight", C, policy)
+    m = channel_stat(mean, "mean", C)
+    inv = channel_stat(invstd, "invstd", C)
+    gdtype = weight.dtype if weight is not None else policy.stat
+    if n > 0 and any(flags):
+        (kdy, kx), _, dims = prepare([grad_out, x], axis, ())
+        sum_dy, sum_dy_xmu = grad_sums(kdy, kx, m, dims, policy)
+    else:
+        sum_dy = sum_dy_xmu = np.zeros(C)
+    return (from_float64(sum_dy, policy.stat) if flags[0] else None,
+            from_float64(sum_dy_xmu, policy.stat) if flags[0] else None,
+            from_float64(sum_dy_xmu * inv, gdtype) if flags[1] else None,
+            from_float64(sum_dy, gdtype) if flags[2] else None)
+
+
+def batch_norm_backward_elemt(grad_out, x, mean, invstd, weight, sum_dy, sum_dy_xmu, count,
+                              axis=1, *, out=None):
+    """One shard's grad_x from the all-reduced sums (torch.batch_norm_backward_elemt).
+
+        grad_x = (dy - sum_dy / N - (x - mean) * invstd**2 * sum_dy_xmu / N) * invstd * weight
+
+    N = sum(count): count is the per-shard counts (as given to
+    batch_norm_gather_stats) or their total.  ``out``: an array of x's shape
+    and dtype, C- or F-contiguous."""
+    x, policy, axis, C, _ = channel_input(x, axis)
+    grad_out, _ = as_float_array(grad_out, "grad_out")
+    check_same(grad_out, "grad_out", x.shape, x.dtype, ref="x")
+    weight = channel_vector(weight, "weight", C, policy)
+    m = channel_stat(mean, "mean", C)
+    inv = channel_stat(invstd, "invstd", C)
+    sdy = channel_stat(sum_dy, "sum_dy", C)
+    sdx = channel_stat(sum_dy_xmu, "sum_dy_xmu", C)
+    c = np.asarray(count)
+    if c.dtype.kind not in "iuf" or c.ndim > 1:
+        raise TypeError(f"count must be a number or a 1-D array of counts, got {count!r}")
+    total = float(np.sum(c, dtype=np.float64))
+    if not (np.isfinite(total) and total > 0):
+        raise ValueError(f"count must add up to a positive number, got {total:g}")
+    gx_out = check_big_out(out, "out", x.shape, x.dtype)
+    grad_out, x = unalias([grad_out, x], (gx_out,))
+    (kdy, kx), transposed, dims = prepare([grad_out, x], axis, (gx_out,))
+    kgx, gx = big_out(gx_out, x.shape, x.dtype, transposed)
+    a = inv if weight is None else inv * weight.astype(np.float64)
+    grad_input_into(kdy, kx, kgx, sdy / total, m, sdx / total * inv * inv, a, dims, policy)
+    return gx

@@ -1,0 +1,195 @@
+"""Layer normalization (Ba et al., 2016) on NumPy arrays, with PyTorch's
+semantics (native_layer_norm and native_layer_norm_backward).
+
+Every slice over the trailing axes named by ``normalized_shape`` is
+normalized to zero mean and unit variance (biased variance, as in PyTorch),
+then scaled by ``weight`` and shifted by ``bias``:
+
+    y = (x - mean) * rstd * weight + bias,   rstd = 1 / sqrt(var + eps)
+
+Conventions:
+
+* x may have any strides and is never modified; the kernels work on
+  C-contiguous rows, so other layouts are copied once.  Outputs are
+  C-contiguous.
+* dtypes: float64, float32, bfloat16 (ml_dtypes), float16.  weight and bias
+  have x's dtype, or float32 when x is 16-bit.  16-bit data is computed in
+  float32.  mean and rstd are float32 for float32 and 16-bit x, float64 for
+  float64 x.  (PyTorch's CPU kernel returns them in bfloat16 for bfloat16
+  input; cynorm keeps statistics in float32 or wider.)
+* Statistics are exact sums of shifted values accumulated in float64 (a row
+  with mean 1e4 and unit spread keeps its variance), and results are bitwise
+  identical at any thread count.
+* A normalized size of 0 gives an empty y, mean 0 and rstd NaN, as in PyTorch.
+  A NaN or inf makes only its own row non-finite.
+"""
+import math
+import operator
+
+import numpy as np
+
+from cynorm._dtypes import from_float64
+from cynorm._arrays import small_out, streaming_threshold, unalias
+from cynorm._kernels import layer_norm as _k
+from cynorm._kernels._alloc import empty as _empty
+from cynorm._kernels._runtime import get_num_threads as _threads
+from cynorm._validation import (
+    as_float_array, check_eps, check_mask, check_out, check_same, split_out,
+)
+
+__all__ = ["layer_norm", "layer_norm_backward"]
+
+_k.set_stream_min_bytes(streaming_threshold())
+
+
+def _normalized_shape(normalized_shape, x):
+    """normalized_shape as a tuple matching x's trailing axes; returns (shape, axis)."""
+    if isinstance(normalized_shape, (bool, np.bool_)):
+        raise TypeError(f"normalized_shape must be an int or a tuple of ints, "
+                        f"got {normalized_shape!r}")
+    try:
+        ns = (operator.index(normalized_shape),)
+    except TypeError:
+        try:
+            ns = tuple(operator.index(s) for s in normalized_shape)
+        except TypeError:
+            raise TypeError(f"normalized_shape must be an int or a tuple of ints, "
+                            f"got {normalized_shape!r}") from None
+    k = len(ns)
+    if k == 0:
+        raise ValueError("normalized_shape must name at least one axis, got ()")
+    if k > x.ndim or tuple(x.shape[x.ndim - k:]) != ns:
+        raise ValueError(f"normalized_shape {ns} must match the trailing axes of x, "
+                         f"whose shape is {x.shape}")
+    return ns, x.ndim - k
+
+
+def _affine(a, name, ns, policy):
+    """weight or bias: None, or an array of shape normalized_shape; returns
+    (array, flat contiguous math-type copy)."""
+    if a is None:
+        return None, None
+    a, _ = as_float_array(a, name)
+    if a.shape != ns:
+        raise ValueError(f"{name} must have shape {ns} (normalized_shape), got {a.shape}")
+    if a.dtype not in policy.coefficients:
+        raise TypeError(f"{name} must have dtype "
+                        f"{' or '.join(str(d) for d in policy.coefficients)}, got {a.dtype}")
+    return a, np.ascontiguousarray(a, dtype=policy.math).reshape(-1)
+
+
+def _stat(a, name, stat_shape, M, policy):
+    """A saved mean/rstd: stat_shape or (M,), any float dtype; returns the
+    flat contiguous math-type vector."""
+    a, _ = as_float_array(a, name)
+    if a.shape != stat_shape and a.shape != (M,):
+        raise ValueError(f"{name} must have shape {stat_shape} (as layer_norm returns it), "
+                         f"got {a.shape}")
+    return np.ascontiguousarray(a, dtype=policy.stat).reshape(-1)
+
+
+def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, *, out=None):
+    """Layer normalization over the trailing axes (torch.native_layer_norm).
+
+    Parameters
+    ----------
+    x : ndarray (float64, float32, bfloat16 or float16)
+    normalized_shape : int or tuple of ints
+        The trailing axes to normalize over; must equal x.shape[-k:].
+    weight, bias : ndarray, optional
+        Shape normalized_shape; x's dtype, or float32 for 16-bit x.
+    eps : float >= 0, default 1e-5
+        Added to the variance.
+    out : tuple (y, mean, rstd), optional
+        Arrays (or None entries) to write into: C-contiguous, exact shape and dtype.
+
+    Returns
+    -------
+    y : ndarray, x's shape and dtype.
+    mean, rstd : ndarray of shape x.shape[:axis] + (1,) * k, where axis =
+        x.ndim - k; float64 for float64 x, float32 otherwise.
+    """
+    x, policy = as_float_array(x, "x")
+    ns, axis = _normalized_shape(normalized_shape, x)
+    eps = check_eps(eps)
+    w, wvec = _affine(weight, "weight", ns, policy)
+    b, bvec = _affine(bias, "bias", ns, policy)
+    M, N = math.prod(x.shape[:axis]), math.prod(ns)
+    stat_shape = x.shape[:axis] + (1,) * len(ns)
+    y_out, mean_out, rstd_out = split_out(out, ("y", "mean", "rstd"))
+    if y_out is not None:
+        check_out(y_out, "out[0] (y)", x.shape, x.dtype)
+    if wvec is not None or bvec is not None:   # the kernel takes both or neither
+        wvec = np.ones(N, policy.math) if wvec is None else wvec
+        bvec = np.zeros(N, policy.math) if bvec is None else bvec
+    x, wvec, bvec = unalias([x, wvec, bvec], (y_out, mean_out, rstd_out))
+    kx = np.ascontiguousarray(x)
+    if y_out is None:
+        y = _empty(x.shape, x.dtype, x.size * x.dtype.itemsize)
+    else:
+        y = y_out
+    kmean, mean = small_out(mean_out, "out[1] (mean)", stat_shape, policy.stat)
+    krstd, rstd = small_out(rstd_out, "out[2] (rstd)", stat_shape, policy.stat)
+    if N == 0:
+        kmean[...] = 0.0
+        krstd[...] = np.nan
+    elif M:
+        _k.layer_norm_forward(kx, wvec, bvec, y, kmean, krstd, M, N, eps, policy.code,
+                              _threads())
+    return y, mean, rstd
+
+
+def layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight=None, bias=None,
+                        output_mask=(True, True, True)):
+    """Gradients of layer_norm (torch.native_layer_norm_backward).
+
+    With xhat = (x - mean) * rstd and g = grad_out * weight, per row:
+
+        grad_x = rstd * (g - mean(g) - xhat * mean(g * xhat))
+        grad_weight = sum over rows of grad_out * xhat
+        grad_bias = sum over rows of grad_out
+
+    Parameters
+    ----------
+    grad_out, x : ndarray, same shape and dtype.
+    normalized_shape : as in the forward.
+    mean, rstd : the statistics layer_norm returned (its shape, or 1-D).
+    weight, bias : the forward's weight and bias (or None).  bias only sets
+        grad_bias's dtype.
+    output_mask : three booleans: which of (grad_x, grad_weight, grad_bias)
+        to compute; the others are returned as None.
+
+    Returns
+    -------
+    grad_x : x's shape and dtype.
+    grad_weight, grad_bias : shape normalized_shape, the dtype of weight
+        (bias), or x's dtype when it is None.
+    """
+    x, policy = as_float_array(x, "x")
+    grad_out, _ = as_float_array(grad_out, "grad_out")
+    check_same(grad_out, "grad_out", x.shape, x.dtype, ref="x")
+    ns, axis = _normalized_shape(normalized_shape, x)
+    mask = check_mask(output_mask)
+    w, wvec = _affine(weight, "weight", ns, policy)
+    b, _ = _affine(bias, "bias", ns, policy)
+    M, N = math.prod(x.shape[:axis]), math.prod(ns)
+    stat_shape = x.shape[:axis] + (1,) * len(ns)
+    mvec = _stat(mean, "mean", stat_shape, M, policy)
+    rvec = _stat(rstd, "rstd", stat_shape, M, policy)
+    kdy, kx = np.ascontiguousarray(grad_out), np.ascontiguousarray(x)
+    gx = _empty(x.shape, x.dtype, x.size * x.dtype.itemsize) if mask[0] else None
+    gw = np.zeros(N, np.float64) if mask[1] else None
+    gb = np.zeros(N, np.float64) if mask[2] else None
+    if M and N and any(mask):
+        _k.layer_norm_backward(kdy, kx, mvec, rvec, wvec, gx, gw, gb, M, N, policy.code,
+                               _threads())
+    grad_weight = grad_bias = None
+    with np.errstate(over="ignore"):      # float16 sums above 65504 become inf, as in torch
+        if gw is not None:
+            dt = w.dtype if w is not None else x.dtype
+            grad_weight = from_float64(gw, dt).reshape(ns)
+        if gb is not None:
+            dt = b.dtype if b is not None else x.dtype
+            grad_bias = from_float64(gb, dt).reshape(ns)
+    return gx, grad_weight, grad_bias
+
