@@ -130,6 +130,20 @@ def grad_input_into(kdy, kx, kgx, p, m, q, a, dims, policy):
                           _threads())
 
 
+def math_vector(a, policy):
+    """A per-channel parameter as a contiguous math-type vector, or None."""
+    return None if a is None else np.ascontiguousarray(a, dtype=policy.math)
+
+
+def update_running(rm, rv, mean, var, n, momentum):
+    """PyTorch's running-statistics rule, in float64, stored in place:
+    new = momentum * batch + (1 - momentum) * old, with the unbiased variance."""
+    unbiased = var * (n / (n - 1))
+    rm[...] = from_float64(momentum * mean + (1.0 - momentum) * rm.astype(np.float64), rm.dtype)
+    rv[...] = from_float64(momentum * unbiased + (1.0 - momentum) * rv.astype(np.float64),
+                           rv.dtype)
+
+
 # ---- the public ops ---------------------------------------------------------
 
 def _running(a, name, C, policy, training):
@@ -189,6 +203,15 @@ def batch_norm(x, weight=None, bias=None, running_mean=None, running_var=None, t
     (kx,), transposed, dims = prepare([x], axis, (y_out,))
     ky, y = big_out(y_out, x.shape, x.dtype, transposed)
     w = None if weight is None else weight.astype(np.float64)
+    A, _, B = dims
+    if training and n > 0 and _k.fused_training(A, C, B, policy.code):
+        # one pass per channel: statistics, then y while the channel is in cache
+        mean, var = np.empty(C), np.empty(C)
+        _k.training_forward(kx, ky, math_vector(weight, policy), math_vector(bias, policy),
+                            kmean, kinv, mean, var, A, C, B, eps, policy.code, _threads())
+        if rm is not None:
+            update_running(rm, rv, mean, var, n, momentum)
+        return y, save_mean, save_invstd
     if training:
         mean, var = moments(kx, dims, policy)
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -197,11 +220,7 @@ def batch_norm(x, weight=None, bias=None, running_mean=None, running_var=None, t
         kinv[...] = from_float64(invstd, policy.stat)
         m, inv = kmean.astype(np.float64), kinv.astype(np.float64)
         if rm is not None and n > 0:
-            unbiased = var * (n / (n - 1))
-            rm[...] = from_float64(momentum * mean + (1.0 - momentum) * rm.astype(np.float64),
-                                   rm.dtype)
-            rv[...] = from_float64(momentum * unbiased + (1.0 - momentum) * rv.astype(np.float64),
-                                   rv.dtype)
+            update_running(rm, rv, mean, var, n, momentum)
     else:
         m = rm.astype(np.float64)
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -249,12 +268,23 @@ def batch_norm_backward(grad_out, x, weight, running_mean, running_var, save_mea
     gdtype = weight.dtype if weight is not None else policy.stat
     (kdy, kx), transposed, dims = prepare([grad_out, x], axis, ())
     need_sums = mask[1] or mask[2] or (training and mask[0])
-    if need_sums and n > 0:
+    A, _, B = dims
+    grad_x = None
+    fused = training and n > 0 and _k.fused_training(A, C, B, policy.code)
+    if fused:
+        # one pass per channel: the sums, then grad_x while the channel is in cache
+        sum_dy, dotp = np.empty(C), np.empty(C)
+        kgx = None
+        if mask[0]:
+            kgx, grad_x = big_out(None, x.shape, x.dtype, transposed)
+        _k.training_backward(kdy, kx, kgx, math_vector(weight, policy),
+                             mean.astype(policy.math), inv.astype(policy.math), sum_dy, dotp,
+                             A, C, B, policy.code, _threads())
+    elif need_sums and n > 0:
         sum_dy, dotp = grad_sums(kdy, kx, mean, dims, policy)
     else:
         sum_dy = dotp = np.zeros(C)
-    grad_x = None
-    if mask[0]:
+    if mask[0] and not fused:
         kgx, grad_x = big_out(None, x.shape, x.dtype, transposed)
         a = inv if weight is None else inv * weight.astype(np.float64)
         if training:

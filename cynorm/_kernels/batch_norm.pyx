@@ -24,6 +24,7 @@ are bitwise identical at any thread count.
 """
 from cython.parallel cimport prange
 from libc.stdlib cimport calloc, malloc, free
+from libc.math cimport sqrt
 cimport numpy as cnp
 
 from cynorm._kernels.stats cimport (
@@ -50,6 +51,13 @@ cdef enum:
     COL_MAX_COLUMNS = 1 << 22
 
 cdef Py_ssize_t COL_PARTIAL_BYTES = 64 << 20
+
+cdef enum:
+    # training passes run channel by channel ("fused": the channel's
+    # statistics, then its elementwise pass while it is still in L2) when
+    # there are enough channels to share out and a channel fits in L2
+    FUSED_MIN_CHANNELS = 16
+    FUSED_MAX_CHANNEL_BYTES = 1 << 20
 
 cdef enum:
     OP_MOMENTS = 0
@@ -190,6 +198,147 @@ cdef int reduce_channels(int op, int code, const char* x, const char* dy, const 
 
 cdef inline void* data(cnp.ndarray a):
     return cnp.PyArray_DATA(a)
+
+
+cdef inline void* data_or_null(object a):
+    return NULL if a is None else cnp.PyArray_DATA(<cnp.ndarray>a)
+
+
+cdef inline double store_stat(int code, void* a, Py_ssize_t i, double v) noexcept nogil:
+    # saved statistics have the math type; returns the stored (rounded) value
+    if code == 1:
+        (<double*>a)[i] = v
+        return v
+    (<float*>a)[i] = <float>v
+    return <float>v
+
+
+cdef inline double math_at(int code, const void* a, Py_ssize_t i, double default) noexcept nogil:
+    # a per-channel parameter in the math type, or `default` when absent
+    if a == NULL:
+        return default
+    return load_stat(code, a, i)
+
+
+def fused_training(Py_ssize_t A, Py_ssize_t C, Py_ssize_t B, int code):
+    """Whether the training passes for this shape run channel by channel.
+    (The choice depends on the shape only, never on the thread count.)"""
+    return (not use_columns(C, B) and C >= FUSED_MIN_CHANNELS
+            and A * B * <Py_ssize_t>cn_itemsize(code) <= FUSED_MAX_CHANNEL_BYTES)
+
+
+cdef void forward_channel(int code, const char* x, char* y, const void* w, const void* b,
+                          void* save_mean, void* save_invstd, double* mean64, double* var64,
+                          Py_ssize_t A, Py_ssize_t C, Py_ssize_t B, Py_ssize_t c, double eps,
+                          bint stream) noexcept nogil:
+    cdef double s[2]
+    cdef double k, d, var, m, inv
+    cdef Py_ssize_t a, b0, off
+    cdef size_t isz = cn_itemsize(code)
+    cdef Py_ssize_t n = A * B
+    s[0] = 0.0
+    s[1] = 0.0
+    k = cn_load_any(code, x, c * B)
+    for a in range(A):
+        b0 = 0
+        while b0 < B:
+            off = (a * C + c) * B + b0
+            cn_row_moments(code, x + off * isz, min(<Py_ssize_t>ROW_CHUNK, B - b0), k, s)
+            b0 += ROW_CHUNK
+    d = s[0] / n
+    var = s[1] / n - d * d
+    if var < 0.0:
+        var = 0.0
+    mean64[c] = k + d
+    var64[c] = var
+    m = store_stat(code, save_mean, c, k + d)
+    inv = store_stat(code, save_invstd, c, 1.0 / sqrt(var + eps))
+    for a in range(A):
+        b0 = 0
+        while b0 < B:
+            off = ((a * C + c) * B + b0) * isz
+            cn_norm_row(code, y + off, x + off, min(<Py_ssize_t>ROW_CHUNK, B - b0), m,
+                        inv * math_at(code, w, c, 1.0), math_at(code, b, c, 0.0), NULL, NULL,
+                        stream)
+            b0 += ROW_CHUNK
+
+
+def training_forward(cnp.ndarray x, cnp.ndarray y, object w, object b, cnp.ndarray save_mean,
+                     cnp.ndarray save_invstd, cnp.ndarray mean64, cnp.ndarray var64,
+                     Py_ssize_t A, Py_ssize_t C, Py_ssize_t B, double eps, int code,
+                     int n_threads):
+    """The fused training forward (see fused_training): per channel, the
+    batch mean and biased variance (float64, into mean64/var64), save_mean
+    and save_invstd (math type), and y = (x - mean) * invstd * w + b.
+    w, b: None or math-type vectors of length C."""
+    cdef const char* px = <const char*>data(x)
+    cdef char* py = <char*>data(y)
+    cdef void* pw = data_or_null(w)
+    cdef void* pb = data_or_null(b)
+    cdef void* psm = data(save_mean)
+    cdef void* psi = data(save_invstd)
+    cdef double* pm64 = <double*>data(mean64)
+    cdef double* pv64 = <double*>data(var64)
+    cdef int nt = threads_for(A * C * B, n_threads)
+    cdef bint stream = A * C * B * <Py_ssize_t>cn_itemsize(code) >= STREAM_MIN_BYTES
+    cdef Py_ssize_t c
+    with nogil:
+        for c in prange(C, schedule='static', num_threads=nt):
+            forward_channel(code, px, py, pw, pb, psm, psi, pm64, pv64, A, C, B, c, eps, stream)
+
+
+cdef void backward_channel(int code, const char* dy, const char* x, char* gx, const void* w,
+                           const void* mean, const void* invstd, double* sum_dy,
+                           double* sum_dy_xmu, Py_ssize_t A, Py_ssize_t C, Py_ssize_t B,
+                           Py_ssize_t c, bint stream) noexcept nogil:
+    cdef double s[2]
+    cdef double m = load_stat(code, mean, c)
+    cdef double inv = load_stat(code, invstd, c)
+    cdef Py_ssize_t a, b0, off
+    cdef size_t isz = cn_itemsize(code)
+    cdef Py_ssize_t n = A * B
+    s[0] = 0.0
+    s[1] = 0.0
+    for a in range(A):
+        b0 = 0
+        while b0 < B:
+            off = ((a * C + c) * B + b0) * isz
+            cn_row_centered_dot(code, dy + off, x + off, NULL, min(<Py_ssize_t>ROW_CHUNK, B - b0),
+                                m, s)
+            b0 += ROW_CHUNK
+    sum_dy[c] = s[0]
+    sum_dy_xmu[c] = s[1]
+    if gx == NULL:
+        return
+    for a in range(A):
+        b0 = 0
+        while b0 < B:
+            off = ((a * C + c) * B + b0) * isz
+            cn_grad_row(code, gx + off, dy + off, x + off, NULL, min(<Py_ssize_t>ROW_CHUNK, B - b0),
+                        s[0] / n, m, s[1] / n * inv * inv, inv * math_at(code, w, c, 1.0), stream)
+            b0 += ROW_CHUNK
+
+
+def training_backward(cnp.ndarray dy, cnp.ndarray x, object gx, object w, cnp.ndarray mean,
+                      cnp.ndarray invstd, cnp.ndarray sum_dy, cnp.ndarray sum_dy_xmu,
+                      Py_ssize_t A, Py_ssize_t C, Py_ssize_t B, int code, int n_threads):
+    """The fused training backward (see fused_training): per channel,
+    sum_dy and sum_dy_xmu (float64), then (gx not None) grad_x.
+    mean, invstd: math-type vectors; w: None or a math-type vector."""
+    cdef const char* pdy = <const char*>data(dy)
+    cdef const char* px = <const char*>data(x)
+    cdef char* pgx = <char*>data_or_null(gx)
+    cdef void* pw = data_or_null(w)
+    cdef void* pm = data(mean)
+    cdef void* pi = data(invstd)
+    cdef double* p1 = <double*>data(sum_dy)
+    cdef double* p2 = <double*>data(sum_dy_xmu)
+    cdef int nt = threads_for(A * C * B, n_threads)
+    cdef bint stream = A * C * B * <Py_ssize_t>cn_itemsize(code) >= STREAM_MIN_BYTES
+    cdef Py_ssize_t c
+    with nogil:
+        for c in prange(C, schedule='static', num_threads=nt):
+            backward_channel(code, pdy, px, pgx, pw, pm, pi, p1, p2, A, C, B, c, stream)
 
 
 def channel_moments(cnp.ndarray x, cnp.ndarray shift, cnp.ndarray s1, cnp.ndarray s2,
