@@ -49,6 +49,8 @@ cdef enum:
     COL_MIN_ROWS = 16
     COL_WIDTH = 8192
     COL_MAX_COLUMNS = 1 << 22
+    # bytes of one elementwise task in the column shape
+    APPLY_TASK_BYTES = 65536
 
 cdef Py_ssize_t COL_PARTIAL_BYTES = 64 << 20
 
@@ -155,15 +157,15 @@ cdef int reduce_columns(int op, int code, const char* x, const char* dy, const d
         blk = t // ncc
         j0 = (t - blk * ncc) * COL_WIDTH
         n = min(<Py_ssize_t>COL_WIDTH, CB - j0)
-        for r in range(blk * rb, min(A, blk * rb + rb)):
-            off = r * CB + j0
-            if op == OP_MOMENTS:
-                cn_col_moments(code, part + 2 * blk * CB + j0, part + (2 * blk + 1) * CB + j0,
-                               x + off * isz, kcols + j0 * msz, n)
-            else:
-                cn_col_centered_dot(code, part + 2 * blk * CB + j0,
-                                    part + (2 * blk + 1) * CB + j0,
-                                    dy + off * isz, x + off * isz, kcols + j0 * msz, n)
+        r = blk * rb
+        off = r * CB + j0
+        if op == OP_MOMENTS:
+            cn_col_moments(code, part + 2 * blk * CB + j0, part + (2 * blk + 1) * CB + j0,
+                           x + off * isz, kcols + j0 * msz, n, min(rb, A - r), CB)
+        else:
+            cn_col_centered_dot(code, part + 2 * blk * CB + j0, part + (2 * blk + 1) * CB + j0,
+                                dy + off * isz, x + off * isz, kcols + j0 * msz, n,
+                                min(rb, A - r), CB)
     # blocks merge in block order, then each channel folds its columns in order
     for c in range(C):
         s1[c] = 0.0
@@ -389,7 +391,7 @@ cdef int apply(int code, char* out, const char* x, const char* dy, const double*
     cdef size_t isz = cn_itemsize(code)
     cdef size_t msz = math_size(code)
     cdef bint stream = A * C * B * <Py_ssize_t>isz >= STREAM_MIN_BYTES
-    cdef Py_ssize_t nbc, ntask, t, q, c, bc, b0, n, off, CB, ncc, r, j0
+    cdef Py_ssize_t nbc, ntask, t, q, c, bc, b0, n, off, CB, ncc, r, j0, rb, nrb
     cdef char* k0
     cdef char* k1
     cdef char* k2
@@ -424,18 +426,21 @@ cdef int apply(int code, char* out, const char* x, const char* dy, const double*
         free(k3)
         return -1
     ncc = (CB + COL_WIDTH - 1) // COL_WIDTH
-    ntask = A * ncc
+    # a task is a block of rows of one column chunk: about APPLY_TASK_BYTES
+    rb = max(<Py_ssize_t>1, APPLY_TASK_BYTES // (min(CB, <Py_ssize_t>COL_WIDTH) * <Py_ssize_t>isz))
+    nrb = (A + rb - 1) // rb
+    ntask = nrb * ncc
     for t in prange(ntask, schedule='static', num_threads=nt):
-        r = t // ncc
-        j0 = (t - r * ncc) * COL_WIDTH
+        r = (t // ncc) * rb
+        j0 = (t % ncc) * COL_WIDTH
         n = min(<Py_ssize_t>COL_WIDTH, CB - j0)
         off = (r * CB + j0) * isz
         if dy == NULL:
             cn_norm_cols(code, out + off, x + off, n, k0 + j0 * msz, k1 + j0 * msz,
-                         k2 + j0 * msz, stream)
+                         k2 + j0 * msz, min(rb, A - r), CB, stream)
         else:
             cn_grad_cols(code, out + off, dy + off, x + off, n, k0 + j0 * msz, k1 + j0 * msz,
-                         k2 + j0 * msz, k3 + j0 * msz, stream)
+                         k2 + j0 * msz, k3 + j0 * msz, min(rb, A - r), CB, stream)
     free(k0)
     free(k1)
     free(k2)

@@ -95,25 +95,32 @@ CN_NOINLINE static void cn_rcdot_##SFX(const T *dys, const T *xs, const M *w,   
     s[0] += cn_merge_lanes(a1) + t1;                                                 \
     s[1] += cn_merge_lanes(a2) + t2;                                                 \
 }                                                                                    \
-/* per column j: a1[j] += x - k[j], a2[j] += (x - k[j])^2 */                         \
+/* rows rows of n columns, ld elements apart: per column j,                  */ \
+/* a1[j] += x - k[j], a2[j] += (x - k[j])^2                                   */ \
 CN_NOINLINE static void cn_cmom_##SFX(double *restrict a1, double *restrict a2,      \
-                                      const T *xs, const M *restrict k, ptrdiff_t n) { \
-    const IO *restrict x = (const IO *)xs;                                           \
-    for (ptrdiff_t j = 0; j < n; j++) {                                              \
-        M d = cn_load_##SFX(x[j]) - k[j];                                            \
-        a1[j] += (double)d;                                                          \
-        a2[j] += (double)(d * d);                                                    \
+                                      const T *xs, const M *restrict k, ptrdiff_t n, \
+                                      ptrdiff_t rows, ptrdiff_t ld) {                \
+    for (ptrdiff_t r = 0; r < rows; r++) {                                           \
+        const IO *restrict x = (const IO *)xs + r * ld;                              \
+        for (ptrdiff_t j = 0; j < n; j++) {                                          \
+            M d = cn_load_##SFX(x[j]) - k[j];                                        \
+            a1[j] += (double)d;                                                      \
+            a2[j] += (double)(d * d);                                                \
+        }                                                                            \
     }                                                                                \
 }                                                                                    \
-/* per column j: a1[j] += dy, a2[j] += dy * (x - m[j]) */                            \
+/* rows rows as above: a1[j] += dy, a2[j] += dy * (x - m[j]) */                      \
 CN_NOINLINE static void cn_ccdot_##SFX(double *restrict a1, double *restrict a2,     \
                                        const T *dys, const T *xs, const M *restrict mu, \
-                                       ptrdiff_t n) {                                \
-    const IO *restrict dy = (const IO *)dys, *restrict x = (const IO *)xs;           \
-    for (ptrdiff_t j = 0; j < n; j++) {                                              \
-        M g = cn_load_##SFX(dy[j]);                                                  \
-        a1[j] += (double)g;                                                          \
-        a2[j] += (double)(g * (cn_load_##SFX(x[j]) - mu[j]));                        \
+                                       ptrdiff_t n, ptrdiff_t rows, ptrdiff_t ld) {  \
+    for (ptrdiff_t r = 0; r < rows; r++) {                                           \
+        const IO *restrict dy = (const IO *)dys + r * ld;                            \
+        const IO *restrict x = (const IO *)xs + r * ld;                              \
+        for (ptrdiff_t j = 0; j < n; j++) {                                          \
+            M g = cn_load_##SFX(dy[j]);                                              \
+            a1[j] += (double)g;                                                      \
+            a2[j] += (double)(g * (cn_load_##SFX(x[j]) - mu[j]));                    \
+        }                                                                            \
     }                                                                                \
 }                                                                                    \
 /* one row of known mean and rstd: a1[j] += dy, a2[j] += dy * ((x - mu) * r) */     \
@@ -140,14 +147,17 @@ CN_NOINLINE static void cn_normrow_##SFX(T *outs, const T *xs, ptrdiff_t n, M mu
         CN_ELEMENTWISE(IO, out, n, stream, J,                                        \
                        cn_store_##SFX(((cn_load_##SFX(x[J]) - mu) * s) * w[J] + b[J])); \
 }                                                                                    \
-/* out[j] = (x[j] - m[j]) * s[j] + t[j] */                                           \
+/* rows rows of n columns, ld elements apart: out[j] = (x[j] - m[j]) * s[j] + t[j] */ \
 CN_NOINLINE static void cn_normcols_##SFX(T *outs, const T *xs, ptrdiff_t n,         \
                                           const M *restrict mu, const M *restrict s, \
-                                          const M *restrict t, int stream) {         \
-    IO *restrict out = (IO *)outs;                                                   \
-    const IO *restrict x = (const IO *)xs;                                           \
-    CN_ELEMENTWISE(IO, out, n, stream, J,                                            \
-                   cn_store_##SFX((cn_load_##SFX(x[J]) - mu[J]) * s[J] + t[J]));     \
+                                          const M *restrict t, ptrdiff_t rows,       \
+                                          ptrdiff_t ld, int stream) {                \
+    for (ptrdiff_t r = 0; r < rows; r++) {                                           \
+        IO *restrict out = (IO *)outs + r * ld;                                      \
+        const IO *restrict x = (const IO *)xs + r * ld;                              \
+        CN_ELEMENTWISE(IO, out, n, stream, J,                                        \
+                       cn_store_##SFX((cn_load_##SFX(x[J]) - mu[J]) * s[J] + t[J])); \
+    }                                                                                \
 }                                                                                    \
 /* g = dy (w == NULL) or dy * w[j]: out = (g - p - (x - m) * q) * a */               \
 CN_NOINLINE static void cn_gradrow_##SFX(T *outs, const T *dys, const T *xs,         \
@@ -164,16 +174,20 @@ CN_NOINLINE static void cn_gradrow_##SFX(T *outs, const T *dys, const T *xs,    
                        cn_store_##SFX((cn_load_##SFX(dy[J]) * w[J] - p               \
                                        - (cn_load_##SFX(x[J]) - mu) * q) * a));      \
 }                                                                                    \
-/* out[j] = (dy - p[j] - (x - m[j]) * q[j]) * a[j] */                                \
+/* rows rows as above: out[j] = (dy - p[j] - (x - m[j]) * q[j]) * a[j] */          \
 CN_NOINLINE static void cn_gradcols_##SFX(T *outs, const T *dys, const T *xs,        \
                                           ptrdiff_t n, const M *restrict p,          \
                                           const M *restrict mu, const M *restrict q, \
-                                          const M *restrict a, int stream) {         \
-    IO *restrict out = (IO *)outs;                                                   \
-    const IO *restrict dy = (const IO *)dys, *restrict x = (const IO *)xs;           \
-    CN_ELEMENTWISE(IO, out, n, stream, J,                                            \
-                   cn_store_##SFX((cn_load_##SFX(dy[J]) - p[J]                       \
-                                   - (cn_load_##SFX(x[J]) - mu[J]) * q[J]) * a[J])); \
+                                          const M *restrict a, ptrdiff_t rows,       \
+                                          ptrdiff_t ld, int stream) {                \
+    for (ptrdiff_t r = 0; r < rows; r++) {                                           \
+        IO *restrict out = (IO *)outs + r * ld;                                      \
+        const IO *restrict dy = (const IO *)dys + r * ld;                            \
+        const IO *restrict x = (const IO *)xs + r * ld;                              \
+        CN_ELEMENTWISE(IO, out, n, stream, J,                                        \
+                       cn_store_##SFX((cn_load_##SFX(dy[J]) - p[J]                   \
+                                       - (cn_load_##SFX(x[J]) - mu[J]) * q[J]) * a[J])); \
+    }                                                                                \
 }
 
 CN_STATS_OPS(f32, float, float, float)
@@ -210,15 +224,16 @@ static inline void cn_row_centered_dot(int code, const void *dy, const void *x, 
 }
 
 static inline void cn_col_moments(int code, double *a1, double *a2, const void *x,
-                                  const void *k, ptrdiff_t n) {
-#define C_(S, T, M) cn_cmom_##S(a1, a2, (const T *)x, (const M *)k, n)
+                                  const void *k, ptrdiff_t n, ptrdiff_t rows, ptrdiff_t ld) {
+#define C_(S, T, M) cn_cmom_##S(a1, a2, (const T *)x, (const M *)k, n, rows, ld)
     CN_DISPATCH(code, C_)
 #undef C_
 }
 
 static inline void cn_col_centered_dot(int code, double *a1, double *a2, const void *dy,
-                                       const void *x, const void *mu, ptrdiff_t n) {
-#define C_(S, T, M) cn_ccdot_##S(a1, a2, (const T *)dy, (const T *)x, (const M *)mu, n)
+                                       const void *x, const void *mu, ptrdiff_t n,
+                                       ptrdiff_t rows, ptrdiff_t ld) {
+#define C_(S, T, M) cn_ccdot_##S(a1, a2, (const T *)dy, (const T *)x, (const M *)mu, n, rows, ld)
     CN_DISPATCH(code, C_)
 #undef C_
 }
@@ -239,9 +254,10 @@ static inline void cn_norm_row(int code, void *out, const void *x, ptrdiff_t n, 
 }
 
 static inline void cn_norm_cols(int code, void *out, const void *x, ptrdiff_t n,
-                                const void *mu, const void *s, const void *t, int stream) {
+                                const void *mu, const void *s, const void *t, ptrdiff_t rows,
+                                ptrdiff_t ld, int stream) {
 #define C_(S, T, M) cn_normcols_##S((T *)out, (const T *)x, n, (const M *)mu,            \
-                                    (const M *)s, (const M *)t, stream)
+                                    (const M *)s, (const M *)t, rows, ld, stream)
     CN_DISPATCH(code, C_)
 #undef C_
 }
@@ -257,10 +273,10 @@ static inline void cn_grad_row(int code, void *out, const void *dy, const void *
 
 static inline void cn_grad_cols(int code, void *out, const void *dy, const void *x,
                                 ptrdiff_t n, const void *p, const void *mu, const void *q,
-                                const void *a, int stream) {
+                                const void *a, ptrdiff_t rows, ptrdiff_t ld, int stream) {
 #define C_(S, T, M) cn_gradcols_##S((T *)out, (const T *)dy, (const T *)x, n,            \
                                     (const M *)p, (const M *)mu, (const M *)q,          \
-                                    (const M *)a, stream)
+                                    (const M *)a, rows, ld, stream)
     CN_DISPATCH(code, C_)
 #undef C_
 }

@@ -11,20 +11,22 @@ cdef extern from "cn_stats.h" nogil:
     void cn_row_moments(int code, const void* x, Py_ssize_t n, double k, double* s)
     void cn_row_centered_dot(int code, const void* dy, const void* x, const void* w,
                              Py_ssize_t n, double mu, double* s)
+    # column kernels: `rows` rows of n columns, `ld` elements apart
     void cn_col_moments(int code, double* a1, double* a2, const void* x, const void* k,
-                        Py_ssize_t n)
+                        Py_ssize_t n, Py_ssize_t rows, Py_ssize_t ld)
     void cn_col_centered_dot(int code, double* a1, double* a2, const void* dy, const void* x,
-                             const void* mu, Py_ssize_t n)
+                             const void* mu, Py_ssize_t n, Py_ssize_t rows, Py_ssize_t ld)
     void cn_col_scaled_dot(int code, double* a1, double* a2, const void* dy, const void* x,
                            double mu, double r, Py_ssize_t n)
     void cn_norm_row(int code, void* out, const void* x, Py_ssize_t n, double mu, double s,
                      double t, const void* w, const void* b, int stream)
     void cn_norm_cols(int code, void* out, const void* x, Py_ssize_t n, const void* mu,
-                      const void* s, const void* t, int stream)
+                      const void* s, const void* t, Py_ssize_t rows, Py_ssize_t ld, int stream)
     void cn_grad_row(int code, void* out, const void* dy, const void* x, const void* w,
                      Py_ssize_t n, double p, double mu, double q, double a, int stream)
     void cn_grad_cols(int code, void* out, const void* dy, const void* x, Py_ssize_t n,
-                      const void* p, const void* mu, const void* q, const void* a, int stream)
+                      const void* p, const void* mu, const void* q, const void* a,
+                      Py_ssize_t rows, Py_ssize_t ld, int stream)
 
 
 cdef inline size_t math_size(int code) noexcept nogil:
