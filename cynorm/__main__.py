@@ -1,5 +1,7 @@
-"""python -m cynorm: the build configuration, then every kernel on a
-ResNet-50-sized set of weights, checked against the float64 reference.
+"""python -m cynorm: the build configuration, then every kernel on
+ResNet-50-sized work (weight norm on its conv/linear weights, batch norm on
+its activations at batch 1, N,C,H,W and channels-last) and on a ViT-B-sized
+layer norm, each result checked against the float64 reference.
 
 Exit status 1 if any check fails.  Options: --quick (a few layers),
 --dtypes float32,bfloat16, --threads N.
@@ -33,6 +35,20 @@ def resnet50_weights():
             cin = 4 * width
     shapes.append(("fc", (1000, 2048)))
     return shapes
+
+
+def resnet50_activations():
+    """(name, N,C,H,W shape) of the distinct batch-norm inputs of ResNet-50 at
+    batch 1 and 224x224 input, one per stage and width."""
+    return [("bn1", (1, 64, 112, 112)),
+            ("layer1.bn", (1, 64, 56, 56)), ("layer1.bn3", (1, 256, 56, 56)),
+            ("layer2.bn", (1, 128, 28, 28)), ("layer2.bn3", (1, 512, 28, 28)),
+            ("layer3.bn", (1, 256, 14, 14)), ("layer3.bn3", (1, 1024, 14, 14)),
+            ("layer4.bn", (1, 512, 7, 7)), ("layer4.bn3", (1, 2048, 7, 7))]
+
+
+# ViT-B/16 layer norms: (batch, tokens, features), and an MLP-sized one
+LAYER_NORM_SHAPES = [("vit.ln", (2, 197, 768)), ("vit.mlp", (2, 197, 3072))]
 
 
 class Progress:
@@ -96,6 +112,74 @@ def run_dtype(dtype, layers, rng, progress):
     return results
 
 
+def _timed(fn):
+    """fn() twice; the second, warm call is the one timed: (result, seconds)."""
+    for _ in range(2):
+        t = time.perf_counter()
+        out = fn()
+        secs = time.perf_counter() - t
+    return out, secs
+
+
+def run_norms(dtype, activations, rng, progress):
+    """Times and errors of layer norm and batch norm (training, inference,
+    backward) over the workload, for one storage dtype."""
+    keys = ("layer_norm", "layer_norm_backward", "batch_norm (training)",
+            "batch_norm (inference)", "batch_norm_backward")
+    results = {k: [0.0, 0.0, 0] for k in keys}
+    pdt = _dtypes.FLOAT32 if _dtypes.is_16bit(dtype) else dtype
+
+    def record(key, secs, err, nbytes):
+        results[key][0] += secs
+        results[key][1] = max(results[key][1], err)
+        results[key][2] += nbytes
+
+    for name, shape in LAYER_NORM_SHAPES:
+        F = shape[-1]
+        x = rng.standard_normal(shape).astype(dtype)
+        dy = rng.standard_normal(shape).astype(dtype)
+        w = (rng.random(F) + 0.5).astype(pdt)
+        b = rng.standard_normal(F).astype(pdt)
+        (y, mean, rstd), secs = _timed(lambda: cynorm.layer_norm(x, F, w, b))
+        y_ref, mean_ref, rstd_ref = ref.layer_norm(x, F, w, b)
+        record("layer_norm", secs, max(normwise_error(y, y_ref), normwise_error(mean, mean_ref),
+                                       normwise_error(rstd, rstd_ref)), x.nbytes)
+        grads, secs = _timed(lambda: cynorm.layer_norm_backward(dy, x, F, mean, rstd, w, b))
+        refs = ref.layer_norm_backward(dy, x, F, mean_ref, rstd_ref, w)
+        record("layer_norm_backward", secs,
+               max(normwise_error(g, r) for g, r in zip(grads, refs)), x.nbytes)
+        progress.step(f"{dtype} {name}")
+
+    for name, shape in activations:
+        C = shape[1]
+        for axis in (1, -1):
+            x = rng.standard_normal(shape).astype(dtype)
+            dy = rng.standard_normal(shape).astype(dtype)
+            if axis == -1:      # the same activation stored channels-last
+                x, dy = np.moveaxis(x, 1, -1).copy(), np.moveaxis(dy, 1, -1).copy()
+            w = (rng.random(C) + 0.5).astype(pdt)
+            b = rng.standard_normal(C).astype(pdt)
+            rm, rv = np.zeros(C, pdt), np.ones(C, pdt)
+            (y, sm, si), secs = _timed(lambda: cynorm.batch_norm(
+                x, w, b, None, None, training=True, axis=axis))
+            y_ref, sm_ref, si_ref, _, _ = ref.batch_norm(x, w, b, None, None, True, 0.1, 1e-5,
+                                                         axis=axis)
+            record("batch_norm (training)", secs,
+                   max(normwise_error(y, y_ref), normwise_error(sm, sm_ref),
+                       normwise_error(si, si_ref)), x.nbytes)
+            (y, _, _), secs = _timed(lambda: cynorm.batch_norm(
+                x, w, b, rm, rv, training=False, axis=axis))
+            y_ref = ref.batch_norm(x, w, b, rm, rv, False, 0.1, 1e-5, axis=axis)[0]
+            record("batch_norm (inference)", secs, normwise_error(y, y_ref), x.nbytes)
+            grads, secs = _timed(lambda: cynorm.batch_norm_backward(
+                dy, x, w, None, None, sm, si, True, axis=axis))
+            refs = ref.batch_norm_backward(dy, x, w, None, None, sm_ref, si_ref, True, axis=axis)
+            record("batch_norm_backward", secs,
+                   max(normwise_error(g, r) for g, r in zip(grads, refs)), x.nbytes)
+        progress.step(f"{dtype} {name}")
+    return results
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m cynorm", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="only the first layers of each stage")
@@ -116,26 +200,36 @@ def main(argv=None):
     cynorm.show_config()
 
     layers = resnet50_weights()
+    activations = resnet50_activations()
     if args.quick:
         layers = [layers[0], layers[1], layers[-2], layers[-1]]
+        activations = [activations[1], activations[-1]]
     nvalues = sum(int(np.prod(s)) for _, s in layers)
-    print(f"\nworkload: {len(layers)} conv/linear weights of ResNet-50 ({nvalues / 1e6:.1f}M values), "
-          f"weight norm over dim 0, {cynorm.get_num_threads()} thread(s)")
+    print(f"\nworkload ({cynorm.get_num_threads()} thread(s)):\n"
+          f"  weight norm over dim 0 of {len(layers)} conv/linear weights of ResNet-50 "
+          f"({nvalues / 1e6:.1f}M values)\n"
+          f"  batch norm of {len(activations)} ResNet-50 activations (batch 1), "
+          f"N,C,H,W and channels-last\n"
+          f"  layer norm of {len(LAYER_NORM_SHAPES)} ViT-B activations")
     rng = np.random.default_rng(0)
-    progress = Progress(len(layers) * len(names))
+    progress = Progress((len(layers) + len(activations) + len(LAYER_NORM_SHAPES)) * len(names))
     rows = []
     for n in names:
-        for kernel, (secs, err, nbytes) in run_dtype(known[n], layers, rng, progress).items():
+        measured = run_dtype(known[n], layers, rng, progress)
+        measured.update(run_norms(known[n], activations, rng, progress))
+        for kernel, (secs, err, nbytes) in measured.items():
             rows.append((kernel, n, secs * 1e3, nbytes / secs / 1e9 if secs else 0.0, err, TOLERANCE[n]))
+    rows.sort(key=lambda r: (r[0], names.index(r[1])))
 
-    print(f"\n  {'kernel':<24}{'dtype':<10}{'time ms':>9}{'v GB/s':>8}{'max err':>11}{'limit':>9}  check")
+    print(f"\n  {'kernel':<24}{'dtype':<10}{'time ms':>9}{'in GB/s':>8}{'max err':>11}{'limit':>9}  check")
     failed = 0
     for kernel, n, ms, gbs, err, tol in rows:
         ok = err <= tol
         failed += not ok
         print(f"  {kernel:<24}{n:<10}{ms:>9.2f}{gbs:>8.1f}{err:>11.2e}{tol:>9.0e}  {'ok' if ok else 'FAIL'}")
-    print("\nerrors: max over layers of max|got - ref| / max|ref| against the float64 NumPy reference;"
-          "\ntimes: summed over layers, second call of each (fresh outputs, from the block cache).")
+    print("\nerrors: max over layers and outputs of max|got - ref| / max|ref| against the float64"
+          "\nNumPy reference; times: summed over layers, second call of each (fresh outputs, from"
+          "\nthe block cache); GB/s: the main input's bytes over that time.")
     if failed:
         print(f"\n{failed} check(s) FAILED", file=sys.stderr)
         return 1

@@ -178,3 +178,17 @@ def check_vector(a, name, length, dtypes, what):
         raise TypeError(f"{name} must have dtype {' or '.join(str(d) for d in dtypes)}, "
                         f"got {a.dtype}")
     return a
+
+
+def check_updatable(a, name):
+    """An array the op updates in place (running statistics): it must be an
+    ndarray the result can be written back to, never a converted copy."""
+    if not isinstance(a, np.ndarray) or isinstance(a, np.ma.MaskedArray):
+        raise TypeError(f"{name} must be a NumPy array (it is updated in place), "
+                        f"got {type(a).__name__}")
+    if a.dtype.byteorder not in ("=", "|") and a.dtype.newbyteorder("=") != a.dtype:
+        raise ValueError(f"{name} must have native byte order (it is updated in place), "
+                         f"got {a.dtype}")
+    if not a.flags.writeable:
+        raise ValueError(f"{name} is read-only: it is updated in place")
+    return a

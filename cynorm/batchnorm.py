@@ -37,7 +37,8 @@ from cynorm._dtypes import from_float64
 from cynorm._kernels import batch_norm as _k
 from cynorm._kernels._runtime import get_num_threads as _threads
 from cynorm._validation import (
-    as_float_array, check_eps, check_mask, check_real, check_same, check_vector,
+    as_float_array, check_eps, check_mask, check_real, check_same, check_updatable,
+    check_vector,
     normalize_dim, split_out,
 )
 
@@ -136,22 +137,24 @@ def math_vector(a, policy):
 
 
 def update_running(rm, rv, mean, var, n, momentum):
-    """PyTorch's running-statistics rule, in float64, stored in place:
-    new = momentum * batch + (1 - momentum) * old, with the unbiased variance."""
-    unbiased = var * (n / (n - 1))
-    rm[...] = from_float64(momentum * mean + (1.0 - momentum) * rm.astype(np.float64), rm.dtype)
-    rv[...] = from_float64(momentum * unbiased + (1.0 - momentum) * rv.astype(np.float64),
-                           rv.dtype)
+    """PyTorch's running-statistics rule, in float64, stored in place (each
+    of rm, rv may be None): new = momentum * batch + (1 - momentum) * old,
+    with the unbiased variance."""
+    if rm is not None:
+        rm[...] = from_float64(momentum * mean + (1.0 - momentum) * rm.astype(np.float64),
+                               rm.dtype)
+    if rv is not None:
+        unbiased = var * (n / (n - 1))
+        rv[...] = from_float64(momentum * unbiased + (1.0 - momentum) * rv.astype(np.float64),
+                               rv.dtype)
 
 
 # ---- the public ops ---------------------------------------------------------
 
 def _running(a, name, C, policy, training):
-    a = channel_vector(a, name, C, policy)
     if a is not None and training:
-        if not a.flags.writeable:
-            raise ValueError(f"{name} is read-only: training updates it in place")
-    return a
+        check_updatable(a, name)
+    return channel_vector(a, name, C, policy)
 
 
 def batch_norm(x, weight=None, bias=None, running_mean=None, running_var=None, training=True,
@@ -187,12 +190,10 @@ def batch_norm(x, weight=None, bias=None, running_mean=None, running_var=None, t
     bias = channel_vector(bias, "bias", C, policy)
     rm = _running(running_mean, "running_mean", C, policy, training)
     rv = _running(running_var, "running_var", C, policy, training)
-    if (rm is None) != (rv is None):
-        raise ValueError("running_mean and running_var must be given together")
     if training and n == 1:
         raise ValueError(f"Expected more than 1 value per channel when training, got x of "
                          f"shape {x.shape} with channel axis {axis}")
-    if not training and rm is None:
+    if not training and (rm is None or rv is None):
         raise ValueError("running_mean and running_var are required when training=False")
     y_out, mean_out, invstd_out = split_out(out, ("y", "save_mean", "save_invstd"))
     y_out = check_big_out(y_out, "out[0] (y)", x.shape, x.dtype)
@@ -209,8 +210,7 @@ def batch_norm(x, weight=None, bias=None, running_mean=None, running_var=None, t
         mean, var = np.empty(C), np.empty(C)
         _k.training_forward(kx, ky, math_vector(weight, policy), math_vector(bias, policy),
                             kmean, kinv, mean, var, A, C, B, eps, policy.code, _threads())
-        if rm is not None:
-            update_running(rm, rv, mean, var, n, momentum)
+        update_running(rm, rv, mean, var, n, momentum)
         return y, save_mean, save_invstd
     if training:
         mean, var = moments(kx, dims, policy)
@@ -219,7 +219,7 @@ def batch_norm(x, weight=None, bias=None, running_mean=None, running_var=None, t
         kmean[...] = from_float64(mean, policy.stat)
         kinv[...] = from_float64(invstd, policy.stat)
         m, inv = kmean.astype(np.float64), kinv.astype(np.float64)
-        if rm is not None and n > 0:
+        if n > 0:
             update_running(rm, rv, mean, var, n, momentum)
     else:
         m = rm.astype(np.float64)

@@ -20,7 +20,9 @@ import numpy as np
 
 from cynorm._arrays import big_out, check_big_out, unalias
 from cynorm._dtypes import from_float64
-from cynorm._validation import as_float_array, check_eps, check_real, check_same, split_out
+from cynorm._validation import (
+    as_float_array, check_eps, check_real, check_same, check_updatable,
+)
 from cynorm.batchnorm import (
     channel_input, channel_stat, channel_vector, grad_input_into, grad_sums, moments,
     normalize_into, prepare,
@@ -93,13 +95,12 @@ def batch_norm_gather_stats(mean, invstd, counts, running_mean=None, running_var
     if running_mean is not None or running_var is not None:
         if running_mean is None or running_var is None:
             raise ValueError("running_mean and running_var must be given together")
-        rm, _ = as_float_array(running_mean, "running_mean")
-        rv, _ = as_float_array(running_var, "running_var")
+        rm = check_updatable(running_mean, "running_mean")
+        rv = check_updatable(running_var, "running_var")
         for a, name in ((rm, "running_mean"), (rv, "running_var")):
+            as_float_array(a, name)
             if a.shape != (C,):
                 raise ValueError(f"{name} must have shape ({C},), got {a.shape}")
-            if not a.flags.writeable:
-                raise ValueError(f"{name} is read-only: it is updated in place")
     m64, s64 = m.astype(np.float64), s.astype(np.float64)
     total = 0.0
     mu = np.zeros(C)

@@ -55,3 +55,225 @@ def weight_norm_backward(grad_w, v, g, dim=0):
     grad_g = s / norm
     grad_v = g64 / norm * gw - g64 * s / norm ** 3 * v64
     return grad_v, grad_g
+
+
+# ---------------------------------------------------------------- layer norm
+
+def _norm_shape(normalized_shape):
+    if isinstance(normalized_shape, (int, np.integer)):
+        return (int(normalized_shape),)
+    return tuple(int(s) for s in normalized_shape)
+
+
+def _ln_rows(x, normalized_shape):
+    """x in float64 as (M, N) rows, and the keepdims stat shape."""
+    x64 = np.asarray(x, dtype=np.float64)
+    ns = _norm_shape(normalized_shape)
+    k = len(ns)
+    axis = x64.ndim - k
+    if axis < 0 or x64.shape[axis:] != ns:
+        raise ValueError(f"normalized_shape {ns} does not match the trailing axes of {x64.shape}")
+    M = int(np.prod(x64.shape[:axis], dtype=np.int64))
+    N = int(np.prod(ns, dtype=np.int64))
+    return x64.reshape(M, N), x64.shape[:axis] + (1,) * k, ns
+
+
+def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """(y, mean, rstd) in float64; mean/rstd keepdims over the normalized axes.
+
+    var is the biased (two-pass) variance; an empty row has mean 0, rstd NaN."""
+    rows, stat_shape, ns = _ln_rows(x, normalized_shape)
+    M, N = rows.shape
+    if N == 0:
+        mean = np.zeros(M)
+        rstd = np.full(M, np.nan)
+        y = rows.copy()
+    else:
+        mean = np.sum(rows, axis=1) / N
+        d = rows - mean[:, None]
+        var = np.sum(d * d, axis=1) / N
+        rstd = 1.0 / np.sqrt(var + eps)
+        y = d * rstd[:, None]
+    if weight is not None:
+        y = y * np.asarray(weight, dtype=np.float64).reshape(1, N)
+    if bias is not None:
+        y = y + np.asarray(bias, dtype=np.float64).reshape(1, N)
+    return y.reshape(np.shape(x)), mean.reshape(stat_shape), rstd.reshape(stat_shape)
+
+
+def layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight=None):
+    """(grad_x, grad_weight, grad_bias) in float64 from the chain rule of
+    y = (x - mean) * rstd * w + b with mean, rstd functions of the row:
+
+        grad_x = rstd * (g - mean(g) - xhat * mean(g * xhat)),  g = dy * w
+        grad_weight = sum over rows of dy * xhat,  grad_bias = sum over rows of dy."""
+    rows, _, ns = _ln_rows(x, normalized_shape)
+    M, N = rows.shape
+    dy = np.asarray(grad_out, dtype=np.float64).reshape(M, N)
+    mu = np.asarray(mean, dtype=np.float64).reshape(M, 1)
+    rs = np.asarray(rstd, dtype=np.float64).reshape(M, 1)
+    xhat = (rows - mu) * rs
+    w = np.ones((1, N)) if weight is None else np.asarray(weight, dtype=np.float64).reshape(1, N)
+    g = dy * w
+    if N == 0:
+        grad_x = g.copy()
+    else:
+        grad_x = rs * (g - np.sum(g, axis=1, keepdims=True) / N
+                       - xhat * (np.sum(g * xhat, axis=1, keepdims=True) / N))
+    grad_weight = np.sum(dy * xhat, axis=0).reshape(ns)
+    grad_bias = np.sum(dy, axis=0).reshape(ns)
+    return grad_x.reshape(np.shape(x)), grad_weight, grad_bias
+
+
+# ---------------------------------------------------------------- batch norm
+
+def _channels(x, axis):
+    """x in float64 as (C, n): the channel axis first, every other axis flattened."""
+    x64 = np.asarray(x, dtype=np.float64)
+    if x64.ndim < 2:
+        raise ValueError("batch norm needs an input of rank >= 2")
+    a = axis % x64.ndim
+    return np.moveaxis(x64, a, 0).reshape(x64.shape[a], -1), a
+
+
+def _from_channels(rows, shape, a):
+    moved = (shape[a],) + tuple(s for i, s in enumerate(shape) if i != a)
+    return np.moveaxis(rows.reshape(moved), 0, a)
+
+
+def _vec(v, C, fill):
+    return np.full(C, fill, dtype=np.float64) if v is None else np.asarray(v, dtype=np.float64).reshape(C)
+
+
+def batch_norm_stats(x, eps=1e-5, axis=1):
+    """(mean, invstd) per channel, invstd = 1/sqrt(biased var + eps); NaN for
+    an empty channel."""
+    rows, _ = _channels(x, axis)
+    C, n = rows.shape
+    if n == 0:
+        return np.full(C, np.nan), np.full(C, np.nan)
+    mean = np.sum(rows, axis=1) / n
+    d = rows - mean[:, None]
+    var = np.sum(d * d, axis=1) / n
+    return mean, 1.0 / np.sqrt(var + eps)
+
+
+def batch_norm_elemt(x, weight, bias, mean, invstd, axis=1):
+    """y = (x - mean) * invstd * w + b, per channel, in float64."""
+    rows, a = _channels(x, axis)
+    C = rows.shape[0]
+    w, b = _vec(weight, C, 1.0), _vec(bias, C, 0.0)
+    mu, inv = _vec(mean, C, 0.0), _vec(invstd, C, 1.0)
+    y = (rows - mu[:, None]) * (inv * w)[:, None] + b[:, None]
+    return _from_channels(y, np.shape(x), a)
+
+
+def batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps, axis=1):
+    """(y, save_mean, save_invstd, new_running_mean, new_running_var) in float64.
+
+    training: normalize with the batch mean and biased variance; running
+    stats (when given) become (1 - m) * old + m * batch stat, with the
+    unbiased variance (n / (n - 1)); an empty batch leaves them unchanged and
+    saves NaN.  eval: normalize with the running stats; save_* are empty."""
+    rows, a = _channels(x, axis)
+    C, n = rows.shape
+    rm = None if running_mean is None else np.asarray(running_mean, dtype=np.float64).reshape(C).copy()
+    rv = None if running_var is None else np.asarray(running_var, dtype=np.float64).reshape(C).copy()
+    if training:
+        mean, invstd = batch_norm_stats(x, eps, axis)
+        if n > 0:
+            var = np.sum((rows - mean[:, None]) ** 2, axis=1) / n
+            if rm is not None:
+                rm = (1.0 - momentum) * rm + momentum * mean
+            if rv is not None:
+                unbiased = var * n / (n - 1) if n > 1 else np.full(C, np.nan)
+                rv = (1.0 - momentum) * rv + momentum * unbiased
+        y = batch_norm_elemt(x, weight, bias, mean, invstd, axis)
+        return y, mean, invstd, rm, rv
+    y = batch_norm_elemt(x, weight, bias, rm, 1.0 / np.sqrt(rv + eps), axis)
+    return y, np.empty(0), np.empty(0), rm, rv
+
+
+def batch_norm_gather_stats(mean, invstd, counts, running_mean=None, running_var=None,
+                            momentum=0.1, eps=1e-5):
+    """Combine per-shard (mean, invstd) rows (W, C) with element counts (W,)
+    into the whole batch's (mean, invstd, new_running_mean, new_running_var).
+
+    Written directly: total mean = sum c_i m_i / n, sum of squared deviations
+    = sum c_i (var_i + (m_i - mean)^2) with var_i = 1/invstd_i^2 - eps; shards
+    with count 0 are left out."""
+    m = np.asarray(mean, dtype=np.float64)
+    inv = np.asarray(invstd, dtype=np.float64)
+    c = np.asarray(counts, dtype=np.float64).reshape(-1)
+    keep = c > 0
+    m, inv, c = m[keep], inv[keep], c[keep]
+    n = np.sum(c)
+    C = np.shape(mean)[1]
+    if n == 0:
+        nan = np.full(C, np.nan)
+        rm = None if running_mean is None else np.asarray(running_mean, dtype=np.float64).copy()
+        rv = None if running_var is None else np.asarray(running_var, dtype=np.float64).copy()
+        return nan, nan.copy(), rm, rv
+    total_mean = np.sum(c[:, None] * m, axis=0) / n
+    var_i = 1.0 / inv ** 2 - eps
+    m2 = np.sum(c[:, None] * (var_i + (m - total_mean) ** 2), axis=0)
+    out_invstd = 1.0 / np.sqrt(m2 / n + eps)
+    rm = rv = None
+    if running_mean is not None:
+        rm = (1.0 - momentum) * np.asarray(running_mean, dtype=np.float64) + momentum * total_mean
+    if running_var is not None:
+        unbiased = m2 / (n - 1) if n > 1 else np.full(C, np.nan)
+        rv = (1.0 - momentum) * np.asarray(running_var, dtype=np.float64) + momentum * unbiased
+    return total_mean, out_invstd, rm, rv
+
+
+def batch_norm_backward_reduce(grad_out, x, mean, invstd, weight=None, axis=1):
+    """(sum_dy, sum_dy_xmu, grad_weight, grad_bias) per channel in float64."""
+    rows, _ = _channels(x, axis)
+    C = rows.shape[0]
+    dy, _ = _channels(grad_out, axis)
+    mu, inv = _vec(mean, C, 0.0), _vec(invstd, C, 1.0)
+    sum_dy = np.sum(dy, axis=1)
+    sum_dy_xmu = np.sum(dy * (rows - mu[:, None]), axis=1)
+    return sum_dy, sum_dy_xmu, sum_dy_xmu * inv, sum_dy.copy()
+
+
+def batch_norm_backward_elemt(grad_out, x, mean, invstd, weight, sum_dy, sum_dy_xmu, count, axis=1):
+    """grad_x = (dy - sum_dy/n - (x - mean) invstd^2 sum_dy_xmu/n) invstd w, n = sum(count)."""
+    rows, a = _channels(x, axis)
+    C = rows.shape[0]
+    dy, _ = _channels(grad_out, axis)
+    n = float(np.sum(np.asarray(count, dtype=np.float64)))
+    mu, inv, w = _vec(mean, C, 0.0), _vec(invstd, C, 1.0), _vec(weight, C, 1.0)
+    sdy, sdx = _vec(sum_dy, C, 0.0), _vec(sum_dy_xmu, C, 0.0)
+    gx = (dy - (sdy / n)[:, None] - (rows - mu[:, None]) * (inv ** 2 * sdx / n)[:, None]) * (inv * w)[:, None]
+    return _from_channels(gx, np.shape(x), a)
+
+
+def batch_norm_backward(grad_out, x, weight, running_mean, running_var, save_mean, save_invstd,
+                        training, eps=1e-5, axis=1):
+    """(grad_x, grad_weight, grad_bias) in float64 from the chain rule.
+
+    training: the batch stats (save_mean, save_invstd) depend on x:
+        grad_x = invstd * w * (dy - mean(dy) - xhat * mean(dy * xhat))
+    eval: the running stats are constants: grad_x = dy * w / sqrt(rv + eps).
+    grad_weight = sum dy * xhat, grad_bias = sum dy (zeros for an empty batch)."""
+    rows, a = _channels(x, axis)
+    C, n = rows.shape
+    dy, _ = _channels(grad_out, axis)
+    w = _vec(weight, C, 1.0)
+    if training:
+        mu, inv = _vec(save_mean, C, 0.0), _vec(save_invstd, C, 1.0)
+    else:
+        mu = _vec(running_mean, C, 0.0)
+        inv = 1.0 / np.sqrt(_vec(running_var, C, 1.0) + eps)
+    if n == 0:
+        return _from_channels(dy.copy(), np.shape(x), a), np.zeros(C), np.zeros(C)
+    xhat = (rows - mu[:, None]) * inv[:, None]
+    grad_bias = np.sum(dy, axis=1)
+    grad_weight = np.sum(dy * xhat, axis=1)
+    if training:
+        gx = (dy - (grad_bias / n)[:, None] - xhat * (grad_weight / n)[:, None]) * (inv * w)[:, None]
+    else:
+        gx = dy * (inv * w)[:, None]
+    return _from_channels(gx, np.shape(x), a), grad_weight, grad_bias
