@@ -134,6 +134,46 @@ CN_NOINLINE static void cn_ccdots_##SFX(double *restrict a1, double *restrict a2
         a2[j] += (double)(g * ((cn_load_##SFX(x[j]) - mu) * r));                     \
     }                                                                                \
 }                                                                                    \
+/* layer norm's grad_x of two rows, and their share of grad_weight/grad_bias */ \
+/* (paired exactly as cn_ccdots2):                                            */ \
+/* out_i = (dy_i * w[j] - p_i - (x_i - mu_i) * q_i) * r_i,                    */ \
+/* a1[j] += dy0 + dy1, a2[j] += dy0 * xhat0 + dy1 * xhat1 (w may be NULL: 1)  */ \
+CN_NOINLINE static void cn_gradrowacc2_##SFX(T *outs0, T *outs1, double *restrict a1,  \
+                                             double *restrict a2, const T *dys0,     \
+                                             const T *xs0, const T *dys1,            \
+                                             const T *xs1, const M *restrict w,      \
+                                             ptrdiff_t n, const M *restrict c) {     \
+    IO *restrict out0 = (IO *)outs0, *restrict out1 = (IO *)outs1;                   \
+    const IO *restrict dy0 = (const IO *)dys0, *restrict x0 = (const IO *)xs0;       \
+    const IO *restrict dy1 = (const IO *)dys1, *restrict x1 = (const IO *)xs1;       \
+    /* c: p, mu, q, r of row 0, then of row 1 */                                    \
+    const M p0 = c[0], mu0 = c[1], q0 = c[2], r0 = c[3];                             \
+    const M p1 = c[4], mu1 = c[5], q1 = c[6], r1 = c[7];                             \
+    for (ptrdiff_t j = 0; j < n; j++) {                                              \
+        M wj = w == NULL ? (M)1 : w[j];                                              \
+        M g0 = cn_load_##SFX(dy0[j]), c0 = cn_load_##SFX(x0[j]) - mu0;               \
+        M g1 = cn_load_##SFX(dy1[j]), c1 = cn_load_##SFX(x1[j]) - mu1;               \
+        out0[j] = cn_store_##SFX((g0 * wj - p0 - c0 * q0) * r0);                     \
+        out1[j] = cn_store_##SFX((g1 * wj - p1 - c1 * q1) * r1);                     \
+        a1[j] += (double)(g0 + g1);                                                  \
+        a2[j] += (double)(g0 * (c0 * r0) + g1 * (c1 * r1));                          \
+    }                                                                                \
+}                                                                                    \
+/* two rows of known mean and rstd at once: a1[j] += dy0 + dy1,              */ \
+/* a2[j] += dy0 * xhat0 + dy1 * xhat1 (each pair summed in the math type)     */ \
+CN_NOINLINE static void cn_ccdots2_##SFX(double *restrict a1, double *restrict a2,   \
+                                         const T *dys0, const T *xs0, M mu0, M r0,   \
+                                         const T *dys1, const T *xs1, M mu1, M r1,   \
+                                         ptrdiff_t n) {                              \
+    const IO *restrict dy0 = (const IO *)dys0, *restrict x0 = (const IO *)xs0;       \
+    const IO *restrict dy1 = (const IO *)dys1, *restrict x1 = (const IO *)xs1;       \
+    for (ptrdiff_t j = 0; j < n; j++) {                                              \
+        M g0 = cn_load_##SFX(dy0[j]), g1 = cn_load_##SFX(dy1[j]);                    \
+        a1[j] += (double)(g0 + g1);                                                  \
+        a2[j] += (double)(g0 * ((cn_load_##SFX(x0[j]) - mu0) * r0)                   \
+                          + g1 * ((cn_load_##SFX(x1[j]) - mu1) * r1));               \
+    }                                                                                \
+}                                                                                    \
 /* out = (x - m) * s + t; with w: ((x - m) * s) * w[j] + b[j] */                     \
 CN_NOINLINE static void cn_normrow_##SFX(T *outs, const T *xs, ptrdiff_t n, M mu,    \
                                          M s, M t, const M *restrict w,              \
@@ -241,6 +281,31 @@ static inline void cn_col_centered_dot(int code, double *a1, double *a2, const v
 static inline void cn_col_scaled_dot(int code, double *a1, double *a2, const void *dy,
                                      const void *x, double mu, double r, ptrdiff_t n) {
 #define C_(S, T, M) cn_ccdots_##S(a1, a2, (const T *)dy, (const T *)x, (M)mu, (M)r, n)
+    CN_DISPATCH(code, C_)
+#undef C_
+}
+
+static inline void cn_grad_rows_acc(int code, void *out0, void *out1, double *a1, double *a2,
+                                    const void *dy0, const void *x0, const void *dy1,
+                                    const void *x1, const void *w, ptrdiff_t n,
+                                    const double *coef) {
+    /* coef: p, mu, q, r of each row, rounded once to the math type */
+    double c64[8];
+    float c32[8];
+    for (int i = 0; i < 8; i++) { c64[i] = coef[i]; c32[i] = (float)coef[i]; }
+#define C_(S, T, M) cn_gradrowacc2_##S((T *)out0, (T *)out1, a1, a2, (const T *)dy0,         \
+                                       (const T *)x0, (const T *)dy1, (const T *)x1,         \
+                                       (const M *)w, n, sizeof(M) == 8 ? (const M *)c64      \
+                                                                       : (const M *)c32)
+    CN_DISPATCH(code, C_)
+#undef C_
+}
+
+static inline void cn_col_scaled_dot2(int code, double *a1, double *a2, const void *dy0,
+                                      const void *x0, double mu0, double r0, const void *dy1,
+                                      const void *x1, double mu1, double r1, ptrdiff_t n) {
+#define C_(S, T, M) cn_ccdots2_##S(a1, a2, (const T *)dy0, (const T *)x0, (M)mu0, (M)r0,  \
+                                   (const T *)dy1, (const T *)x1, (M)mu1, (M)r1, n)
     CN_DISPATCH(code, C_)
 #undef C_
 }

@@ -16,13 +16,14 @@ the shape, so results are bitwise identical at any thread count.  This layer
 computes only: cynorm/layernorm.py validated and allocated everything.
 """
 from cython.parallel cimport prange
-from libc.stdlib cimport calloc, free
+from libc.stdlib cimport malloc, free
+from libc.string cimport memset
 from libc.math cimport sqrt
 cimport numpy as cnp
 
 from cynorm._kernels.stats cimport (
     cn_itemsize, cn_load_any, cn_row_moments, cn_row_centered_dot, cn_col_scaled_dot,
-    cn_norm_row, cn_grad_row, math_size, load_stat,
+    cn_col_scaled_dot2, cn_grad_rows_acc, cn_norm_row, cn_grad_row, math_size, load_stat,
 )
 
 cnp.import_array()
@@ -32,8 +33,8 @@ cdef enum:
     SERIAL_BELOW = 65536
     # grad_weight / grad_bias: at most this many row blocks, and at most
     # PARTIAL_BYTES of float64 column partials
-    MAX_BLOCKS = 64
-    PARTIAL_BYTES = 8 << 20
+    MAX_BLOCKS = 16
+    PARTIAL_BYTES = 4 << 20
     MERGE_WIDTH = 4096
 
 cdef Py_ssize_t STREAM_MIN_BYTES = 32 << 20
@@ -72,9 +73,9 @@ cdef void forward_row(int code, const char* x, char* y, const void* w, const voi
     cn_norm_row(code, y, x, N, m, rs, 0.0, w, b, stream)
 
 
-cdef void backward_row(int code, const char* dy, const char* x, char* gx, const char* w,
-                       Py_ssize_t N, double m, double r, bint stream) noexcept nogil:
-    cdef double s[2]
+cdef void row_sums(int code, const char* dy, const char* x, const char* w, Py_ssize_t N,
+                     double m, double* s) noexcept nogil:
+    """s = (sum g, sum g * (x - m)) over a row, g = dy * w, in ROW_CHUNK pieces."""
     cdef Py_ssize_t c = 0
     cdef size_t isz = cn_itemsize(code)
     cdef size_t msz = math_size(code)
@@ -84,8 +85,60 @@ cdef void backward_row(int code, const char* dy, const char* x, char* gx, const 
         cn_row_centered_dot(code, dy + c * isz, x + c * isz, w + c * msz if w != NULL else NULL,
                             min(<Py_ssize_t>ROW_CHUNK, N - c), m, s)
         c += ROW_CHUNK
+
+
+cdef void backward_row(int code, const char* dy, const char* x, char* gx, const char* w,
+                       Py_ssize_t N, double m, double r, bint stream) noexcept nogil:
+    cdef double s[2]
+    row_sums(code, dy, x, w, N, m, s)
     # grad_x = r * (g - mean(g) - xhat * mean(g * xhat)), xhat = (x - m) * r
     cn_grad_row(code, gx, dy, x, w, N, s[0] / N, m, r * r * s[1] / N, r, stream)
+
+
+cdef void backward_block(int code, const char* dy, const char* x, char* gx, const char* w,
+                         const void* mean, const void* rstd, double* part, Py_ssize_t r0,
+                         Py_ssize_t r1, Py_ssize_t N) noexcept nogil:
+    """Rows [r0, r1): grad_x (gx not NULL) and the block's column partials
+    part[0:N] = sum dy, part[N:2N] = sum dy * xhat.  Zeroed here, by the thread
+    that fills them."""
+    cdef double s[2]
+    cdef double coef[8]
+    cdef double m, r
+    cdef int i
+    cdef Py_ssize_t row = r0
+    cdef size_t isz = cn_itemsize(code)
+    memset(part, 0, 2 * N * sizeof(double))
+    if gx != NULL:
+        # grad_x and the column sums in one more pass over two (cached) rows;
+        # the column sums pair rows exactly as the loop below does
+        while row + 1 < r1:
+            for i in range(2):
+                m = load_stat(code, mean, row + i)
+                r = load_stat(code, rstd, row + i)
+                row_sums(code, dy + (row + i) * N * isz, x + (row + i) * N * isz, w, N, m, s)
+                coef[4 * i] = s[0] / N
+                coef[4 * i + 1] = m
+                coef[4 * i + 2] = r * r * s[1] / N
+                coef[4 * i + 3] = r
+            cn_grad_rows_acc(code, gx + row * N * isz, gx + (row + 1) * N * isz, part, part + N,
+                             dy + row * N * isz, x + row * N * isz, dy + (row + 1) * N * isz,
+                             x + (row + 1) * N * isz, w, N, coef)
+            row += 2
+        if row < r1:
+            backward_row(code, dy + row * N * isz, x + row * N * isz, gx + row * N * isz, w, N,
+                         load_stat(code, mean, row), load_stat(code, rstd, row), False)
+            cn_col_scaled_dot(code, part, part + N, dy + row * N * isz, x + row * N * isz,
+                              load_stat(code, mean, row), load_stat(code, rstd, row), N)
+        return
+    while row + 1 < r1:
+        cn_col_scaled_dot2(code, part, part + N, dy + row * N * isz, x + row * N * isz,
+                           load_stat(code, mean, row), load_stat(code, rstd, row),
+                           dy + (row + 1) * N * isz, x + (row + 1) * N * isz,
+                           load_stat(code, mean, row + 1), load_stat(code, rstd, row + 1), N)
+        row += 2
+    if row < r1:
+        cn_col_scaled_dot(code, part, part + N, dy + row * N * isz, x + row * N * isz,
+                          load_stat(code, mean, row), load_stat(code, rstd, row), N)
 
 
 cdef inline void* data(cnp.ndarray a):
@@ -142,10 +195,8 @@ def layer_norm_backward(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray mean, cnp.nda
     cdef int nt = threads_for(M * N, n_threads)
     cdef bint stream = M * N * <Py_ssize_t>isz >= STREAM_MIN_BYTES
     cdef bint want_cols = pgw != NULL or pgb != NULL
-    cdef Py_ssize_t r, rb, nblk, blk, r0, r1, j, j0, j1
+    cdef Py_ssize_t r, rb, nblk, blk, j, j0, j1
     cdef double* part = NULL
-    cdef double* p1
-    cdef double* p2
     cdef double acc1, acc2
     if M == 0 or N == 0:
         return
@@ -159,20 +210,13 @@ def layer_norm_backward(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray mean, cnp.nda
     nblk = min(M, min(<Py_ssize_t>MAX_BLOCKS, max(<Py_ssize_t>1, PARTIAL_BYTES // (16 * N))))
     rb = (M + nblk - 1) // nblk
     nblk = (M + rb - 1) // rb
-    part = <double*>calloc(2 * nblk * N, sizeof(double))
+    part = <double*>malloc(2 * nblk * N * sizeof(double))
     if part == NULL:
         raise MemoryError("layer_norm_backward: could not allocate the reduction workspace")
     with nogil:
         for blk in prange(nblk, schedule='static', num_threads=nt):
-            r0 = blk * rb
-            r1 = min(M, r0 + rb)
-            for r in range(r0, r1):
-                if pgx != NULL:
-                    backward_row(code, pdy + r * N * isz, px + r * N * isz, pgx + r * N * isz,
-                                 pw, N, load_stat(code, pm, r), load_stat(code, pr, r), stream)
-                cn_col_scaled_dot(code, part + 2 * blk * N, part + (2 * blk + 1) * N,
-                                  pdy + r * N * isz, px + r * N * isz,
-                                  load_stat(code, pm, r), load_stat(code, pr, r), N)
+            backward_block(code, pdy, px, pgx, pw, pm, pr, part + 2 * blk * N,
+                           blk * rb, min(M, blk * rb + rb), N)
         # blocks merge in block order, columns in parallel
         for j0 in prange(0, N, MERGE_WIDTH, schedule='static', num_threads=nt):
             j1 = min(N, j0 + MERGE_WIDTH)

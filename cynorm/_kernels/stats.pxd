@@ -18,6 +18,12 @@ cdef extern from "cn_stats.h" nogil:
                              const void* mu, Py_ssize_t n, Py_ssize_t rows, Py_ssize_t ld)
     void cn_col_scaled_dot(int code, double* a1, double* a2, const void* dy, const void* x,
                            double mu, double r, Py_ssize_t n)
+    void cn_col_scaled_dot2(int code, double* a1, double* a2, const void* dy0, const void* x0,
+                            double mu0, double r0, const void* dy1, const void* x1, double mu1,
+                            double r1, Py_ssize_t n)
+    void cn_grad_rows_acc(int code, void* out0, void* out1, double* a1, double* a2,
+                          const void* dy0, const void* x0, const void* dy1, const void* x1,
+                          const void* w, Py_ssize_t n, const double* coef)
     void cn_norm_row(int code, void* out, const void* x, Py_ssize_t n, double mu, double s,
                      double t, const void* w, const void* b, int stream)
     void cn_norm_cols(int code, void* out, const void* x, Py_ssize_t n, const void* mu,
