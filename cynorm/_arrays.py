@@ -44,13 +44,19 @@ def layout(arrays, outs):
     given = [o for o in outs if o is not None]
     if given:
         use_f = not given[0].flags.c_contiguous
-    elif all(a.flags.c_contiguous for a in arrays):
+    elif all(a.flags.c_contiguous and a.flags.aligned for a in arrays):
         return arrays, False
     else:
         use_f = all(a.flags.f_contiguous for a in arrays)
     if use_f:
-        return [np.asfortranarray(a).T for a in arrays], True
-    return [np.ascontiguousarray(a) for a in arrays], False
+        return [np.require(a, requirements="FA").T for a in arrays], True
+    return [c_aligned(a) for a in arrays], False
+
+
+def c_aligned(a):
+    """a itself if C-contiguous and aligned (the kernels cast its data to
+    typed pointers), else a C-contiguous aligned copy."""
+    return np.require(a, requirements="CA")
 
 
 def unalias(inputs, outs):
@@ -62,7 +68,7 @@ def unalias(inputs, outs):
         return inputs
     result = []
     for a in inputs:
-        for o in given:
+        for o in given if a is not None else ():
             if np.may_share_memory(a, o) and not (
                     a.__array_interface__["data"][0] == o.__array_interface__["data"][0]
                     and a.strides == o.strides and a.shape == o.shape and a.dtype == o.dtype):

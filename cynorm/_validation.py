@@ -143,6 +143,12 @@ def check_eps(eps, name="eps"):
     return e
 
 
+def check_bool(value, name):
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+    return bool(value)
+
+
 def check_real(value, name):
     """A finite real number (momentum and the like)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(

@@ -37,8 +37,8 @@ from cynorm._dtypes import from_float64
 from cynorm._kernels import batch_norm as _k
 from cynorm._kernels._runtime import get_num_threads as _threads
 from cynorm._validation import (
-    as_float_array, check_eps, check_mask, check_real, check_same, check_updatable,
-    check_vector,
+    as_float_array, check_bool, check_eps, check_mask, check_real, check_same,
+    check_updatable, check_vector,
     normalize_dim, split_out,
 )
 
@@ -131,6 +131,19 @@ def grad_input_into(kdy, kx, kgx, p, m, q, a, dims, policy):
                           _threads())
 
 
+def invstd_of(var, eps):
+    """1 / sqrt(var + eps) in float64 (inf for a zero variance and eps = 0)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return 1.0 / np.sqrt(var + eps)
+
+
+def affine(inv, weight, bias, C):
+    """Per-channel (scale, shift) of y = (x - mean) * scale + shift."""
+    scale = inv if weight is None else inv * weight.astype(np.float64)
+    shift = np.zeros(C) if bias is None else bias.astype(np.float64)
+    return scale, shift
+
+
 def math_vector(a, policy):
     """A per-channel parameter as a contiguous math-type vector, or None."""
     return None if a is None else np.ascontiguousarray(a, dtype=policy.math)
@@ -182,8 +195,7 @@ def batch_norm(x, weight=None, bias=None, running_mean=None, running_var=None, t
         float64 for float64 x, float32 otherwise.
     """
     x, policy, axis, C, n = channel_input(x, axis)
-    if not isinstance(training, (bool, np.bool_)):
-        raise TypeError(f"training must be a bool, got {training!r}")
+    training = check_bool(training, "training")
     momentum = check_real(momentum, "momentum")
     eps = check_eps(eps)
     weight = channel_vector(weight, "weight", C, policy)
@@ -200,10 +212,11 @@ def batch_norm(x, weight=None, bias=None, running_mean=None, running_var=None, t
     stat_shape = (C,) if training else (0,)
     kmean, save_mean = small_out(mean_out, "out[1] (save_mean)", stat_shape, policy.stat)
     kinv, save_invstd = small_out(invstd_out, "out[2] (save_invstd)", stat_shape, policy.stat)
-    (x,) = unalias([x], (y_out,))
+    # the kernels write y, then the statistics, then the running stats: an
+    # input overlapping any of them is read from a private copy
+    x, weight, bias = unalias([x, weight, bias], (y_out, mean_out, invstd_out, rm, rv))
     (kx,), transposed, dims = prepare([x], axis, (y_out,))
     ky, y = big_out(y_out, x.shape, x.dtype, transposed)
-    w = None if weight is None else weight.astype(np.float64)
     A, _, B = dims
     if training and n > 0 and _k.fused_training(A, C, B, policy.code):
         # one pass per channel: statistics, then y while the channel is in cache
@@ -214,20 +227,15 @@ def batch_norm(x, weight=None, bias=None, running_mean=None, running_var=None, t
         return y, save_mean, save_invstd
     if training:
         mean, var = moments(kx, dims, policy)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            invstd = 1.0 / np.sqrt(var + eps)
         kmean[...] = from_float64(mean, policy.stat)
-        kinv[...] = from_float64(invstd, policy.stat)
+        kinv[...] = from_float64(invstd_of(var, eps), policy.stat)
         m, inv = kmean.astype(np.float64), kinv.astype(np.float64)
-        if n > 0:
-            update_running(rm, rv, mean, var, n, momentum)
     else:
         m = rm.astype(np.float64)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            inv = 1.0 / np.sqrt(rv.astype(np.float64) + eps)
-    scale = inv if w is None else inv * w
-    shift = np.zeros(C) if bias is None else bias.astype(np.float64)
-    normalize_into(kx, ky, m, scale, shift, dims, policy)
+        inv = invstd_of(rv.astype(np.float64), eps)
+    normalize_into(kx, ky, m, *affine(inv, weight, bias, C), dims, policy)
+    if training and n > 0:
+        update_running(rm, rv, mean, var, n, momentum)
     return y, save_mean, save_invstd
 
 
@@ -250,8 +258,7 @@ def batch_norm_backward(grad_out, x, weight, running_mean, running_var, save_mea
     x, policy, axis, C, n = channel_input(x, axis)
     grad_out, _ = as_float_array(grad_out, "grad_out")
     check_same(grad_out, "grad_out", x.shape, x.dtype, ref="x")
-    if not isinstance(training, (bool, np.bool_)):
-        raise TypeError(f"training must be a bool, got {training!r}")
+    training = check_bool(training, "training")
     eps = check_eps(eps)
     mask = check_mask(output_mask)
     weight = channel_vector(weight, "weight", C, policy)
@@ -263,8 +270,7 @@ def batch_norm_backward(grad_out, x, weight, running_mean, running_var, save_mea
             raise ValueError("running_mean and running_var are required when training=False")
         mean = channel_vector(running_mean, "running_mean", C, policy).astype(np.float64)
         rv = channel_vector(running_var, "running_var", C, policy).astype(np.float64)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            inv = 1.0 / np.sqrt(rv + eps)
+        inv = invstd_of(rv, eps)
     gdtype = weight.dtype if weight is not None else policy.stat
     (kdy, kx), transposed, dims = prepare([grad_out, x], axis, ())
     need_sums = mask[1] or mask[2] or (training and mask[0])
@@ -286,13 +292,14 @@ def batch_norm_backward(grad_out, x, weight, running_mean, running_var, save_mea
         sum_dy = dotp = np.zeros(C)
     if mask[0] and not fused:
         kgx, grad_x = big_out(None, x.shape, x.dtype, transposed)
-        a = inv if weight is None else inv * weight.astype(np.float64)
+        a, zero = affine(inv, weight, None, C)
         if training:
             with np.errstate(divide="ignore", invalid="ignore"):
                 grad_input_into(kdy, kx, kgx, sum_dy / n, mean, dotp / n * inv * inv, a, dims,
                                 policy)
         else:
-            normalize_into(kdy, kgx, np.zeros(C), a, np.zeros(C), dims, policy)
-    grad_weight = from_float64(dotp * inv if n else np.zeros(C), gdtype) if mask[1] else None
-    grad_bias = from_float64(sum_dy, gdtype) if mask[2] else None
+            normalize_into(kdy, kgx, zero, a, zero, dims, policy)
+    with np.errstate(over="ignore", invalid="ignore"):   # float16 sums above 65504: inf
+        grad_weight = from_float64(dotp * inv if n else np.zeros(C), gdtype) if mask[1] else None
+        grad_bias = from_float64(sum_dy, gdtype) if mask[2] else None
     return grad_x, grad_weight, grad_bias

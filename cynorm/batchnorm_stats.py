@@ -21,10 +21,10 @@ import numpy as np
 from cynorm._arrays import big_out, check_big_out, unalias
 from cynorm._dtypes import from_float64
 from cynorm._validation import (
-    as_float_array, check_eps, check_real, check_same, check_updatable,
+    as_float_array, check_bool, check_eps, check_real, check_same, check_updatable,
 )
 from cynorm.batchnorm import (
-    channel_input, channel_stat, channel_vector, grad_input_into, grad_sums, moments,
+    affine, invstd_of, update_running, channel_input, channel_stat, channel_vector, grad_input_into, grad_sums, moments,
     normalize_into, prepare,
 )
 
@@ -42,20 +42,22 @@ def batch_norm_stats(x, eps=1e-5, axis=1):
     eps = check_eps(eps)
     (kx,), _, dims = prepare([x], axis, ())
     mean, var = moments(kx, dims, policy)
-    with np.errstate(invalid="ignore"):
-        invstd = 1.0 / np.sqrt(var + eps)
-    return from_float64(mean, policy.stat), from_float64(invstd, policy.stat)
+    return from_float64(mean, policy.stat), from_float64(invstd_of(var, eps), policy.stat)
 
 
-def _counts(counts, W):
+def _counts(counts, name, W=None):
+    """Per-shard value counts as float64: a 1-D array (of length W when
+    given) or, with W None, also a single number; finite and >= 0."""
     c = np.asarray(counts)
     if c.dtype.kind not in "iuf":
-        raise TypeError(f"counts must hold numbers (one count per shard), got dtype {c.dtype}")
-    if c.shape != (W,):
-        raise ValueError(f"counts must have shape ({W},) (one count per shard), got {c.shape}")
-    c = c.astype(np.float64)
+        raise TypeError(f"{name} must hold numbers (one count per shard), got dtype {c.dtype}")
+    if W is not None and c.shape != (W,):
+        raise ValueError(f"{name} must have shape ({W},) (one count per shard), got {c.shape}")
+    if c.ndim > 1:
+        raise ValueError(f"{name} must be a number or a 1-D array of counts, got shape {c.shape}")
+    c = c.astype(np.float64).reshape(-1)
     if not (np.all(np.isfinite(c)) and np.all(c >= 0)):
-        raise ValueError("counts must be finite and >= 0")
+        raise ValueError(f"{name} must be finite and >= 0")
     return c
 
 
@@ -87,7 +89,7 @@ def batch_norm_gather_stats(mean, invstd, counts, running_mean=None, running_var
         raise ValueError(f"mean must have shape (shards, channels), got {m.shape}")
     W, C = m.shape
     check_same(s, "invstd", m.shape, s.dtype, ref="mean")
-    counts = _counts(counts, W)
+    counts = _counts(counts, "counts", W)
     momentum = check_real(momentum, "momentum")
     eps = check_eps(eps)
     out_dtype = m.dtype if m.dtype.itemsize >= 4 else np.dtype(np.float32)
@@ -119,16 +121,12 @@ def batch_norm_gather_stats(mean, invstd, counts, running_mean=None, running_var
         nan = np.full(C, np.nan)
         return nan.astype(out_dtype), nan.astype(out_dtype)
     var = m2 / total
-    with np.errstate(invalid="ignore"):
-        inv = 1.0 / np.sqrt(var + eps)
     if rm is not None:
         if total <= 1:
             raise ValueError("Expected more than 1 value per channel when training "
                              f"(the shards hold {total:g} in all)")
-        rm[...] = from_float64(momentum * mu + (1.0 - momentum) * rm.astype(np.float64), rm.dtype)
-        rv[...] = from_float64(momentum * (m2 / (total - 1)) + (1.0 - momentum)
-                               * rv.astype(np.float64), rv.dtype)
-    return from_float64(mu, out_dtype), from_float64(inv, out_dtype)
+        update_running(rm, rv, mu, var, total, momentum)
+    return from_float64(mu, out_dtype), from_float64(invstd_of(var, eps), out_dtype)
 
 
 def batch_norm_elemt(x, weight, bias, mean, invstd, eps=1e-5, axis=1, *, out=None):
@@ -147,9 +145,7 @@ def batch_norm_elemt(x, weight, bias, mean, invstd, eps=1e-5, axis=1, *, out=Non
     (x,) = unalias([x], (y_out,))
     (kx,), transposed, dims = prepare([x], axis, (y_out,))
     ky, y = big_out(y_out, x.shape, x.dtype, transposed)
-    scale = inv if weight is None else inv * weight.astype(np.float64)
-    shift = np.zeros(C) if bias is None else bias.astype(np.float64)
-    normalize_into(kx, ky, m, scale, shift, dims, policy)
+    normalize_into(kx, ky, m, *affine(inv, weight, bias, C), dims, policy)
     return y
 
 
@@ -166,11 +162,8 @@ def batch_norm_backward_reduce(grad_out, x, mean, invstd, weight, input_g=True, 
     x, policy, axis, C, n = channel_input(x, axis)
     grad_out, _ = as_float_array(grad_out, "grad_out")
     check_same(grad_out, "grad_out", x.shape, x.dtype, ref="x")
-    flags = []
-    for flag, name in ((input_g, "input_g"), (weight_g, "weight_g"), (bias_g, "bias_g")):
-        if not isinstance(flag, (bool, np.bool_)):
-            raise TypeError(f"{name} must be a bool, got {flag!r}")
-        flags.append(bool(flag))
+    flags = [check_bool(input_g, "input_g"), check_bool(weight_g, "weight_g"),
+             check_bool(bias_g, "bias_g")]
     weight = channel_vector(weight, "weight", C, policy)
     m = channel_stat(mean, "mean", C)
     inv = channel_stat(invstd, "invstd", C)
@@ -203,16 +196,13 @@ def batch_norm_backward_elemt(grad_out, x, mean, invstd, weight, sum_dy, sum_dy_
     inv = channel_stat(invstd, "invstd", C)
     sdy = channel_stat(sum_dy, "sum_dy", C)
     sdx = channel_stat(sum_dy_xmu, "sum_dy_xmu", C)
-    c = np.asarray(count)
-    if c.dtype.kind not in "iuf" or c.ndim > 1:
-        raise TypeError(f"count must be a number or a 1-D array of counts, got {count!r}")
-    total = float(np.sum(c, dtype=np.float64))
-    if not (np.isfinite(total) and total > 0):
+    total = float(np.sum(_counts(count, "count")))
+    if not total > 0:
         raise ValueError(f"count must add up to a positive number, got {total:g}")
     gx_out = check_big_out(out, "out", x.shape, x.dtype)
     grad_out, x = unalias([grad_out, x], (gx_out,))
     (kdy, kx), transposed, dims = prepare([grad_out, x], axis, (gx_out,))
     kgx, gx = big_out(gx_out, x.shape, x.dtype, transposed)
-    a = inv if weight is None else inv * weight.astype(np.float64)
+    a, _ = affine(inv, weight, None, C)
     grad_input_into(kdy, kx, kgx, sdy / total, m, sdx / total * inv * inv, a, dims, policy)
     return gx

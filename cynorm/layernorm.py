@@ -29,7 +29,7 @@ import operator
 import numpy as np
 
 from cynorm._dtypes import from_float64
-from cynorm._arrays import small_out, streaming_threshold, unalias
+from cynorm._arrays import c_aligned, small_out, streaming_threshold, unalias
 from cynorm._kernels import layer_norm as _k
 from cynorm._kernels._alloc import empty as _empty
 from cynorm._kernels._runtime import get_num_threads as _threads
@@ -123,7 +123,7 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, *, out=Non
         wvec = np.ones(N, policy.math) if wvec is None else wvec
         bvec = np.zeros(N, policy.math) if bvec is None else bvec
     x, wvec, bvec = unalias([x, wvec, bvec], (y_out, mean_out, rstd_out))
-    kx = np.ascontiguousarray(x)
+    kx = c_aligned(x)
     if y_out is None:
         y = _empty(x.shape, x.dtype, x.size * x.dtype.itemsize)
     else:
@@ -176,7 +176,7 @@ def layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight=None, 
     stat_shape = x.shape[:axis] + (1,) * len(ns)
     mvec = _stat(mean, "mean", stat_shape, M, policy)
     rvec = _stat(rstd, "rstd", stat_shape, M, policy)
-    kdy, kx = np.ascontiguousarray(grad_out), np.ascontiguousarray(x)
+    kdy, kx = c_aligned(grad_out), c_aligned(x)
     gx = _empty(x.shape, x.dtype, x.size * x.dtype.itemsize) if mask[0] else None
     gw = np.zeros(N, np.float64) if mask[1] else None
     gb = np.zeros(N, np.float64) if mask[2] else None

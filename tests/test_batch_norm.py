@@ -21,6 +21,8 @@ CASES = [
     ((8, 5, 1000), 1), ((16, 2048), 1), ((4, 512, 2, 2), 1), ((4, 2, 2, 512), -1), ((4, 6, 5, 3), 2),
     ((2, 4, 6, 5, 3), 2), ((2, 4, 6, 5, 3), -1), ((3, 10000), 0), ((2, 1, 100003), 1),
     ((100003, 3), 1), ((3, 3, 50000), 1), ((2, 3, 4, 5), -3), ((700, 37), -1),
+    # channel by channel ("fused" training passes): C >= 16, rows >= 128, a channel <= 1 MiB
+    ((4, 32, 300), 1), ((1, 20, 40000), 1),
 ]
 CASE_IDS = [f"{s}-axis{a}" for s, a in CASES]
 KINDS = ("C", "F", "strided")
@@ -581,7 +583,8 @@ def test_nan_poisons_only_its_channel(shape, axis, chan, dtype, rng):
 
 DET_CASES = [((2, 3, 7, 7), 1, "C"), ((2, 7, 7, 3), -1, "C"), ((8, 5, 1000), 1, "C"), ((16, 2048), 1, "C"),
              ((3, 3, 50000), 1, "C"), ((4, 6, 5, 3), 2, "F"), ((100003, 3), 1, "C"), ((300, 3), 1, "F"),
-             ((6, 3, 40), 1, "strided"), ((2, 1, 100003), 1, "C")]
+             ((6, 3, 40), 1, "strided"), ((2, 1, 100003), 1, "C"), ((4, 32, 300), 1, "C"),
+             ((1, 20, 40000), 1, "C")]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
@@ -665,3 +668,34 @@ def test_grad_out_and_x_in_different_layouts(axis, dtype, rng):
         gx = cynorm.batch_norm_backward_elemt(dd, xx, sm, si, w, sdy, sdx, np.array([n]), axis)
         gx_ref = ref.batch_norm_backward_elemt(dy, x, sm, si, w, sdy, sdx, [n], axis)
         assert_close(gx, gx_ref, dtype, scale=bn_gx_scale(dy, x, axis, sm, si, w), what=f"elemt x {kx} dy {kdy}")
+
+
+@pytest.mark.parametrize("shape,axis", [((2, 0, 200), 1), ((2, 0, 5), 1), ((2, 200, 0), -1), ((4, 0), 1)])
+def test_zero_channels(shape, axis):
+    x = np.ones(shape, np.float32)
+    y, sm, si = cynorm.batch_norm(x, axis=axis)
+    assert y.shape == shape and sm.shape == (0,) and si.shape == (0,)
+    gx, gw, gb = cynorm.batch_norm_backward(x, x, None, None, None, sm, si, True, axis=axis)
+    assert gx.shape == shape and gw.shape == (0,) and gb.shape == (0,)
+    m, i = cynorm.batch_norm_stats(x, axis=axis)
+    assert m.shape == (0,) and i.shape == (0,)
+    sums = cynorm.batch_norm_backward_reduce(x, x, m, i, None, axis=axis)
+    assert all(s.shape == (0,) for s in sums)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 200), (2, 16, 200), (64, 3)])
+def test_outputs_overlapping_x(shape, rng):
+    """Statistics written into x's memory, or running stats that live in x,
+    must not change y: x is read from a private copy."""
+    x = rng.standard_normal(shape) + 5
+    C = shape[1]
+    want = ref.batch_norm(x, None, None, np.zeros(C), np.ones(C), True, 0.1, 1e-5)
+    xx = x.copy()
+    y, _, _ = cynorm.batch_norm(xx, out=(None, xx.reshape(-1)[:C], None))
+    assert_close(y, want[0], F64, scale=4.0)
+    xx = x.copy()
+    rm = xx.reshape(-1)[:C]
+    want_rm = ref.batch_norm(x, None, None, rm.copy(), np.ones(C), True, 0.1, 1e-5)[3]
+    y, _, _ = cynorm.batch_norm(xx, None, None, rm, np.ones(C), True)
+    assert_close(y, want[0], F64, scale=4.0)
+    assert_close(rm, want_rm, F64, scale=1.0)

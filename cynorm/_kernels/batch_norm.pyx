@@ -30,14 +30,15 @@ cimport numpy as cnp
 from cynorm._kernels.stats cimport (
     cn_itemsize, cn_load_any, cn_store_math, cn_row_moments, cn_row_centered_dot,
     cn_col_moments, cn_col_centered_dot, cn_norm_row, cn_norm_cols, cn_grad_row,
-    cn_grad_cols, math_size, load_stat,
+    cn_grad_cols, math_size, load_stat, store_stat,
 )
+
+from cynorm._kernels.entry cimport data, data_or_null, threads_for
 
 cnp.import_array()
 
 cdef enum:
     ROW_CHUNK = 32768
-    SERIAL_BELOW = 65536
     # rows at least this long are reduced as rows
     ROW_MIN_B = 128
     # the row reduction splits the batch until there are this many tasks
@@ -70,10 +71,6 @@ cdef Py_ssize_t STREAM_MIN_BYTES = 32 << 20
 
 cdef inline bint use_columns(Py_ssize_t C, Py_ssize_t B) noexcept nogil:
     return B < ROW_MIN_B and C * B <= COL_MAX_COLUMNS
-
-
-cdef inline int threads_for(Py_ssize_t size, int n_threads) noexcept nogil:
-    return 1 if size < SERIAL_BELOW else max(1, n_threads)
 
 
 cdef int reduce_rows(int op, int code, const char* x, const char* dy, const double* center,
@@ -188,7 +185,7 @@ cdef int reduce_channels(int op, int code, const char* x, const char* dy, const 
                          double* s1, double* s2, Py_ssize_t A, Py_ssize_t C, Py_ssize_t B,
                          int nt) noexcept nogil:
     cdef Py_ssize_t c
-    if A == 0 or B == 0:
+    if A == 0 or B == 0 or C == 0:
         for c in range(C):
             s1[c] = 0.0
             s2[c] = 0.0
@@ -196,23 +193,6 @@ cdef int reduce_channels(int op, int code, const char* x, const char* dy, const 
     if use_columns(C, B):
         return reduce_columns(op, code, x, dy, center, s1, s2, A, C, B, nt)
     return reduce_rows(op, code, x, dy, center, s1, s2, A, C, B, nt)
-
-
-cdef inline void* data(cnp.ndarray a):
-    return cnp.PyArray_DATA(a)
-
-
-cdef inline void* data_or_null(object a):
-    return NULL if a is None else cnp.PyArray_DATA(<cnp.ndarray>a)
-
-
-cdef inline double store_stat(int code, void* a, Py_ssize_t i, double v) noexcept nogil:
-    # saved statistics have the math type; returns the stored (rounded) value
-    if code == 1:
-        (<double*>a)[i] = v
-        return v
-    (<float*>a)[i] = <float>v
-    return <float>v
 
 
 cdef inline double math_at(int code, const void* a, Py_ssize_t i, double default) noexcept nogil:

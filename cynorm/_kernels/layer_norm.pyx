@@ -23,14 +23,15 @@ cimport numpy as cnp
 
 from cynorm._kernels.stats cimport (
     cn_itemsize, cn_load_any, cn_row_moments, cn_row_centered_dot, cn_col_scaled_dot,
-    cn_col_scaled_dot2, cn_grad_rows_acc, cn_norm_row, cn_grad_row, math_size, load_stat,
+    cn_col_scaled_dot2, cn_grad_rows_acc, cn_norm_row, cn_grad_row, math_size, load_stat, store_stat,
 )
+
+from cynorm._kernels.entry cimport data, data_or_null, threads_for
 
 cnp.import_array()
 
 cdef enum:
     ROW_CHUNK = 32768
-    SERIAL_BELOW = 65536
     # grad_weight / grad_bias: at most this many row blocks, and at most
     # PARTIAL_BYTES of float64 column partials
     MAX_BLOCKS = 16
@@ -38,17 +39,6 @@ cdef enum:
     MERGE_WIDTH = 4096
 
 cdef Py_ssize_t STREAM_MIN_BYTES = 32 << 20
-
-
-cdef inline void store_stat(int code, void* a, Py_ssize_t i, double v, double* rounded) noexcept nogil:
-    # statistics are kept in the math type; the kernels then use the stored
-    # (rounded) value, as the backward will
-    if code == 1:
-        (<double*>a)[i] = v
-        rounded[0] = v
-    else:
-        (<float*>a)[i] = <float>v
-        rounded[0] = <float>v
 
 
 cdef void forward_row(int code, const char* x, char* y, const void* w, const void* b,
@@ -68,8 +58,8 @@ cdef void forward_row(int code, const char* x, char* y, const void* w, const voi
     var = s[1] / N - mu * mu
     if var < 0.0:
         var = 0.0
-    store_stat(code, mean, r, k + mu, &m)
-    store_stat(code, rstd, r, 1.0 / sqrt(var + eps), &rs)
+    m = store_stat(code, mean, r, k + mu)
+    rs = store_stat(code, rstd, r, 1.0 / sqrt(var + eps))
     cn_norm_row(code, y, x, N, m, rs, 0.0, w, b, stream)
 
 
@@ -139,18 +129,6 @@ cdef void backward_block(int code, const char* dy, const char* x, char* gx, cons
     if row < r1:
         cn_col_scaled_dot(code, part, part + N, dy + row * N * isz, x + row * N * isz,
                           load_stat(code, mean, row), load_stat(code, rstd, row), N)
-
-
-cdef inline void* data(cnp.ndarray a):
-    return cnp.PyArray_DATA(a)
-
-
-cdef inline void* data_or_null(object a):
-    return NULL if a is None else cnp.PyArray_DATA(<cnp.ndarray>a)
-
-
-cdef inline int threads_for(Py_ssize_t size, int n_threads) noexcept nogil:
-    return 1 if size < SERIAL_BELOW else max(1, n_threads)
 
 
 def layer_norm_forward(cnp.ndarray x, object w, object b, cnp.ndarray y, cnp.ndarray mean,

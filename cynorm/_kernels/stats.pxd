@@ -46,3 +46,13 @@ cdef inline double load_stat(int code, const void* a, Py_ssize_t i) noexcept nog
     if code == 1:
         return (<const double*>a)[i]
     return (<const float*>a)[i]
+
+
+cdef inline double store_stat(int code, void* a, Py_ssize_t i, double v) noexcept nogil:
+    # stores a statistic in the math type; returns the stored (rounded) value,
+    # which the elementwise pass then uses, as the backward will
+    if code == 1:
+        (<double*>a)[i] = v
+        return v
+    (<float*>a)[i] = <float>v
+    return <float>v

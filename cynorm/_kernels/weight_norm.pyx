@@ -30,6 +30,8 @@ from cynorm._kernels.common cimport (
     row_sumsq, row_dot, scale_row, scale_cols, axpby_row, axpby_cols, ROW_CHUNK,
 )
 
+from cynorm._kernels.entry cimport SERIAL_BELOW, data, threads_for
+
 cnp.import_array()
 
 cdef enum:
@@ -53,8 +55,6 @@ cdef enum:
     # and enough rows to feed every thread
     FUSED_MAX_ROW = 262144
     FUSED_MIN_ROWS = 8
-    # below this many elements one thread beats waking a team
-    SERIAL_BELOW = 65536
 
 # outputs at least this large are written with streaming stores: they would
 # not stay in cache anyway, and streaming saves reading every line before
@@ -397,14 +397,6 @@ cdef int backward(const storage_t* grad_w, const storage_t* v, const void* g,
         rc = apply_rows_or_cols(grad_v, grad_w, v, A, D, B, work, work + D, nt)
     free(work)
     return rc
-
-
-cdef inline void* data(cnp.ndarray a):
-    return cnp.PyArray_DATA(a)
-
-
-cdef inline int threads_for(Py_ssize_t size, int n_threads) noexcept nogil:
-    return 1 if size < SERIAL_BELOW else max(1, n_threads)
 
 
 def weight_norm_forward(cnp.ndarray v, cnp.ndarray g, cnp.ndarray w, cnp.ndarray norm,
