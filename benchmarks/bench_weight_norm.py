@@ -15,44 +15,18 @@ v and write grad_v backward).  A PNG plot goes next to this script.
 import argparse
 import json
 import os
-import shutil
-import statistics
-import subprocess
 import sys
-import tempfile
-import time
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-FAULT_FREE_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "68719476736"}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import (  # noqa: E402
+    HERE, median_ms, run_child, setting_heading, stream_triad_gbs, time_interleaved,
+)
+
 CASES = [((4096, 4096), 0), ((4096, 4096), 1), ((512, 512, 3, 3), 0), ((1024, 64), 1), ((256, 256), 0)]
 DTYPES = ["float32", "bfloat16"]
 OPS = ["forward", "backward"]
-
-
-# --------------------------------------------------------------------------- #
-# STREAM triad
-def stream_triad_gbs(threads):
-    """Best-of-10 triad bandwidth at `threads` threads (C, or NumPy fallback)."""
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc:
-        exe = os.path.join(tempfile.gettempdir(), "cynorm_stream_triad")
-        src = os.path.join(HERE, "stream_triad.c")
-        if not os.path.exists(exe) or os.path.getmtime(exe) < os.path.getmtime(src):
-            subprocess.run([cc, "-O3", "-march=native", "-fopenmp", src, "-o", exe], check=True)
-        out = subprocess.run([exe], env=dict(os.environ, OMP_NUM_THREADS=str(threads)),
-                             capture_output=True, text=True, check=True)
-        return float(out.stdout.strip()), "C triad"
-    n = (256 << 20) // 8
-    b, c, a = np.ones(n), np.full(n, 2.0), np.empty(n)
-    best = 1e30
-    for _ in range(5):
-        t = time.perf_counter()
-        np.multiply(c, 3.0, out=a)
-        np.add(a, b, out=a)
-        best = min(best, time.perf_counter() - t)
-    return 24 * n / best / 1e9, "NumPy triad (2 passes, underestimates)"
 
 
 # --------------------------------------------------------------------------- #
@@ -68,10 +42,6 @@ def numpy_backward(gw, v, g, norm, dim):
     grad_g = s / norm
     a = g / norm
     return a * gw - (a * grad_g / norm) * v, grad_g
-
-
-def median_ms(samples):
-    return statistics.median(samples) * 1e3
 
 
 def run_setting(repeats, threads_list):
@@ -121,16 +91,7 @@ def run_setting(repeats, threads_list):
                     small = v.nbytes < (8 << 20)
                     reps = repeats * (8 if small else 1)
                     inner = 20 if v.nbytes < (1 << 20) else 1
-                    samples = {k: [] for k in fns}
-                    for f in fns.values():   # warm up: caches, thread pools, allocator
-                        f(), f()
-                    for _ in range(reps):
-                        for k, f in fns.items():       # interleaved
-                            t = time.perf_counter()
-                            for _ in range(inner):
-                                r = f()
-                            samples[k].append((time.perf_counter() - t) / inner)
-                            del r
+                    samples = time_interleaved(fns, reps, inner)
                     nominal = (2 if op == "forward" else 3) * v.nbytes
                     results.append({
                         "threads": threads, "shape": list(shape), "dim": dim, "dtype": dtype, "op": op,
@@ -145,23 +106,11 @@ def run_setting(repeats, threads_list):
 # --------------------------------------------------------------------------- #
 # parent: run the settings, print, plot
 def child(setting, repeats, threads_list):
-    env = dict(os.environ)
-    for k in FAULT_FREE_ENV:
-        env.pop(k, None)
-    if setting == "faultfree":
-        env.update(FAULT_FREE_ENV)
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--repeats", str(repeats),
-           "--threads", ",".join(map(str, threads_list))]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if out.returncode:
-        sys.stderr.write(out.stderr)
-        raise SystemExit(f"benchmark child ({setting}) failed")
-    return json.loads(out.stdout)
+    return run_child(__file__, setting, ["--repeats", str(repeats), "--threads", ",".join(map(str, threads_list))])
 
 
 def print_table(setting, results, stream):
-    print(f"\n### ({'a' if setting == 'default' else 'b'}) {setting}"
-          + (" — " + " ".join(f"{k}={v}" for k, v in FAULT_FREE_ENV.items()) if setting == "faultfree" else ""))
+    print("\n" + setting_heading(setting))
     print("\n| thr | op | dtype | shape | dim | cynorm ms | cynorm out= ms | torch ms | numpy ms "
           "| torch/cynorm | torch/cynorm out= | cynorm out= % STREAM | torch % STREAM |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")

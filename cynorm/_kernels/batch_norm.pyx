@@ -95,13 +95,14 @@ cdef int reduce_rows(int op, int code, const char* x, const char* dy, const doub
         bc = rem - ab * nbc
         b0 = bc * ROW_CHUNK
         n = min(<Py_ssize_t>ROW_CHUNK, B - b0)
-        for a in range(ab * rb, min(A, ab * rb + rb)):
-            off = (a * C + c) * B + b0
-            if op == OP_MOMENTS:
-                cn_row_moments(code, x + off * isz, n, center[c], part + 2 * t)
-            else:
-                cn_row_centered_dot(code, dy + off * isz, x + off * isz, NULL, n, center[c],
-                                    part + 2 * t)
+        # the block's rows of this chunk in one call (rows C*B apart)
+        a = ab * rb
+        off = (a * C + c) * B + b0
+        if op == OP_MOMENTS:
+            cn_row_moments(code, x + off * isz, n, min(rb, A - a), C * B, center[c], part + 2 * t)
+        else:
+            cn_row_centered_dot(code, dy + off * isz, x + off * isz, NULL, n, min(rb, A - a),
+                                C * B, center[c], part + 2 * t)
     for c in range(C):
         s1[c] = 0.0
         s2[c] = 0.0
@@ -221,12 +222,12 @@ cdef void forward_channel(int code, const char* x, char* y, const void* w, const
     s[0] = 0.0
     s[1] = 0.0
     k = cn_load_any(code, x, c * B)
-    for a in range(A):
-        b0 = 0
-        while b0 < B:
-            off = (a * C + c) * B + b0
-            cn_row_moments(code, x + off * isz, min(<Py_ssize_t>ROW_CHUNK, B - b0), k, s)
-            b0 += ROW_CHUNK
+    # each chunk of the channel's rows in one call (rows C*B apart)
+    b0 = 0
+    while b0 < B:
+        cn_row_moments(code, x + (c * B + b0) * isz, min(<Py_ssize_t>ROW_CHUNK, B - b0), A,
+                       C * B, k, s)
+        b0 += ROW_CHUNK
     d = s[0] / n
     var = s[1] / n - d * d
     if var < 0.0:
@@ -235,14 +236,12 @@ cdef void forward_channel(int code, const char* x, char* y, const void* w, const
     var64[c] = var
     m = store_stat(code, save_mean, c, k + d)
     inv = store_stat(code, save_invstd, c, 1.0 / sqrt(var + eps))
-    for a in range(A):
-        b0 = 0
-        while b0 < B:
-            off = ((a * C + c) * B + b0) * isz
-            cn_norm_row(code, y + off, x + off, min(<Py_ssize_t>ROW_CHUNK, B - b0), m,
-                        inv * math_at(code, w, c, 1.0), math_at(code, b, c, 0.0), NULL, NULL,
-                        stream)
-            b0 += ROW_CHUNK
+    b0 = 0
+    while b0 < B:
+        off = (c * B + b0) * isz
+        cn_norm_row(code, y + off, x + off, min(<Py_ssize_t>ROW_CHUNK, B - b0), A, C * B, m,
+                    inv * math_at(code, w, c, 1.0), math_at(code, b, c, 0.0), NULL, NULL, stream)
+        b0 += ROW_CHUNK
 
 
 def training_forward(cnp.ndarray x, cnp.ndarray y, object w, object b, cnp.ndarray save_mean,
@@ -281,24 +280,23 @@ cdef void backward_channel(int code, const char* dy, const char* x, char* gx, co
     cdef Py_ssize_t n = A * B
     s[0] = 0.0
     s[1] = 0.0
-    for a in range(A):
-        b0 = 0
-        while b0 < B:
-            off = ((a * C + c) * B + b0) * isz
-            cn_row_centered_dot(code, dy + off, x + off, NULL, min(<Py_ssize_t>ROW_CHUNK, B - b0),
-                                m, s)
-            b0 += ROW_CHUNK
+    b0 = 0
+    while b0 < B:
+        off = (c * B + b0) * isz
+        cn_row_centered_dot(code, dy + off, x + off, NULL, min(<Py_ssize_t>ROW_CHUNK, B - b0), A,
+                            C * B, m, s)
+        b0 += ROW_CHUNK
     sum_dy[c] = s[0]
     sum_dy_xmu[c] = s[1]
     if gx == NULL:
         return
-    for a in range(A):
-        b0 = 0
-        while b0 < B:
-            off = ((a * C + c) * B + b0) * isz
-            cn_grad_row(code, gx + off, dy + off, x + off, NULL, min(<Py_ssize_t>ROW_CHUNK, B - b0),
-                        s[0] / n, m, s[1] / n * inv * inv, inv * math_at(code, w, c, 1.0), stream)
-            b0 += ROW_CHUNK
+    b0 = 0
+    while b0 < B:
+        off = (c * B + b0) * isz
+        cn_grad_row(code, gx + off, dy + off, x + off, NULL, min(<Py_ssize_t>ROW_CHUNK, B - b0), A,
+                    C * B, s[0] / n, m, s[1] / n * inv * inv, inv * math_at(code, w, c, 1.0),
+                    stream)
+        b0 += ROW_CHUNK
 
 
 def training_backward(cnp.ndarray dy, cnp.ndarray x, object gx, object w, cnp.ndarray mean,
@@ -379,6 +377,8 @@ cdef int apply(int code, char* out, const char* x, const char* dy, const double*
     if A == 0 or C == 0 or B == 0:
         return 0
     if not use_columns(C, B):
+        # tasks in memory order, one row chunk each: strided blocks of rows
+        # measured 1.8x slower here (the prefetchers follow one stream)
         nbc = (B + ROW_CHUNK - 1) // ROW_CHUNK
         ntask = A * C * nbc
         for t in prange(ntask, schedule='static', num_threads=nt):
@@ -389,9 +389,10 @@ cdef int apply(int code, char* out, const char* x, const char* dy, const double*
             n = min(<Py_ssize_t>ROW_CHUNK, B - b0)
             off = (q * B + b0) * isz
             if dy == NULL:
-                cn_norm_row(code, out + off, x + off, n, cm[c], cs[c], ct[c], NULL, NULL, stream)
+                cn_norm_row(code, out + off, x + off, n, 1, 0, cm[c], cs[c], ct[c], NULL, NULL,
+                            stream)
             else:
-                cn_grad_row(code, out + off, dy + off, x + off, NULL, n, cm[c], cs[c], ct[c],
+                cn_grad_row(code, out + off, dy + off, x + off, NULL, n, 1, 0, cm[c], cs[c], ct[c],
                             ca[c], stream)
         return 0
     CB = C * B

@@ -23,73 +23,83 @@
 #include "cn_rows.h"
 
 #define CN_STATS_OPS(SFX, T, IO, M)                                                  \
-/* s[0] += sum(x - k), s[1] += sum((x - k)^2) */                                    \
-CN_NOINLINE static void cn_rmom_##SFX(const T *xs, ptrdiff_t n, M k, double *s) {    \
-    const IO *x = (const IO *)xs;                                                    \
+/* rows rows of n elements, ld apart: s[0] += sum(x - k), s[1] += sum((x - k)^2) */ \
+/* (one call for many short rows: the lanes carry on from row to row)         */ \
+CN_NOINLINE static void cn_rmom_##SFX(const T *xs, ptrdiff_t n, ptrdiff_t rows,      \
+                                      ptrdiff_t ld, M k, double *s) {                \
     double a1[CN_LANES] = {0}, a2[CN_LANES] = {0}, t1 = 0.0, t2 = 0.0;               \
-    ptrdiff_t i = 0, m = n - n % (2 * CN_LANES);                                     \
-    for (; i < m; i += 2 * CN_LANES) {                                               \
-        if ((i & (CN_BLOCK - 1)) == 0) CN_PREFETCH_BLOCK(IO, x + i);                 \
-        for (int l = 0; l < CN_LANES; l++) {                                         \
-            M d0 = cn_load_##SFX(x[i + l]) - k;                                      \
-            M d1 = cn_load_##SFX(x[i + CN_LANES + l]) - k;                           \
-            a1[l] += (double)(d0 + d1);                                              \
-            a2[l] += (double)(d0 * d0 + d1 * d1);                                    \
+    ptrdiff_t m = n - n % (2 * CN_LANES);                                            \
+    for (ptrdiff_t r = 0; r < rows; r++) {                                           \
+        const IO *x = (const IO *)xs + r * ld;                                       \
+        ptrdiff_t i = 0;                                                             \
+        for (; i < m; i += 2 * CN_LANES) {                                           \
+            if ((i & (CN_BLOCK - 1)) == 0) CN_PREFETCH_BLOCK(IO, x + i);             \
+            for (int l = 0; l < CN_LANES; l++) {                                     \
+                M d0 = cn_load_##SFX(x[i + l]) - k;                                  \
+                M d1 = cn_load_##SFX(x[i + CN_LANES + l]) - k;                       \
+                a1[l] += (double)(d0 + d1);                                          \
+                a2[l] += (double)(d0 * d0 + d1 * d1);                                \
+            }                                                                        \
         }                                                                            \
-    }                                                                                \
-    for (; i < n; i++) {                                                             \
-        M d = cn_load_##SFX(x[i]) - k;                                               \
-        t1 += (double)d;                                                             \
-        t2 += (double)(d * d);                                                       \
+        for (; i < n; i++) {                                                         \
+            M d = cn_load_##SFX(x[i]) - k;                                           \
+            t1 += (double)d;                                                         \
+            t2 += (double)(d * d);                                                   \
+        }                                                                            \
     }                                                                                \
     s[0] += cn_merge_lanes(a1) + t1;                                                 \
     s[1] += cn_merge_lanes(a2) + t2;                                                 \
 }                                                                                    \
-/* g = dy (w == NULL) or dy * w[j]: s[0] += sum(g), s[1] += sum(g * (x - m)) */      \
+/* rows rows of n elements, ld apart; g = dy (w == NULL) or dy * w[j]:       */ \
+/* s[0] += sum(g), s[1] += sum(g * (x - mu))                                   */ \
 CN_NOINLINE static void cn_rcdot_##SFX(const T *dys, const T *xs, const M *w,        \
-                                       ptrdiff_t n, M mu, double *s) {               \
-    const IO *dy = (const IO *)dys, *x = (const IO *)xs;                             \
+                                       ptrdiff_t n, ptrdiff_t rows, ptrdiff_t ld,    \
+                                       M mu, double *s) {                            \
     double a1[CN_LANES] = {0}, a2[CN_LANES] = {0}, t1 = 0.0, t2 = 0.0;               \
-    ptrdiff_t i = 0, m = n - n % (2 * CN_LANES);                                     \
-    if (w == NULL) {                                                                 \
-        for (; i < m; i += 2 * CN_LANES) {                                           \
-            if ((i & (CN_BLOCK - 1)) == 0) {                                         \
-                CN_PREFETCH_BLOCK(IO, x + i);                                        \
-                CN_PREFETCH_BLOCK(IO, dy + i);                                       \
+    ptrdiff_t m = n - n % (2 * CN_LANES);                                            \
+    for (ptrdiff_t r = 0; r < rows; r++) {                                           \
+        const IO *dy = (const IO *)dys + r * ld, *x = (const IO *)xs + r * ld;       \
+        ptrdiff_t i = 0;                                                             \
+        if (w == NULL) {                                                             \
+            for (; i < m; i += 2 * CN_LANES) {                                       \
+                if ((i & (CN_BLOCK - 1)) == 0) {                                     \
+                    CN_PREFETCH_BLOCK(IO, x + i);                                    \
+                    CN_PREFETCH_BLOCK(IO, dy + i);                                   \
+                }                                                                    \
+                for (int l = 0; l < CN_LANES; l++) {                                 \
+                    M g0 = cn_load_##SFX(dy[i + l]);                                 \
+                    M g1 = cn_load_##SFX(dy[i + CN_LANES + l]);                      \
+                    M c0 = cn_load_##SFX(x[i + l]) - mu;                             \
+                    M c1 = cn_load_##SFX(x[i + CN_LANES + l]) - mu;                  \
+                    a1[l] += (double)(g0 + g1);                                      \
+                    a2[l] += (double)(g0 * c0 + g1 * c1);                            \
+                }                                                                    \
             }                                                                        \
-            for (int l = 0; l < CN_LANES; l++) {                                     \
-                M g0 = cn_load_##SFX(dy[i + l]);                                     \
-                M g1 = cn_load_##SFX(dy[i + CN_LANES + l]);                          \
-                M c0 = cn_load_##SFX(x[i + l]) - mu;                                 \
-                M c1 = cn_load_##SFX(x[i + CN_LANES + l]) - mu;                      \
-                a1[l] += (double)(g0 + g1);                                          \
-                a2[l] += (double)(g0 * c0 + g1 * c1);                                \
+            for (; i < n; i++) {                                                     \
+                M g = cn_load_##SFX(dy[i]);                                          \
+                t1 += (double)g;                                                     \
+                t2 += (double)(g * (cn_load_##SFX(x[i]) - mu));                      \
             }                                                                        \
-        }                                                                            \
-        for (; i < n; i++) {                                                         \
-            M g = cn_load_##SFX(dy[i]);                                              \
-            t1 += (double)g;                                                         \
-            t2 += (double)(g * (cn_load_##SFX(x[i]) - mu));                          \
-        }                                                                            \
-    } else {                                                                         \
-        for (; i < m; i += 2 * CN_LANES) {                                           \
-            if ((i & (CN_BLOCK - 1)) == 0) {                                         \
-                CN_PREFETCH_BLOCK(IO, x + i);                                        \
-                CN_PREFETCH_BLOCK(IO, dy + i);                                       \
+        } else {                                                                     \
+            for (; i < m; i += 2 * CN_LANES) {                                       \
+                if ((i & (CN_BLOCK - 1)) == 0) {                                     \
+                    CN_PREFETCH_BLOCK(IO, x + i);                                    \
+                    CN_PREFETCH_BLOCK(IO, dy + i);                                   \
+                }                                                                    \
+                for (int l = 0; l < CN_LANES; l++) {                                 \
+                    M g0 = cn_load_##SFX(dy[i + l]) * w[i + l];                      \
+                    M g1 = cn_load_##SFX(dy[i + CN_LANES + l]) * w[i + CN_LANES + l];  \
+                    M c0 = cn_load_##SFX(x[i + l]) - mu;                             \
+                    M c1 = cn_load_##SFX(x[i + CN_LANES + l]) - mu;                  \
+                    a1[l] += (double)(g0 + g1);                                      \
+                    a2[l] += (double)(g0 * c0 + g1 * c1);                            \
+                }                                                                    \
             }                                                                        \
-            for (int l = 0; l < CN_LANES; l++) {                                     \
-                M g0 = cn_load_##SFX(dy[i + l]) * w[i + l];                          \
-                M g1 = cn_load_##SFX(dy[i + CN_LANES + l]) * w[i + CN_LANES + l];    \
-                M c0 = cn_load_##SFX(x[i + l]) - mu;                                 \
-                M c1 = cn_load_##SFX(x[i + CN_LANES + l]) - mu;                      \
-                a1[l] += (double)(g0 + g1);                                          \
-                a2[l] += (double)(g0 * c0 + g1 * c1);                                \
+            for (; i < n; i++) {                                                     \
+                M g = cn_load_##SFX(dy[i]) * w[i];                               \
+                t1 += (double)g;                                                     \
+                t2 += (double)(g * (cn_load_##SFX(x[i]) - mu));                      \
             }                                                                        \
-        }                                                                            \
-        for (; i < n; i++) {                                                         \
-            M g = cn_load_##SFX(dy[i]) * w[i];                                       \
-            t1 += (double)g;                                                         \
-            t2 += (double)(g * (cn_load_##SFX(x[i]) - mu));                          \
         }                                                                            \
     }                                                                                \
     s[0] += cn_merge_lanes(a1) + t1;                                                 \
@@ -174,18 +184,23 @@ CN_NOINLINE static void cn_ccdots2_##SFX(double *restrict a1, double *restrict a
                           + g1 * ((cn_load_##SFX(x1[j]) - mu1) * r1));               \
     }                                                                                \
 }                                                                                    \
-/* out = (x - m) * s + t; with w: ((x - m) * s) * w[j] + b[j] */                     \
-CN_NOINLINE static void cn_normrow_##SFX(T *outs, const T *xs, ptrdiff_t n, M mu,    \
-                                         M s, M t, const M *restrict w,              \
+/* rows rows of n elements, ld apart: out = (x - m) * s + t;                 */ \
+/* with w: ((x - m) * s) * w[j] + b[j]                                         */ \
+CN_NOINLINE static void cn_normrow_##SFX(T *outs, const T *xs, ptrdiff_t n,          \
+                                         ptrdiff_t rows, ptrdiff_t ld, M mu, M s,    \
+                                         M t, const M *restrict w,                   \
                                          const M *restrict b, int stream) {          \
-    IO *restrict out = (IO *)outs;                                                   \
-    const IO *restrict x = (const IO *)xs;                                           \
-    if (w == NULL)                                                                   \
-        CN_ELEMENTWISE(IO, out, n, stream, J,                                        \
-                       cn_store_##SFX((cn_load_##SFX(x[J]) - mu) * s + t));          \
-    else                                                                             \
-        CN_ELEMENTWISE(IO, out, n, stream, J,                                        \
-                       cn_store_##SFX(((cn_load_##SFX(x[J]) - mu) * s) * w[J] + b[J])); \
+    for (ptrdiff_t r = 0; r < rows; r++) {                                           \
+        IO *restrict out = (IO *)outs + r * ld;                                      \
+        const IO *restrict x = (const IO *)xs + r * ld;                              \
+        if (w == NULL)                                                               \
+            CN_ELEMENTWISE(IO, out, n, stream, J,                                    \
+                           cn_store_##SFX((cn_load_##SFX(x[J]) - mu) * s + t));      \
+        else                                                                         \
+            CN_ELEMENTWISE(IO, out, n, stream, J,                                    \
+                           cn_store_##SFX(((cn_load_##SFX(x[J]) - mu) * s) * w[J]    \
+                                          + b[J]));                                  \
+    }                                                                                \
 }                                                                                    \
 /* rows rows of n columns, ld elements apart: out[j] = (x[j] - m[j]) * s[j] + t[j] */ \
 CN_NOINLINE static void cn_normcols_##SFX(T *outs, const T *xs, ptrdiff_t n,         \
@@ -199,20 +214,25 @@ CN_NOINLINE static void cn_normcols_##SFX(T *outs, const T *xs, ptrdiff_t n,    
                        cn_store_##SFX((cn_load_##SFX(x[J]) - mu[J]) * s[J] + t[J])); \
     }                                                                                \
 }                                                                                    \
-/* g = dy (w == NULL) or dy * w[j]: out = (g - p - (x - m) * q) * a */               \
+/* rows rows of n elements, ld apart; g = dy (w == NULL) or dy * w[j]:       */ \
+/* out = (g - p - (x - m) * q) * a                                             */               \
 CN_NOINLINE static void cn_gradrow_##SFX(T *outs, const T *dys, const T *xs,         \
-                                         const M *restrict w, ptrdiff_t n, M p,      \
-                                         M mu, M q, M a, int stream) {               \
-    IO *restrict out = (IO *)outs;                                                   \
-    const IO *restrict dy = (const IO *)dys, *restrict x = (const IO *)xs;           \
-    if (w == NULL)                                                                   \
-        CN_ELEMENTWISE(IO, out, n, stream, J,                                        \
-                       cn_store_##SFX((cn_load_##SFX(dy[J]) - p                      \
-                                       - (cn_load_##SFX(x[J]) - mu) * q) * a));      \
-    else                                                                             \
-        CN_ELEMENTWISE(IO, out, n, stream, J,                                        \
-                       cn_store_##SFX((cn_load_##SFX(dy[J]) * w[J] - p               \
-                                       - (cn_load_##SFX(x[J]) - mu) * q) * a));      \
+                                         const M *restrict w, ptrdiff_t n,           \
+                                         ptrdiff_t rows, ptrdiff_t ld, M p, M mu,    \
+                                         M q, M a, int stream) {                     \
+    for (ptrdiff_t r = 0; r < rows; r++) {                                           \
+        IO *restrict out = (IO *)outs + r * ld;                                      \
+        const IO *restrict dy = (const IO *)dys + r * ld;                            \
+        const IO *restrict x = (const IO *)xs + r * ld;                              \
+        if (w == NULL)                                                               \
+            CN_ELEMENTWISE(IO, out, n, stream, J,                                    \
+                           cn_store_##SFX((cn_load_##SFX(dy[J]) - p                  \
+                                           - (cn_load_##SFX(x[J]) - mu) * q) * a));  \
+        else                                                                         \
+            CN_ELEMENTWISE(IO, out, n, stream, J,                                    \
+                           cn_store_##SFX((cn_load_##SFX(dy[J]) * w[J] - p           \
+                                           - (cn_load_##SFX(x[J]) - mu) * q) * a));  \
+    }                                                                                \
 }                                                                                    \
 /* rows rows as above: out[j] = (dy - p[j] - (x - m[j]) * q[j]) * a[j] */          \
 CN_NOINLINE static void cn_gradcols_##SFX(T *outs, const T *dys, const T *xs,        \
@@ -250,15 +270,18 @@ static inline size_t cn_itemsize(int code) { return code == 1 ? 8 : code == 0 ? 
     default: CALL(f16, cn_f16, float); break;                                        \
     }
 
-static inline void cn_row_moments(int code, const void *x, ptrdiff_t n, double k, double *s) {
-#define C_(S, T, M) cn_rmom_##S((const T *)x, n, (M)k, s)
+static inline void cn_row_moments(int code, const void *x, ptrdiff_t n, ptrdiff_t rows,
+                                  ptrdiff_t ld, double k, double *s) {
+#define C_(S, T, M) cn_rmom_##S((const T *)x, n, rows, ld, (M)k, s)
     CN_DISPATCH(code, C_)
 #undef C_
 }
 
 static inline void cn_row_centered_dot(int code, const void *dy, const void *x, const void *w,
-                                       ptrdiff_t n, double mu, double *s) {
-#define C_(S, T, M) cn_rcdot_##S((const T *)dy, (const T *)x, (const M *)w, n, (M)mu, s)
+                                       ptrdiff_t n, ptrdiff_t rows, ptrdiff_t ld, double mu,
+                                       double *s) {
+#define C_(S, T, M) cn_rcdot_##S((const T *)dy, (const T *)x, (const M *)w, n, rows, ld,   \
+                                 (M)mu, s)
     CN_DISPATCH(code, C_)
 #undef C_
 }
@@ -310,10 +333,11 @@ static inline void cn_col_scaled_dot2(int code, double *a1, double *a2, const vo
 #undef C_
 }
 
-static inline void cn_norm_row(int code, void *out, const void *x, ptrdiff_t n, double mu,
-                               double s, double t, const void *w, const void *b, int stream) {
-#define C_(S, T, M) cn_normrow_##S((T *)out, (const T *)x, n, (M)mu, (M)s, (M)t,        \
-                                   (const M *)w, (const M *)b, stream)
+static inline void cn_norm_row(int code, void *out, const void *x, ptrdiff_t n,
+                               ptrdiff_t rows, ptrdiff_t ld, double mu, double s, double t,
+                               const void *w, const void *b, int stream) {
+#define C_(S, T, M) cn_normrow_##S((T *)out, (const T *)x, n, rows, ld, (M)mu, (M)s,     \
+                                   (M)t, (const M *)w, (const M *)b, stream)
     CN_DISPATCH(code, C_)
 #undef C_
 }
@@ -328,10 +352,10 @@ static inline void cn_norm_cols(int code, void *out, const void *x, ptrdiff_t n,
 }
 
 static inline void cn_grad_row(int code, void *out, const void *dy, const void *x,
-                               const void *w, ptrdiff_t n, double p, double mu, double q,
-                               double a, int stream) {
+                               const void *w, ptrdiff_t n, ptrdiff_t rows, ptrdiff_t ld,
+                               double p, double mu, double q, double a, int stream) {
 #define C_(S, T, M) cn_gradrow_##S((T *)out, (const T *)dy, (const T *)x, (const M *)w,  \
-                                   n, (M)p, (M)mu, (M)q, (M)a, stream)
+                                   n, rows, ld, (M)p, (M)mu, (M)q, (M)a, stream)
     CN_DISPATCH(code, C_)
 #undef C_
 }

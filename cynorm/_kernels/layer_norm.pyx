@@ -32,9 +32,10 @@ cnp.import_array()
 
 cdef enum:
     ROW_CHUNK = 32768
-    # grad_weight / grad_bias: at most this many row blocks, and at most
-    # PARTIAL_BYTES of float64 column partials
+    # grad_weight / grad_bias: at most MAX_BLOCKS row blocks of at least
+    # MIN_BLOCK_ROWS rows, and at most PARTIAL_BYTES of float64 column partials
     MAX_BLOCKS = 16
+    MIN_BLOCK_ROWS = 8
     PARTIAL_BYTES = 4 << 20
     MERGE_WIDTH = 4096
 
@@ -52,7 +53,7 @@ cdef void forward_row(int code, const char* x, char* y, const void* w, const voi
     s[1] = 0.0
     k = cn_load_any(code, x, 0)
     while c < N:
-        cn_row_moments(code, x + c * isz, min(<Py_ssize_t>ROW_CHUNK, N - c), k, s)
+        cn_row_moments(code, x + c * isz, min(<Py_ssize_t>ROW_CHUNK, N - c), 1, 0, k, s)
         c += ROW_CHUNK
     mu = s[0] / N
     var = s[1] / N - mu * mu
@@ -60,7 +61,7 @@ cdef void forward_row(int code, const char* x, char* y, const void* w, const voi
         var = 0.0
     m = store_stat(code, mean, r, k + mu)
     rs = store_stat(code, rstd, r, 1.0 / sqrt(var + eps))
-    cn_norm_row(code, y, x, N, m, rs, 0.0, w, b, stream)
+    cn_norm_row(code, y, x, N, 1, 0, m, rs, 0.0, w, b, stream)
 
 
 cdef void row_sums(int code, const char* dy, const char* x, const char* w, Py_ssize_t N,
@@ -73,7 +74,7 @@ cdef void row_sums(int code, const char* dy, const char* x, const char* w, Py_ss
     s[1] = 0.0
     while c < N:
         cn_row_centered_dot(code, dy + c * isz, x + c * isz, w + c * msz if w != NULL else NULL,
-                            min(<Py_ssize_t>ROW_CHUNK, N - c), m, s)
+                            min(<Py_ssize_t>ROW_CHUNK, N - c), 1, 0, m, s)
         c += ROW_CHUNK
 
 
@@ -82,7 +83,7 @@ cdef void backward_row(int code, const char* dy, const char* x, char* gx, const 
     cdef double s[2]
     row_sums(code, dy, x, w, N, m, s)
     # grad_x = r * (g - mean(g) - xhat * mean(g * xhat)), xhat = (x - m) * r
-    cn_grad_row(code, gx, dy, x, w, N, s[0] / N, m, r * r * s[1] / N, r, stream)
+    cn_grad_row(code, gx, dy, x, w, N, 1, 0, s[0] / N, m, r * r * s[1] / N, r, stream)
 
 
 cdef void backward_block(int code, const char* dy, const char* x, char* gx, const char* w,
@@ -185,7 +186,8 @@ def layer_norm_backward(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray mean, cnp.nda
                              N, load_stat(code, pm, r), load_stat(code, pr, r), stream)
         return
     # row blocks fixed by the shape: partial column sums per block
-    nblk = min(M, min(<Py_ssize_t>MAX_BLOCKS, max(<Py_ssize_t>1, PARTIAL_BYTES // (16 * N))))
+    nblk = min(max(<Py_ssize_t>1, M // MIN_BLOCK_ROWS),
+               min(<Py_ssize_t>MAX_BLOCKS, max(<Py_ssize_t>1, PARTIAL_BYTES // (16 * N))))
     rb = (M + nblk - 1) // nblk
     nblk = (M + rb - 1) // rb
     part = <double*>malloc(2 * nblk * N * sizeof(double))

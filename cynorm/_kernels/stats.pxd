@@ -8,9 +8,11 @@ cdef extern from "cn_stats.h" nogil:
     size_t cn_itemsize(int code)
     double cn_load_any(int code, const void* x, Py_ssize_t i)
     void cn_store_math(int code, void* m, Py_ssize_t i, double v)
-    void cn_row_moments(int code, const void* x, Py_ssize_t n, double k, double* s)
+    # row kernels: `rows` rows of n elements, `ld` elements apart
+    void cn_row_moments(int code, const void* x, Py_ssize_t n, Py_ssize_t rows, Py_ssize_t ld,
+                        double k, double* s)
     void cn_row_centered_dot(int code, const void* dy, const void* x, const void* w,
-                             Py_ssize_t n, double mu, double* s)
+                             Py_ssize_t n, Py_ssize_t rows, Py_ssize_t ld, double mu, double* s)
     # column kernels: `rows` rows of n columns, `ld` elements apart
     void cn_col_moments(int code, double* a1, double* a2, const void* x, const void* k,
                         Py_ssize_t n, Py_ssize_t rows, Py_ssize_t ld)
@@ -24,12 +26,14 @@ cdef extern from "cn_stats.h" nogil:
     void cn_grad_rows_acc(int code, void* out0, void* out1, double* a1, double* a2,
                           const void* dy0, const void* x0, const void* dy1, const void* x1,
                           const void* w, Py_ssize_t n, const double* coef)
-    void cn_norm_row(int code, void* out, const void* x, Py_ssize_t n, double mu, double s,
-                     double t, const void* w, const void* b, int stream)
+    void cn_norm_row(int code, void* out, const void* x, Py_ssize_t n, Py_ssize_t rows,
+                     Py_ssize_t ld, double mu, double s, double t, const void* w, const void* b,
+                     int stream)
     void cn_norm_cols(int code, void* out, const void* x, Py_ssize_t n, const void* mu,
                       const void* s, const void* t, Py_ssize_t rows, Py_ssize_t ld, int stream)
     void cn_grad_row(int code, void* out, const void* dy, const void* x, const void* w,
-                     Py_ssize_t n, double p, double mu, double q, double a, int stream)
+                     Py_ssize_t n, Py_ssize_t rows, Py_ssize_t ld, double p, double mu, double q,
+                     double a, int stream)
     void cn_grad_cols(int code, void* out, const void* dy, const void* x, Py_ssize_t n,
                       const void* p, const void* mu, const void* q, const void* a,
                       Py_ssize_t rows, Py_ssize_t ld, int stream)

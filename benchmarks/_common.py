@@ -1,0 +1,136 @@
+"""Pieces shared by the benchmark scripts in this directory.
+
+- `stream_triad_gbs`: STREAM triad bandwidth (stream_triad.c) at a thread count;
+- `time_interleaved`: warm up, then time several callables in turn, repeatedly;
+- `run_child` / `FAULT_FREE_ENV`: run a script's `--child` mode in a fresh
+  process under one allocation setting ("default" or "faultfree") and read
+  the JSON it prints;
+- `setting_heading`: the markdown heading of one allocation setting;
+- `cpu_snapshot` / `other_cpu_share`: how much of the machine other processes
+  used while a child ran (a noise indicator on a shared VM).
+"""
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FAULT_FREE_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "68719476736"}
+SETTINGS = ("default", "faultfree")
+
+
+# --------------------------------------------------------------------------- #
+# STREAM triad
+def stream_triad_gbs(threads):
+    """Best-of-10 triad bandwidth at `threads` threads (C, or NumPy fallback)."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc:
+        exe = os.path.join(tempfile.gettempdir(), "cynorm_stream_triad")
+        src = os.path.join(HERE, "stream_triad.c")
+        if not os.path.exists(exe) or os.path.getmtime(exe) < os.path.getmtime(src):
+            subprocess.run([cc, "-O3", "-march=native", "-fopenmp", src, "-o", exe], check=True)
+        out = subprocess.run([exe], env=dict(os.environ, OMP_NUM_THREADS=str(threads)),
+                             capture_output=True, text=True, check=True)
+        return float(out.stdout.strip()), "C triad"
+    n = (256 << 20) // 8
+    b, c, a = np.ones(n), np.full(n, 2.0), np.empty(n)
+    best = 1e30
+    for _ in range(5):
+        t = time.perf_counter()
+        np.multiply(c, 3.0, out=a)
+        np.add(a, b, out=a)
+        best = min(best, time.perf_counter() - t)
+    return 24 * n / best / 1e9, "NumPy triad (2 passes, underestimates)"
+
+
+# --------------------------------------------------------------------------- #
+# timing
+def median_ms(samples):
+    return statistics.median(samples) * 1e3
+
+
+def time_interleaved(fns, reps, inner=1, warmup=2):
+    """{name: [seconds per call, one per repeat]} for the callables in `fns`.
+
+    Each callable first runs `warmup` times (caches, thread pools, allocator);
+    then every repeat calls each of them in turn (interleaved, so drifts in the
+    machine's speed hit all alike), `inner` times per sample.  The result of a
+    call is dropped before the next callable runs.
+    """
+    samples = {k: [] for k in fns}
+    for f in fns.values():
+        for _ in range(warmup):
+            f()
+    for _ in range(reps):
+        for k, f in fns.items():
+            t = time.perf_counter()
+            for _ in range(inner):
+                r = f()
+            samples[k].append((time.perf_counter() - t) / inner)
+            del r
+    return samples
+
+
+# --------------------------------------------------------------------------- #
+# allocation settings: one child process each
+def child_env(setting):
+    """os.environ for a child of allocation setting `setting`."""
+    if setting not in SETTINGS:
+        raise SystemExit(f"unknown allocation setting {setting!r} (choose from {', '.join(SETTINGS)})")
+    env = dict(os.environ)
+    for k in FAULT_FREE_ENV:
+        env.pop(k, None)
+    if setting == "faultfree":
+        env.update(FAULT_FREE_ENV)
+    return env
+
+
+def run_child(script, setting, args, capture_stderr=True):
+    """Run `python script --child *args` under `setting`; return its JSON stdout.
+
+    With capture_stderr the child's stderr is shown only if it fails;
+    otherwise it goes straight to ours (progress output).
+    """
+    cmd = [sys.executable, os.path.abspath(script), "--child", *args]
+    out = subprocess.run(cmd, env=child_env(setting), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE if capture_stderr else None, text=True)
+    if out.returncode:
+        if capture_stderr:
+            sys.stderr.write(out.stderr)
+        raise SystemExit(f"benchmark child ({setting}) failed")
+    return json.loads(out.stdout)
+
+
+def setting_heading(setting):
+    return (f"### ({'a' if setting == 'default' else 'b'}) {setting}"
+            + (" — " + " ".join(f"{k}={v}" for k, v in FAULT_FREE_ENV.items()) if setting == "faultfree" else ""))
+
+
+# --------------------------------------------------------------------------- #
+# noise indicator: CPU time used by processes other than our children
+def cpu_snapshot():
+    """(wall s, busy CPU s of the whole machine incl. steal, CPU s of our finished children)."""
+    busy = float("nan")
+    try:
+        with open("/proc/stat") as f:
+            vals = [int(v) for v in f.readline().split()[1:9]]
+        busy = (sum(vals) - vals[3] - vals[4]) / os.sysconf("SC_CLK_TCK")   # all but idle and iowait
+    except (OSError, ValueError):
+        pass
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.perf_counter(), busy, ru.ru_utime + ru.ru_stime
+
+
+def other_cpu_share(before, after):
+    """Share of the machine's CPU capacity that other processes (and the
+    hypervisor's steal) took between two cpu_snapshot()s; nan if unknown."""
+    wall = after[0] - before[0]
+    other = (after[1] - before[1]) - (after[2] - before[2])
+    return max(other, 0.0) / (wall * (os.cpu_count() or 1)) if wall > 0 else float("nan")

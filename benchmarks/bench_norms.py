@@ -1,0 +1,608 @@
+"""Layer norm and batch norm: cynorm vs PyTorch (CPU) vs NumPy, in one process, interleaved.
+
+    python benchmarks/bench_norms.py                  # both allocation settings, 1 and 2 threads
+    python benchmarks/bench_norms.py --quick          # smoke run: 5 repeats
+    python benchmarks/bench_norms.py --ops layer_norm --dtypes float32 --threads 2
+    python benchmarks/bench_norms.py --no-cynorm      # torch and NumPy only
+
+Each allocation setting runs in its own child process, as in
+bench_weight_norm.py:
+  (a) default   - every library allocates as it normally does;
+  (b) faultfree - MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736, so
+                  freed memory is reused and fresh outputs cost no page faults.
+Ops: layer norm forward/backward over the last axis (weight and bias), batch
+norm forward in training and in eval mode and backward (training), on NCHW,
+channels-last (NHWC storage; cynorm gets the N,H,W,C array with axis=-1,
+torch a channels_last tensor) and (N, C) inputs.  bfloat16 inputs get float32
+weight, bias and running statistics (--ln-param-dtype input: bfloat16 ones
+for layer norm).
+
+Per case and thread count it prints the median ms of cynorm (fresh outputs,
+and out= when cynorm accepts it), torch and NumPy (float32 only), the ratio
+torch/cynorm, the minimal bytes moved (each input read once, each output
+written once), the GB/s and % of STREAM triad that implies, and whether the
+case is DRAM-bound (> 16 MiB moved).  cynorm functions that do not exist yet
+(or that raise on a case) are skipped; the script then times torch and NumPy
+alone.  In the first setting every library's outputs are checked once
+against a float64 NumPy computation on the same inputs.
+"""
+import argparse
+import gc
+import json
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import (  # noqa: E402
+    HERE, SETTINGS, cpu_snapshot, median_ms, other_cpu_share, run_child, setting_heading, stream_triad_gbs,
+    time_interleaved,
+)
+
+EPS = 1e-5
+MOMENTUM = 0.1
+DRAM_BYTES = 16 << 20          # more than this moved: counted as DRAM-bound
+BUSY_WARN = 0.05               # warn when other processes take more of the CPUs than this
+DTYPES = ["float32", "bfloat16"]
+OPS = ["layer_norm_fwd", "layer_norm_bwd", "batch_norm_fwd_train", "batch_norm_fwd_eval", "batch_norm_bwd"]
+OP_LABEL = {"layer_norm_fwd": "LN fwd", "layer_norm_bwd": "LN bwd", "batch_norm_fwd_train": "BN fwd train",
+            "batch_norm_fwd_eval": "BN fwd eval", "batch_norm_bwd": "BN bwd"}
+OP_ALIASES = {"fwd": "_fwd", "bwd": "_bwd", "forward": "_fwd", "backward": "_bwd", "train": "_train",
+              "eval": "_eval"}          # --ops tokens; "ln" / "bn" prefixes stand for layer_norm / batch_norm
+# (family, logical shape, layout).  Layer norm normalizes over the last axis;
+# batch norm's channel axis is 1 of the logical shape.
+CASES = [
+    ("layer_norm", (8192, 1024), "last axis"),
+    ("layer_norm", (32768, 256), "last axis"),
+    ("layer_norm", (64, 16384), "last axis"),
+    ("batch_norm", (32, 64, 56, 56), "NCHW"),
+    ("batch_norm", (32, 64, 56, 56), "NHWC"),
+    ("batch_norm", (128, 256, 14, 14), "NCHW"),
+    ("batch_norm", (4096, 1024), "NC"),
+]
+CYNORM_FUNCS = ["layer_norm", "layer_norm_backward", "batch_norm", "batch_norm_backward"]
+# max |out - ref| / max |ref| (ref: float64 on the same inputs) above which a check is reported
+CHECK_TOL = {"float32": 1e-3, "bfloat16": 2e-2}
+
+
+# --------------------------------------------------------------------------- #
+# plain NumPy implementations: timed in float32, the accuracy reference in float64
+def numpy_layer_norm(x, w, b, eps=EPS):
+    mean = x.mean(axis=-1, keepdims=True)
+    xc = x - mean
+    rstd = 1.0 / np.sqrt(np.mean(xc * xc, axis=-1, keepdims=True) + eps)
+    return xc * rstd * w + b, mean, rstd
+
+
+def numpy_layer_norm_backward(dy, x, mean, rstd, w):
+    xhat = (x - mean) * rstd
+    g = dy * w
+    dx = rstd * (g - g.mean(axis=-1, keepdims=True) - xhat * np.mean(g * xhat, axis=-1, keepdims=True))
+    return dx, np.sum(dy * xhat, axis=0), np.sum(dy, axis=0)
+
+
+def numpy_batch_norm_train(x, w, b, rm, rv, axes, bshape, momentum=MOMENTUM, eps=EPS):
+    n = x.size // w.size
+    mean = x.mean(axis=axes)
+    xc = x - mean.reshape(bshape)
+    var = np.mean(xc * xc, axis=axes)
+    invstd = 1.0 / np.sqrt(var + eps)
+    y = xc * (invstd * w).reshape(bshape) + b.reshape(bshape)
+    rm *= 1 - momentum
+    rm += momentum * mean
+    rv *= 1 - momentum
+    rv += (momentum * n / (n - 1)) * var
+    return y, mean, invstd
+
+
+def numpy_batch_norm_eval(x, w, b, rm, rv, bshape, eps=EPS):
+    scale = w / np.sqrt(rv + eps)
+    return x * scale.reshape(bshape) + (b - rm * scale).reshape(bshape)
+
+
+def numpy_batch_norm_backward(dy, x, w, mean, invstd, axes, bshape):
+    n = x.size // w.size
+    xhat = (x - mean.reshape(bshape)) * invstd.reshape(bshape)
+    db = np.sum(dy, axis=axes)
+    dw = np.sum(dy * xhat, axis=axes)
+    dx = (w * invstd).reshape(bshape) * (dy - (db / n).reshape(bshape) - xhat * (dw / n).reshape(bshape))
+    return dx, dw, db
+
+
+# --------------------------------------------------------------------------- #
+# cases: per op the callables to time, bytes moved and the accuracy checks
+def rel_err(got, ref):
+    """max |got - ref| / max |ref| in float64; got: array or torch tensor, ref: float64 array."""
+    import torch
+    if isinstance(got, torch.Tensor):
+        got = got.detach().double()
+        if got.ndim == 4 and tuple(got.shape) != ref.shape and tuple(got.permute(0, 2, 3, 1).shape) == ref.shape:
+            got = got.permute(0, 2, 3, 1)          # channels_last N,C,H,W vs the N,H,W,C reference
+        got = got.contiguous().numpy()
+    got = np.asarray(got).astype(np.float64).ravel()
+    ref = np.asarray(ref, dtype=np.float64).ravel()
+    if got.size != ref.size:
+        return float("inf")
+    if got.size == 0:
+        return 0.0
+    return float(np.max(np.abs(got - ref)) / max(np.max(np.abs(ref)), 1e-30))
+
+
+def to_torch(a, channels_last=False):
+    """A torch copy of array `a` (bfloat16 bits kept; N,H,W,C -> channels_last N,C,H,W)."""
+    import ml_dtypes
+    import torch
+    if a.dtype == np.dtype(ml_dtypes.bfloat16):
+        t = torch.from_numpy(a.view(np.uint16).copy()).view(torch.bfloat16)
+    else:
+        t = torch.from_numpy(a.copy())
+    return t.permute(0, 3, 1, 2) if channels_last else t
+
+
+def f64(*arrays):
+    return tuple(np.asarray(a).astype(np.float64) for a in arrays)
+
+
+class Op:
+    """One op of one case: callables by library, bytes moved, checks, notes."""
+
+    def __init__(self, nbytes, size_bytes, ref=None, names=()):
+        self.fns = {}
+        self.bytes = nbytes
+        self.size_bytes = size_bytes   # of the main input: sets the repeat count
+        self.ref = ref                 # float64 reference outputs (None: no checks)
+        self.names = names
+        self.check = {}
+        self.notes = {}
+
+    def try_cynorm(self, name, fn):
+        """Register cynorm callable `fn` if a first call works; return its result."""
+        try:
+            res = fn()
+        except Exception as e:  # noqa: BLE001 - any failure: skip this library here
+            self.notes[name] = f"{type(e).__name__}: {e}"
+            return None
+        self.fns[name] = fn
+        return res
+
+    def check_against_ref(self, lib, got):
+        """Record max |got - ref| / max |ref| per output of library `lib`."""
+        if self.ref is not None and got is not None:
+            self.check[lib] = {k: rel_err(g, r) for k, g, r in zip(self.names, got, self.ref)}
+
+
+def cynorm_out_call(op, call, fresh):
+    """Register cynorm's out= variant: out=(all outputs), else out=first output."""
+    outs = tuple(np.empty_like(o) if isinstance(o, np.ndarray) else None for o in fresh)
+    errors = []
+    for out in (outs, outs[0]):
+        try:
+            res = call(out)
+            first = res[0] if isinstance(res, tuple) else res
+            if not np.shares_memory(first, outs[0]):
+                raise ValueError("result is not the out= array")
+        except Exception as e:  # noqa: BLE001
+            errors.append(f"{type(e).__name__}: {e}")
+            continue
+        op.fns["cynorm_out"] = lambda: call(out)
+        return
+    op.notes["cynorm_out"] = " / ".join(errors)
+
+
+def layer_norm_case(cn, shape, dtype, ops, rng, use_out, ln_param_dtype, checks):
+    import ml_dtypes
+    import torch
+    aten = torch.ops.aten
+    npdt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(np.float32)
+    pdt = np.dtype(np.float32) if ln_param_dtype == "float32" else npdt
+    M, D = shape
+    x32 = rng.standard_normal(shape, dtype=np.float32) * 2 + 0.5
+    dy32 = rng.standard_normal(shape, dtype=np.float32)
+    w32 = rng.random(D, dtype=np.float32) + 0.5
+    b32 = rng.standard_normal(D, dtype=np.float32)
+    x, dy, w, b = x32.astype(npdt), dy32.astype(npdt), w32.astype(pdt), b32.astype(pdt)
+    tx, tdy, tw, tb = map(to_torch, (x, dy, w, b))
+    tfwd = torch.native_layer_norm(tx, [D], tw, tb, EPS)
+    _, tmean, trstd = tfwd
+    xs, ps = npdt.itemsize, pdt.itemsize
+    ss = trstd.element_size()            # mean / rstd: torch's dtype (float32 unless all bfloat16)
+    nx = M * D * xs
+    ref_fwd = ref_bwd = None
+    if checks:                           # float64 on the same (rounded) inputs
+        x64, dy64, w64, b64 = f64(x, dy, w, b)
+        ref_fwd = numpy_layer_norm(x64, w64, b64)
+        ref_bwd = numpy_layer_norm_backward(dy64, x64, ref_fwd[1], ref_fwd[2], w64)
+        del x64, dy64
+    if dtype == "float32":
+        nx32, ndy32, nw32, nb32 = x32.copy(), dy32.copy(), w32.copy(), b32.copy()
+        _, nmean, nrstd = numpy_layer_norm(nx32, nw32, nb32)
+    has = (lambda f: cn is not None and hasattr(cn, f))
+    fn = {}
+
+    if "layer_norm_fwd" in ops:
+        # reads x, weight, bias; writes y, mean, rstd
+        op = fn["layer_norm_fwd"] = Op(2 * nx + 2 * D * ps + 2 * M * ss, nx, ref_fwd, ("y", "mean", "rstd"))
+        op.fns["torch"] = lambda: torch.native_layer_norm(tx, [D], tw, tb, EPS)
+        op.check_against_ref("torch", tfwd)
+        if has("layer_norm"):
+            res = op.try_cynorm("cynorm", lambda: cn.layer_norm(x, (D,), w, b, EPS))
+            op.check_against_ref("cynorm", res)
+            if res is not None and use_out:
+                cynorm_out_call(op, lambda out: cn.layer_norm(x, (D,), w, b, EPS, out=out), res)
+        elif cn is not None:
+            op.notes["cynorm"] = "cynorm.layer_norm missing"
+        if dtype == "float32":
+            op.fns["numpy"] = lambda: numpy_layer_norm(nx32, nw32, nb32)
+            op.check_against_ref("numpy", op.fns["numpy"]())
+
+    if "layer_norm_bwd" in ops:
+        # reads dy, x, mean, rstd, weight; writes grad_x, grad_weight, grad_bias
+        op = fn["layer_norm_bwd"] = Op(3 * nx + 2 * M * ss + 3 * D * ps, nx, ref_bwd,
+                                       ("grad_x", "grad_weight", "grad_bias"))
+        mask = [True, True, True]
+        op.fns["torch"] = lambda: aten.native_layer_norm_backward(tdy, tx, [D], tmean, trstd, tw, tb, mask)
+        op.check_against_ref("torch", op.fns["torch"]())
+        if has("layer_norm") and has("layer_norm_backward"):
+            try:
+                _, cmean, crstd = cn.layer_norm(x, (D,), w, b, EPS)
+            except Exception as e:  # noqa: BLE001
+                op.notes["cynorm"] = f"forward failed: {type(e).__name__}: {e}"
+            else:
+                res = op.try_cynorm("cynorm", lambda: cn.layer_norm_backward(dy, x, (D,), cmean, crstd, w, b))
+                op.check_against_ref("cynorm", res)
+        elif cn is not None:
+            op.notes["cynorm"] = "cynorm.layer_norm / layer_norm_backward missing"
+        if dtype == "float32":
+            op.fns["numpy"] = lambda: numpy_layer_norm_backward(ndy32, nx32, nmean, nrstd, nw32)
+            op.check_against_ref("numpy", op.fns["numpy"]())
+    return fn
+
+
+def batch_norm_case(cn, shape, layout, dtype, ops, rng, use_out, checks):
+    import ml_dtypes
+    import torch
+    aten = torch.ops.aten
+    npdt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(np.float32)
+    C = shape[1]
+    channels_last = layout == "NHWC"
+    if channels_last:                  # stored N, H, W, C
+        arr_shape = (shape[0],) + tuple(shape[2:]) + (C,)
+        axis = -1
+    else:
+        arr_shape, axis = shape, 1
+    caxis = axis % len(arr_shape)
+    axes = tuple(i for i in range(len(arr_shape)) if i != caxis)
+    bshape = tuple(C if i == caxis else 1 for i in range(len(arr_shape)))
+    x32 = rng.standard_normal(arr_shape, dtype=np.float32) * 2 + 0.5
+    dy32 = rng.standard_normal(arr_shape, dtype=np.float32)
+    w32 = rng.random(C, dtype=np.float32) + 0.5
+    b32 = rng.standard_normal(C, dtype=np.float32)
+    rm32 = rng.standard_normal(C, dtype=np.float32) * np.float32(0.1)
+    rv32 = rng.random(C, dtype=np.float32) + 0.5
+    x, dy = x32.astype(npdt), dy32.astype(npdt)
+    w, b, rm, rv = w32.copy(), b32.copy(), rm32.copy(), rv32.copy()
+    tx, tdy = to_torch(x, channels_last), to_torch(dy, channels_last)
+    tw, tb, trm, trv = map(to_torch, (w32, b32, rm32, rv32))
+    if channels_last:
+        assert tx.is_contiguous(memory_format=torch.channels_last) and tuple(tx.shape) == tuple(shape)
+    nx = x.nbytes
+    cb = C * 4
+    has = (lambda f: cn is not None and hasattr(cn, f))
+    if dtype == "float32":
+        nx32, ndy32, nw32, nb32 = x32.copy(), dy32.copy(), w32.copy(), b32.copy()
+        nrm32, nrv32 = rm32.copy(), rv32.copy()
+
+    def fresh_stats():
+        return rm32.copy(), rv32.copy()
+
+    def reset_stats():                 # every library's running stats back to the initial ones
+        for a in (rm, trm.numpy()) + ((nrm32,) if dtype == "float32" else ()):
+            a[:] = rm32
+        for a in (rv, trv.numpy()) + ((nrv32,) if dtype == "float32" else ()):
+            a[:] = rv32
+
+    ref_train = ref_eval = ref_bwd = None
+    if checks:                         # float64 on the same (rounded) inputs
+        x64, dy64, w64, b64, rm64, rv64 = f64(x, dy, w32, b32, rm32, rv32)
+        ref_eval = (numpy_batch_norm_eval(x64, w64, b64, rm64, rv64, bshape),)
+        ref_train = numpy_batch_norm_train(x64, w64, b64, rm64, rv64, axes, bshape) + (rm64, rv64)
+        ref_bwd = numpy_batch_norm_backward(dy64, x64, w64, ref_train[1], ref_train[2], axes, bshape)
+        del x64, dy64
+    # a training forward from fresh running stats for torch's backward
+    tsm, tsi = torch.native_batch_norm(tx, tw, tb, *map(torch.from_numpy, fresh_stats()), True, MOMENTUM, EPS)[1:]
+    fn = {}
+
+    if "batch_norm_fwd_train" in ops:
+        # reads x, weight, bias, running stats; writes y, save_mean, save_invstd, running stats
+        op = fn["batch_norm_fwd_train"] = Op(2 * nx + 8 * cb, nx, ref_train,
+                                             ("y", "save_mean", "save_invstd", "running_mean", "running_var"))
+        op.fns["torch"] = lambda: torch.native_batch_norm(tx, tw, tb, trm, trv, True, MOMENTUM, EPS)
+        reset_stats()
+        op.check_against_ref("torch", tuple(op.fns["torch"]()) + (trm, trv))
+        if has("batch_norm"):
+            def call_train(out=None):
+                return cn.batch_norm(x, w, b, rm, rv, training=True, momentum=MOMENTUM, eps=EPS,
+                                     axis=axis, **({} if out is None else {"out": out}))
+            reset_stats()
+            res = op.try_cynorm("cynorm", call_train)
+            if res is not None:
+                op.check_against_ref("cynorm", tuple(res) + (rm, rv))
+                if use_out:
+                    cynorm_out_call(op, call_train, res)
+        elif cn is not None:
+            op.notes["cynorm"] = "cynorm.batch_norm missing"
+        if dtype == "float32":
+            op.fns["numpy"] = lambda: numpy_batch_norm_train(nx32, nw32, nb32, nrm32, nrv32, axes, bshape)
+            reset_stats()
+            op.check_against_ref("numpy", tuple(op.fns["numpy"]()) + (nrm32, nrv32))
+
+    if "batch_norm_fwd_eval" in ops:
+        # reads x, weight, bias, running stats; writes y
+        op = fn["batch_norm_fwd_eval"] = Op(2 * nx + 4 * cb, nx, ref_eval, ("y",))
+        reset_stats()
+        op.fns["torch"] = lambda: torch.native_batch_norm(tx, tw, tb, trm, trv, False, MOMENTUM, EPS)
+        op.check_against_ref("torch", op.fns["torch"]())
+        if has("batch_norm"):
+            def call_eval(out=None):
+                return cn.batch_norm(x, w, b, rm, rv, training=False, momentum=MOMENTUM, eps=EPS,
+                                     axis=axis, **({} if out is None else {"out": out}))
+            res = op.try_cynorm("cynorm", call_eval)
+            if res is not None:
+                op.check_against_ref("cynorm", res)
+                if use_out:
+                    cynorm_out_call(op, call_eval, res)
+        elif cn is not None:
+            op.notes["cynorm"] = "cynorm.batch_norm missing"
+        if dtype == "float32":
+            op.fns["numpy"] = lambda: numpy_batch_norm_eval(nx32, nw32, nb32, nrm32, nrv32, bshape)
+            op.check_against_ref("numpy", (op.fns["numpy"](),))
+
+    if "batch_norm_bwd" in ops:
+        # reads dy, x, weight, save_mean, save_invstd; writes grad_x, grad_weight, grad_bias
+        op = fn["batch_norm_bwd"] = Op(3 * nx + 5 * cb, nx, ref_bwd, ("grad_x", "grad_weight", "grad_bias"))
+        mask = [True, True, True]
+        op.fns["torch"] = lambda: aten.native_batch_norm_backward(tdy, tx, tw, trm, trv, tsm, tsi, True, EPS, mask)
+        op.check_against_ref("torch", op.fns["torch"]())
+        if has("batch_norm") and has("batch_norm_backward"):
+            try:
+                _, csm, csi = cn.batch_norm(x, w, b, *fresh_stats(), training=True, momentum=MOMENTUM, eps=EPS,
+                                            axis=axis)
+            except Exception as e:  # noqa: BLE001
+                op.notes["cynorm"] = f"forward failed: {type(e).__name__}: {e}"
+            else:
+                res = op.try_cynorm("cynorm", lambda: cn.batch_norm_backward(
+                    dy, x, w, rm, rv, csm, csi, True, eps=EPS, output_mask=(True, True, True), axis=axis))
+                op.check_against_ref("cynorm", res)
+        elif cn is not None:
+            op.notes["cynorm"] = "cynorm.batch_norm / batch_norm_backward missing"
+        if dtype == "float32":
+            _, nsm, nsi = numpy_batch_norm_train(nx32, nw32, nb32, *fresh_stats(), axes, bshape)
+            op.fns["numpy"] = lambda: numpy_batch_norm_backward(ndy32, nx32, nw32, nsm, nsi, axes, bshape)
+            op.check_against_ref("numpy", op.fns["numpy"]())
+    return fn
+
+
+# --------------------------------------------------------------------------- #
+# one allocation setting, run in a child process
+def run_setting(args):
+    import torch
+    cn = None
+    if not args.no_cynorm:
+        try:
+            import cynorm as cn
+        except Exception as e:  # noqa: BLE001 - e.g. half-built in place
+            print(f"cynorm not importable, timing torch and NumPy only: {e}", file=sys.stderr)
+    results = []
+    rng = np.random.default_rng(0)
+    order = 0
+    for family, shape, layout in CASES:
+        ops = [op for op in args.ops if op.startswith(family)]
+        if not ops:
+            continue
+        for dtype in args.dtypes:
+            if family == "layer_norm":
+                case = layer_norm_case(cn, shape, dtype, ops, rng, not args.no_out, args.ln_param_dtype,
+                                       not args.no_check)
+            else:
+                case = batch_norm_case(cn, shape, layout, dtype, ops, rng, not args.no_out, not args.no_check)
+            for threads in args.threads:
+                torch.set_num_threads(threads)
+                if cn is not None:
+                    cn.set_num_threads(threads)
+                for opname in ops:
+                    op = case[opname]
+                    fns = {k: op.fns[k] for k in ("cynorm", "cynorm_out", "torch", "numpy") if k in op.fns}
+                    small = op.size_bytes < (8 << 20)
+                    reps = args.repeats * (8 if small else 1)
+                    inner = 20 if op.size_bytes < (1 << 20) else 1
+                    samples = time_interleaved(fns, reps, inner)
+                    ms = {k: median_ms(s) for k, s in samples.items()}
+                    order += 1
+                    results.append({
+                        "order": order, "threads": threads, "op": opname, "family": family,
+                        "shape": list(shape), "layout": layout, "dtype": dtype,
+                        "bytes": op.bytes, "dram_bound": op.bytes > DRAM_BYTES, "repeats": reps,
+                        "ms": ms, "check": op.check, "notes": op.notes,
+                    })
+                    print(f"  {threads} thr {OP_LABEL[opname]:12s} {dtype:8s} {str(tuple(shape)):18s} {layout:9s} "
+                          + "  ".join(f"{k} {v:.3f}" for k, v in ms.items()) + " ms", file=sys.stderr, flush=True)
+            del case
+            gc.collect()
+    results.sort(key=lambda r: (r["threads"], r["order"]))
+    return results
+
+
+# --------------------------------------------------------------------------- #
+# parent: run the settings, print
+def fmt(v, spec=".3f"):
+    return "–" if v is None else format(v, spec)
+
+
+def table(setting, results, stream):
+    have_out = any("cynorm_out" in r["ms"] for r in results)
+    lines = ["", setting_heading(setting), ""]
+    head = ["thr", "op", "dtype", "shape", "layout", "MiB moved", "DRAM", "cynorm ms"]
+    head += ["cynorm out= ms"] * have_out + ["torch ms", "numpy ms", "torch/cynorm"]
+    head += ["torch/cynorm out="] * have_out + ["cynorm GB/s (% STREAM)", "torch GB/s (% STREAM)"]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results:
+        ms = r["ms"]
+        c, co, t, n = (ms.get(k) for k in ("cynorm", "cynorm_out", "torch", "numpy"))
+        bw = stream[str(r["threads"])]
+
+        def gbs(v):
+            if v is None:
+                return "–"
+            g = r["bytes"] / (v / 1e3) / 1e9
+            return f"{g:.1f} ({100 * g / bw:.0f} %)"
+        row = [str(r["threads"]), OP_LABEL[r["op"]], r["dtype"], str(tuple(r["shape"])), r["layout"],
+               f"{r['bytes'] / 2**20:.1f}", "yes" if r["dram_bound"] else "no", fmt(c)]
+        row += [fmt(co)] * have_out + [fmt(t), fmt(n), fmt(t / c if c and t else None, ".2f")]
+        row += [fmt(t / co if co and t else None, ".2f")] * have_out + [gbs(c), gbs(t)]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def anomalies(all_results, busy=None):
+    """Markdown bullets: cynorm slower than torch (worst first), NumPy faster than
+    cynorm, outputs off the float64 reference, cynorm calls not timed, busy machine."""
+    out, skipped, checked, slow, numpy_fast = [], {}, set(), [], []
+    timed = 0
+    for setting, results in all_results.items():
+        for r in results:
+            case = f"{OP_LABEL[r['op']]} {r['dtype']} {tuple(r['shape'])} {r['layout']}"
+            where = f"{setting}, {r['threads']} thr, {case}"
+            ms = r["ms"]
+            c, co, t, n = (ms.get(k) for k in ("cynorm", "cynorm_out", "torch", "numpy"))
+            if c is not None:
+                timed += 1
+                if c > t or (co is not None and co > t):
+                    outr = f" (out= {t / co:.2f})" if co is not None else ""
+                    slow.append((min(t / c, t / co if co else t / c),
+                                 f"  - {where}: torch/cynorm {t / c:.2f}{outr}; cynorm {c:.3f} ms, torch {t:.3f} ms"))
+                if n is not None and n < c:
+                    numpy_fast.append(f"  - {where}: NumPy {n:.3f} ms, cynorm {c:.3f} ms")
+            for lib, errs in r["check"].items():
+                bad = {k: e for k, e in errs.items() if not e <= CHECK_TOL[r["dtype"]]}
+                if bad and (lib, case) not in checked:      # checked once per case
+                    checked.add((lib, case))
+                    out.append(f"- {case}: {lib} off the float64 reference (max |diff| / max |ref| > "
+                               f"{CHECK_TOL[r['dtype']]:g}): " + ", ".join(f"{k} {e:.2g}" for k, e in bad.items()))
+            for lib, note in r["notes"].items():
+                cases = skipped.setdefault((lib, note), [])
+                if case not in cases:          # once per case, not per setting / thread count
+                    cases.append(case)
+    for setting, share in (busy or {}).items():
+        if share > BUSY_WARN:
+            out.append(f"- {setting}: other processes took {100 * share:.0f} % of the CPUs during the run: "
+                       "its timings (above all at the largest thread count) are unreliable")
+    if slow:
+        out.append(f"- cynorm slower than torch in {len(slow)} of {timed} timed cases (worst first):")
+        out += [line for _, line in sorted(slow)]
+    if numpy_fast:
+        out.append(f"- NumPy faster than cynorm in {len(numpy_fast)} case(s):")
+        out += numpy_fast
+    for (lib, note), cases in skipped.items():
+        shown = "; ".join(cases[:4]) + (f"; ... ({len(cases)} cases)" if len(cases) > 4 else "")
+        out.append(f"- {lib.replace('_out', ' out=')} not timed on {shown}: {note}")
+    return out
+
+
+def parse_ops(spec):
+    if spec in ("", "all"):
+        return list(OPS)
+    chosen = set()
+    for tok in spec.split(","):
+        tok = tok.strip().lower()
+        for short, full in (("ln", "layer_norm"), ("bn", "batch_norm")):
+            if tok == short or tok.startswith(short + "_"):
+                tok = full + tok[len(short):]
+        tok = OP_ALIASES.get(tok, tok)
+        hits = [op for op in OPS if tok in op]
+        if not hits:
+            raise SystemExit(f"--ops: {tok!r} matches none of {', '.join(OPS)}")
+        chosen.update(hits)
+    return [op for op in OPS if op in chosen]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="ops: " + ", ".join(OPS) + " (--ops takes substrings: "
+                                       "layer_norm, batch_norm, fwd, bwd, train, eval; ln, bn)")
+    p.add_argument("--repeats", type=int, help="interleaved repeats per case (default 15, --quick 5; "
+                   "x8 when the input is under 8 MiB)")
+    p.add_argument("--quick", action="store_true", help="smoke run: 5 repeats")
+    p.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
+    p.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated: float32,bfloat16")
+    p.add_argument("--ops", default="all", help="comma-separated op names or substrings (default all)")
+    p.add_argument("--settings", default=",".join(SETTINGS), help="allocation settings: default,faultfree")
+    p.add_argument("--no-cynorm", action="store_true", help="time torch and NumPy only")
+    p.add_argument("--no-out", action="store_true", help="skip cynorm's out= variant")
+    p.add_argument("--no-check", action="store_true", help="skip the float64 accuracy checks")
+    p.add_argument("--ln-param-dtype", choices=["float32", "input"], default="float32",
+                   help="layer norm weight/bias dtype for bfloat16 inputs (default float32)")
+    p.add_argument("--json", default=os.path.join(HERE, "results", "norms_latest.json"))
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    args.threads = [int(t) for t in args.threads.split(",")]
+    args.dtypes = [d.strip() for d in args.dtypes.split(",")]
+    for d in args.dtypes:
+        if d not in DTYPES:
+            raise SystemExit(f"--dtypes: {d!r} is not one of {', '.join(DTYPES)}")
+    args.ops = parse_ops(args.ops)
+    if args.repeats is None:
+        args.repeats = 5 if args.quick else 15
+    if args.child:
+        json.dump(run_setting(args), sys.stdout)
+        return
+
+    import torch
+    cyinfo = "cynorm: skipped (--no-cynorm)"
+    if not args.no_cynorm:
+        try:
+            import cynorm
+            missing = [f for f in CYNORM_FUNCS if not hasattr(cynorm, f)]
+            cyinfo = (f"cynorm {cynorm.__version__} ({cynorm.config()['simd_compiled']})"
+                      + (f" [missing: {', '.join(missing)}: not timed]" if missing else ""))
+        except Exception as e:  # noqa: BLE001
+            cyinfo = f"cynorm not importable ({e}): not timed"
+    print(f"{cyinfo}, torch {torch.__version__}, numpy {np.__version__}; {os.cpu_count()} CPUs; "
+          f"median of {args.repeats} interleaved repeats (x8 for inputs < 8 MiB); NumPy float32 only; "
+          f"bfloat16 with float32 {'weight/bias/running stats' if args.ln_param_dtype == 'float32' else 'batch norm weight/bias/running stats, bfloat16 layer norm weight/bias'}")
+    stream = {}
+    for t in args.threads:
+        gbs, how = stream_triad_gbs(t)
+        stream[str(t)] = gbs
+        print(f"STREAM triad ({how}), {t} thread(s): {gbs:.1f} GB/s")
+    load = os.getloadavg()
+    print(f"load average before the run: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    print("MiB moved: minimal traffic, inputs read once and outputs written once; DRAM: > 16 MiB moved", flush=True)
+    child_args = ["--repeats", str(args.repeats), "--threads", ",".join(map(str, args.threads)),
+                  "--dtypes", ",".join(args.dtypes), "--ops", ",".join(args.ops),
+                  "--ln-param-dtype", args.ln_param_dtype]
+    child_args += ["--no-cynorm"] * args.no_cynorm + ["--no-out"] * args.no_out
+    all_results, busy = {}, {}
+    for i, setting in enumerate(args.settings.split(",")):
+        print(f"[{setting}] running ...", file=sys.stderr, flush=True)
+        checks = [] if i == 0 and not args.no_check else ["--no-check"]    # same data: check once
+        before = cpu_snapshot()
+        all_results[setting] = run_child(__file__, setting, child_args + checks, capture_stderr=False)
+        busy[setting] = other_cpu_share(before, cpu_snapshot())
+        print(table(setting, all_results[setting], stream), flush=True)
+        print(f"\nOther processes (and hypervisor steal) used {100 * busy[setting]:.0f} % of the "
+              f"{os.cpu_count()} CPUs during this setting's run.", flush=True)
+    notes = anomalies(all_results, busy)
+    print("\n### Anomalies\n")
+    print("\n".join(notes) if notes else "none")
+    os.makedirs(os.path.dirname(args.json), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump({"header": cyinfo, "torch": torch.__version__, "numpy": np.__version__,
+                   "repeats": args.repeats, "quick": args.quick, "loadavg": load, "other_cpu_share": busy, "stream_gbs": stream,
+                   "results": all_results, "anomalies": notes}, f, indent=1)
+    print(f"\njson: {os.path.relpath(args.json)}")
+
+
+if __name__ == "__main__":
+    main()
