@@ -12,7 +12,7 @@ import cynorm
 from cynorm import reference as ref
 from conftest import DTYPES, DTYPE_IDS
 from helpers import BF16, F16, F32, F64, RTOL, as_stored, assert_close, bits, is16, layout, stat_dtype
-from norm_helpers import (bn_gx_scale, bn_sum_scale, bn_unchan, bn_y_scale, f64, make_affine, make_x,
+from norm_helpers import (some, bn_gx_scale, bn_sum_scale, bn_unchan, bn_y_scale, f64, make_affine, make_x,
                           param_dtypes, stat_rtol)
 
 # (shape, channel axis)
@@ -26,14 +26,6 @@ CASES = [
 ]
 CASE_IDS = [f"{s}-axis{a}" for s, a in CASES]
 KINDS = ("C", "F", "strided")
-
-
-def some(vs, shape, i):
-    """Every parameter variant for small inputs; for large ones (slow in the
-    float64 twin) two per layout, rotating."""
-    if np.prod(shape) <= 50000:
-        return vs
-    return [vs[(2 * i) % len(vs)], vs[(2 * i + 1) % len(vs)]]
 
 
 def nchan(shape, axis):

@@ -12,7 +12,7 @@ import cynorm
 from cynorm import reference as ref
 from conftest import DTYPES, DTYPE_IDS
 from helpers import BF16, F16, F32, F64, RTOL, assert_close, bits, layout, stat_dtype
-from norm_helpers import (f64, ln_gx_scale, ln_rows, ln_y_scale, make_affine, make_x, param_dtypes,
+from norm_helpers import (some, f64, ln_gx_scale, ln_rows, ln_y_scale, make_affine, make_x, param_dtypes,
                           stat_rtol)
 
 # (shape, normalized_shape): one long row, two very long rows, many short
@@ -26,14 +26,6 @@ CASES = [
 ]
 CASE_IDS = [f"{s}-ns{n}" for s, n in CASES]
 KINDS = ("C", "F", "strided")
-
-
-def some(vs, shape, i):
-    """Every parameter variant for small inputs; for large ones (slow in the
-    float64 twin) two per layout, rotating."""
-    if np.prod(shape) <= 50000:
-        return vs
-    return [vs[(2 * i) % len(vs)], vs[(2 * i + 1) % len(vs)]]
 
 
 def ns_tuple(ns):
