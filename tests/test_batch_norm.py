@@ -21,7 +21,8 @@ CASES = [
     ((8, 5, 1000), 1), ((16, 2048), 1), ((4, 512, 2, 2), 1), ((4, 2, 2, 512), -1), ((4, 6, 5, 3), 2),
     ((2, 4, 6, 5, 3), 2), ((2, 4, 6, 5, 3), -1), ((3, 10000), 0), ((2, 1, 100003), 1),
     ((100003, 3), 1), ((3, 3, 50000), 1), ((2, 3, 4, 5), -3), ((700, 37), -1),
-    # channel by channel ("fused" training passes): C >= 16, rows >= 128, a channel <= 1 MiB
+    # channel by channel ("fused" training passes): C >= 16, rows >= 128 elements and 1 KiB,
+    # a channel <= 1 MiB (float32; (1, 20, 40000) for every dtype)
     ((4, 32, 300), 1), ((1, 20, 40000), 1),
 ]
 CASE_IDS = [f"{s}-axis{a}" for s, a in CASES]
