@@ -62,12 +62,10 @@ def channel_input(x, axis, name="x"):
     return x, policy, axis, C, n
 
 
-def channel_vector(a, name, C, policy, required=False):
+def channel_vector(a, name, C, policy):
     """A per-channel parameter (weight, bias, running stats): None or (C,)
     of x's dtype or float32 for 16-bit x."""
     if a is None:
-        if required:
-            raise ValueError(f"{name} is required here, got None")
         return None
     return check_vector(a, name, C, policy.coefficients, "channel")
 
