@@ -78,10 +78,15 @@ def check_per_channel(x, name, v_shape, dim, dtypes):
         alts = f"{want} or {(D,)}" + (" or ()" if dim is None else "")
         raise ValueError(f"{name} must have shape {alts} for v of shape {v_shape} "
                          f"and dim={dim}, got {shape}")
-    if x.dtype not in dtypes:
+    return check_dtype(x, name, dtypes)
+
+
+def check_dtype(a, name, dtypes):
+    """a's dtype is one of dtypes; returns a."""
+    if a.dtype not in dtypes:
         raise TypeError(f"{name} must have dtype "
-                        f"{' or '.join(str(d) for d in dtypes)}, got {x.dtype}")
-    return x
+                        f"{' or '.join(str(d) for d in dtypes)}, got {a.dtype}")
+    return a
 
 
 def check_same(x, name, shape, dtype, ref="v"):
@@ -180,10 +185,7 @@ def check_vector(a, name, length, dtypes, what):
     if a.shape != (length,):
         raise ValueError(f"{name} must have shape ({length},) (one value per {what}), "
                          f"got {a.shape}")
-    if a.dtype not in dtypes:
-        raise TypeError(f"{name} must have dtype {' or '.join(str(d) for d in dtypes)}, "
-                        f"got {a.dtype}")
-    return a
+    return check_dtype(a, name, dtypes)
 
 
 def check_updatable(a, name):

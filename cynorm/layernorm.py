@@ -34,7 +34,7 @@ from cynorm._kernels import layer_norm as _k
 from cynorm._kernels._alloc import empty as _empty
 from cynorm._kernels._runtime import get_num_threads as _threads
 from cynorm._validation import (
-    as_float_array, check_eps, check_mask, check_out, check_same, split_out,
+    as_float_array, check_dtype, check_eps, check_mask, check_out, check_same, split_out,
 )
 
 __all__ = ["layer_norm", "layer_norm_backward"]
@@ -72,10 +72,19 @@ def _affine(a, name, ns, policy):
     a, _ = as_float_array(a, name)
     if a.shape != ns:
         raise ValueError(f"{name} must have shape {ns} (normalized_shape), got {a.shape}")
-    if a.dtype not in policy.coefficients:
-        raise TypeError(f"{name} must have dtype "
-                        f"{' or '.join(str(d) for d in policy.coefficients)}, got {a.dtype}")
+    check_dtype(a, name, policy.coefficients)
     return a, np.ascontiguousarray(a, dtype=policy.math).reshape(-1)
+
+
+def _rows(x, normalized_shape, weight, bias, policy):
+    """What forward and backward both derive from their arguments:
+    (normalized_shape, checked weight and bias with their math-type copies,
+    M rows, N per row, the shape of mean/rstd)."""
+    ns, axis = _normalized_shape(normalized_shape, x)
+    w, wvec = _affine(weight, "weight", ns, policy)
+    b, bvec = _affine(bias, "bias", ns, policy)
+    M, N = math.prod(x.shape[:axis]), math.prod(ns)
+    return ns, (w, wvec), (b, bvec), M, N, x.shape[:axis] + (1,) * len(ns)
 
 
 def _stat(a, name, stat_shape, M, policy):
@@ -110,12 +119,8 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, *, out=Non
         x.ndim - k; float64 for float64 x, float32 otherwise.
     """
     x, policy = as_float_array(x, "x")
-    ns, axis = _normalized_shape(normalized_shape, x)
+    ns, (_, wvec), (_, bvec), M, N, stat_shape = _rows(x, normalized_shape, weight, bias, policy)
     eps = check_eps(eps)
-    w, wvec = _affine(weight, "weight", ns, policy)
-    b, bvec = _affine(bias, "bias", ns, policy)
-    M, N = math.prod(x.shape[:axis]), math.prod(ns)
-    stat_shape = x.shape[:axis] + (1,) * len(ns)
     y_out, mean_out, rstd_out = split_out(out, ("y", "mean", "rstd"))
     if y_out is not None:
         check_out(y_out, "out[0] (y)", x.shape, x.dtype)
@@ -168,12 +173,8 @@ def layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight=None, 
     x, policy = as_float_array(x, "x")
     grad_out, _ = as_float_array(grad_out, "grad_out")
     check_same(grad_out, "grad_out", x.shape, x.dtype, ref="x")
-    ns, axis = _normalized_shape(normalized_shape, x)
+    ns, (w, wvec), (b, _), M, N, stat_shape = _rows(x, normalized_shape, weight, bias, policy)
     mask = check_mask(output_mask)
-    w, wvec = _affine(weight, "weight", ns, policy)
-    b, _ = _affine(bias, "bias", ns, policy)
-    M, N = math.prod(x.shape[:axis]), math.prod(ns)
-    stat_shape = x.shape[:axis] + (1,) * len(ns)
     mvec = _stat(mean, "mean", stat_shape, M, policy)
     rvec = _stat(rstd, "rstd", stat_shape, M, policy)
     kdy, kx = c_aligned(grad_out), c_aligned(x)

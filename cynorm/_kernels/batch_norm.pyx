@@ -34,11 +34,12 @@ from cynorm._kernels.stats cimport (
 )
 
 from cynorm._kernels.entry cimport data, data_or_null, threads_for
+# the row chunk of the determinism rule, shared with weight norm
+from cynorm._kernels.common cimport ROW_CHUNK
 
 cnp.import_array()
 
 cdef enum:
-    ROW_CHUNK = 32768
     # rows at least this long (elements and bytes) are reduced as rows.
     # Shorter rows are read in memory order as columns: per channel, rows of
     # 14x14 float32 ran 1.2x (backward) slower channel by channel, one short

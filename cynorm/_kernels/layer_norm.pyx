@@ -27,11 +27,12 @@ from cynorm._kernels.stats cimport (
 )
 
 from cynorm._kernels.entry cimport data, data_or_null, threads_for
+# the row chunk of the determinism rule, shared with weight norm
+from cynorm._kernels.common cimport ROW_CHUNK
 
 cnp.import_array()
 
 cdef enum:
-    ROW_CHUNK = 32768
     # grad_weight / grad_bias: at most MAX_BLOCKS row blocks of at least
     # MIN_BLOCK_ROWS rows, and at most PARTIAL_BYTES of float64 column partials
     MAX_BLOCKS = 16
