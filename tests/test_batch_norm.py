@@ -24,6 +24,9 @@ CASES = [
     # channel by channel ("fused" training passes): C >= 16, rows >= 128 elements and 1 KiB,
     # a channel <= 1 MiB (float32; (1, 20, 40000) for every dtype)
     ((4, 32, 300), 1), ((1, 20, 40000), 1),
+    # short rows of 64 or more elements (below 128 or 1 KiB) reduced as segments: one block of
+    # the batch, channels split over tasks; several blocks; a tail after the lanes
+    ((2, 40, 70), 1), ((40, 5, 100), 1), ((5, 6, 14, 14), 1), ((3, 4, 64), 1), ((3, 4, 63), 1),
 ]
 CASE_IDS = [f"{s}-axis{a}" for s, a in CASES]
 KINDS = ("C", "F", "strided")
@@ -577,7 +580,8 @@ def test_nan_poisons_only_its_channel(shape, axis, chan, dtype, rng):
 DET_CASES = [((2, 3, 7, 7), 1, "C"), ((2, 7, 7, 3), -1, "C"), ((8, 5, 1000), 1, "C"), ((16, 2048), 1, "C"),
              ((3, 3, 50000), 1, "C"), ((4, 6, 5, 3), 2, "F"), ((100003, 3), 1, "C"), ((300, 3), 1, "F"),
              ((6, 3, 40), 1, "strided"), ((2, 1, 100003), 1, "C"), ((4, 32, 300), 1, "C"),
-             ((1, 20, 40000), 1, "C")]
+             ((1, 20, 40000), 1, "C"), ((2, 40, 70), 1, "C"), ((40, 5, 100), 1, "strided"),
+             ((5, 6, 14, 14), 1, "F")]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)

@@ -30,7 +30,8 @@ cimport numpy as cnp
 from cynorm._kernels.stats cimport (
     cn_itemsize, cn_load_any, cn_store_math, cn_row_moments, cn_row_centered_dot,
     cn_col_moments, cn_col_centered_dot, cn_norm_row, cn_norm_cols, cn_grad_row,
-    cn_grad_cols, math_size, load_stat, store_stat,
+    cn_grad_cols, cn_lane_moments, cn_lane_centered_dot, cn_lanes_add, CN_LANE_WORDS,
+    math_size, load_stat, store_stat,
 )
 
 from cynorm._kernels.entry cimport data, data_or_null, threads_for
@@ -57,6 +58,14 @@ cdef enum:
     COL_MAX_COLUMNS = 1 << 22
     # bytes of one elementwise task in the column shape
     APPLY_TASK_BYTES = 65536
+    # short rows of at least SEG_MIN_B elements are reduced as segments: in
+    # memory order, each channel's row of a sample into the channel's lanes
+    # (per-column partials cost a load and a store per element, and the
+    # partials as much memory as a third of the input at 14x14 bfloat16);
+    # SEG_BLOCKS blocks of the batch, SEG_TASKS tasks at least
+    SEG_MIN_B = 64
+    SEG_BLOCKS = 16
+    SEG_TASKS = 16
 
 cdef Py_ssize_t COL_PARTIAL_BYTES = 64 << 20
 
@@ -77,6 +86,10 @@ cdef Py_ssize_t STREAM_MIN_BYTES = 32 << 20
 cdef inline bint use_columns(Py_ssize_t C, Py_ssize_t B, int code) noexcept nogil:
     return ((B < ROW_MIN_B or B * <Py_ssize_t>cn_itemsize(code) < ROW_MIN_BYTES)
             and C * B <= COL_MAX_COLUMNS)
+
+
+cdef inline bint use_segments(Py_ssize_t C, Py_ssize_t B, int code) noexcept nogil:
+    return B >= SEG_MIN_B and use_columns(C, B, code)
 
 
 cdef int reduce_rows(int op, int code, const char* x, const char* dy, const double* center,
@@ -188,6 +201,47 @@ cdef int reduce_columns(int op, int code, const char* x, const char* dy, const d
     return 0
 
 
+cdef int reduce_segments(int op, int code, const char* x, const char* dy,
+                         const double* center, double* s1, double* s2, Py_ssize_t A,
+                         Py_ssize_t C, Py_ssize_t B, int nt) noexcept nogil:
+    cdef size_t isz = cn_itemsize(code)
+    cdef Py_ssize_t nblk, rb, ncc, cw, t, blk, cc, a, c, c1, off
+    cdef double* lanes
+    cdef double* L
+    cdef double s[2]
+    nblk = min(A, <Py_ssize_t>SEG_BLOCKS)
+    rb = (A + nblk - 1) // nblk
+    nblk = (A + rb - 1) // rb
+    ncc = min(C, max(<Py_ssize_t>1, (SEG_TASKS + nblk - 1) // nblk))
+    cw = (C + ncc - 1) // ncc
+    ncc = (C + cw - 1) // cw
+    lanes = <double*>calloc(nblk * C * CN_LANE_WORDS, sizeof(double))
+    if lanes == NULL:
+        return -1
+    for t in prange(nblk * ncc, schedule='static', num_threads=nt):
+        blk = t // ncc
+        cc = t - blk * ncc
+        c1 = min(C, (cc + 1) * cw)
+        for a in range(blk * rb, min(A, (blk + 1) * rb)):
+            for c in range(cc * cw, c1):
+                off = (a * C + c) * B * isz
+                L = lanes + (blk * C + c) * CN_LANE_WORDS
+                if op == OP_MOMENTS:
+                    cn_lane_moments(code, x + off, B, center[c], L)
+                else:
+                    cn_lane_centered_dot(code, dy + off, x + off, B, center[c], L)
+    # blocks fold in block order
+    for c in range(C):
+        s[0] = 0.0
+        s[1] = 0.0
+        for blk in range(nblk):
+            cn_lanes_add(lanes + (blk * C + c) * CN_LANE_WORDS, s)
+        s1[c] = s[0]
+        s2[c] = s[1]
+    free(lanes)
+    return 0
+
+
 cdef int reduce_channels(int op, int code, const char* x, const char* dy, const double* center,
                          double* s1, double* s2, Py_ssize_t A, Py_ssize_t C, Py_ssize_t B,
                          int nt) noexcept nogil:
@@ -197,6 +251,8 @@ cdef int reduce_channels(int op, int code, const char* x, const char* dy, const 
             s1[c] = 0.0
             s2[c] = 0.0
         return 0
+    if use_segments(C, B, code):
+        return reduce_segments(op, code, x, dy, center, s1, s2, A, C, B, nt)
     if use_columns(C, B, code):
         return reduce_columns(op, code, x, dy, center, s1, s2, A, C, B, nt)
     return reduce_rows(op, code, x, dy, center, s1, s2, A, C, B, nt)
@@ -382,7 +438,7 @@ cdef int apply(int code, char* out, const char* x, const char* dy, const double*
     cdef char* k3
     if A == 0 or C == 0 or B == 0:
         return 0
-    if not use_columns(C, B, code):
+    if not use_columns(C, B, code) or use_segments(C, B, code):
         # tasks in memory order, one row chunk each: strided blocks of rows
         # measured 1.8x slower here (the prefetchers follow one stream)
         nbc = (B + ROW_CHUNK - 1) // ROW_CHUNK

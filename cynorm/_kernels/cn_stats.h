@@ -22,88 +22,128 @@
 
 #include "cn_rows.h"
 
+/* Row reductions keep their float64 lanes in a caller's array between calls:
+ * L[0, CN_LANES) and L[CN_LANES, 2 CN_LANES) the two sums' lanes, then the
+ * two tail sums.  A reduction over many rows can then visit them in any
+ * interleaving (batch norm's short rows: every channel's row of a sample in
+ * memory order) and still add every element to the same lane in the same
+ * order as one call over the rows would. */
+#define CN_LANE_WORDS (2 * CN_LANES + 2)
+
+/* s[0] += the first sum of lanes L, s[1] += the second (fixed tree) */
+static inline void cn_lanes_add(const double *L, double *s) {
+    s[0] += cn_merge_lanes(L) + L[2 * CN_LANES];
+    s[1] += cn_merge_lanes(L + CN_LANES) + L[2 * CN_LANES + 1];
+}
+
 #define CN_STATS_OPS(SFX, T, IO, M)                                                  \
+/* one row of n elements into lanes L: sum(x - k), sum((x - k)^2)            */ \
+CN_NOINLINE static void cn_lmom_##SFX(const T *xs, ptrdiff_t n, M k,                 \
+                                      double *restrict L) {                          \
+    double a1[CN_LANES], a2[CN_LANES], t1 = L[2 * CN_LANES], t2 = L[2 * CN_LANES + 1]; \
+    for (int l = 0; l < CN_LANES; l++) {                                             \
+        a1[l] = L[l];                                                                \
+        a2[l] = L[CN_LANES + l];                                                     \
+    }                                                                                \
+    ptrdiff_t m = n - n % (2 * CN_LANES), i = 0;                                     \
+    const IO *x = (const IO *)xs;                                                    \
+    for (; i < m; i += 2 * CN_LANES) {                                               \
+        if ((i & (CN_BLOCK - 1)) == 0) CN_PREFETCH_BLOCK(IO, x + i);                 \
+        for (int l = 0; l < CN_LANES; l++) {                                         \
+            M d0 = cn_load_##SFX(x[i + l]) - k;                                      \
+            M d1 = cn_load_##SFX(x[i + CN_LANES + l]) - k;                           \
+            a1[l] += (double)(d0 + d1);                                              \
+            a2[l] += (double)(d0 * d0 + d1 * d1);                                    \
+        }                                                                            \
+    }                                                                                \
+    for (; i < n; i++) {                                                             \
+        M d = cn_load_##SFX(x[i]) - k;                                               \
+        t1 += (double)d;                                                             \
+        t2 += (double)(d * d);                                                       \
+    }                                                                                \
+    for (int l = 0; l < CN_LANES; l++) {                                             \
+        L[l] = a1[l];                                                                \
+        L[CN_LANES + l] = a2[l];                                                     \
+    }                                                                                \
+    L[2 * CN_LANES] = t1;                                                            \
+    L[2 * CN_LANES + 1] = t2;                                                        \
+}                                                                                    \
 /* rows rows of n elements, ld apart: s[0] += sum(x - k), s[1] += sum((x - k)^2) */ \
-/* (one call for many short rows: the lanes carry on from row to row)         */ \
-CN_NOINLINE static void cn_rmom_##SFX(const T *xs, ptrdiff_t n, ptrdiff_t rows,      \
-                                      ptrdiff_t ld, M k, double *s) {                \
-    double a1[CN_LANES] = {0}, a2[CN_LANES] = {0}, t1 = 0.0, t2 = 0.0;               \
-    ptrdiff_t m = n - n % (2 * CN_LANES);                                            \
-    for (ptrdiff_t r = 0; r < rows; r++) {                                           \
-        const IO *x = (const IO *)xs + r * ld;                                       \
-        ptrdiff_t i = 0;                                                             \
+/* (the lanes carry on from row to row)                                       */ \
+static void cn_rmom_##SFX(const T *xs, ptrdiff_t n, ptrdiff_t rows, ptrdiff_t ld,    \
+                          M k, double *s) {                                          \
+    double L[CN_LANE_WORDS] = {0};                                                   \
+    for (ptrdiff_t r = 0; r < rows; r++)                                             \
+        cn_lmom_##SFX((const T *)((const IO *)xs + r * ld), n, k, L);                \
+    cn_lanes_add(L, s);                                                              \
+}                                                                                    \
+/* one row of n elements into lanes L; g = dy (w == NULL) or dy * w[j]:      */ \
+/* sum(g), sum(g * (x - mu))                                                   */ \
+CN_NOINLINE static void cn_lcdot_##SFX(const T *dys, const T *xs, const M *w,        \
+                                       ptrdiff_t n, M mu, double *restrict L) {      \
+    double a1[CN_LANES], a2[CN_LANES], t1 = L[2 * CN_LANES], t2 = L[2 * CN_LANES + 1]; \
+    for (int l = 0; l < CN_LANES; l++) {                                             \
+        a1[l] = L[l];                                                                \
+        a2[l] = L[CN_LANES + l];                                                     \
+    }                                                                                \
+    ptrdiff_t m = n - n % (2 * CN_LANES), i = 0;                                     \
+    const IO *dy = (const IO *)dys, *x = (const IO *)xs;                             \
+    if (w == NULL) {                                                                 \
         for (; i < m; i += 2 * CN_LANES) {                                           \
-            if ((i & (CN_BLOCK - 1)) == 0) CN_PREFETCH_BLOCK(IO, x + i);             \
+            if ((i & (CN_BLOCK - 1)) == 0) {                                         \
+                CN_PREFETCH_BLOCK(IO, x + i);                                        \
+                CN_PREFETCH_BLOCK(IO, dy + i);                                       \
+            }                                                                        \
             for (int l = 0; l < CN_LANES; l++) {                                     \
-                M d0 = cn_load_##SFX(x[i + l]) - k;                                  \
-                M d1 = cn_load_##SFX(x[i + CN_LANES + l]) - k;                       \
-                a1[l] += (double)(d0 + d1);                                          \
-                a2[l] += (double)(d0 * d0 + d1 * d1);                                \
+                M g0 = cn_load_##SFX(dy[i + l]);                                     \
+                M g1 = cn_load_##SFX(dy[i + CN_LANES + l]);                          \
+                M c0 = cn_load_##SFX(x[i + l]) - mu;                                 \
+                M c1 = cn_load_##SFX(x[i + CN_LANES + l]) - mu;                      \
+                a1[l] += (double)(g0 + g1);                                          \
+                a2[l] += (double)(g0 * c0 + g1 * c1);                                \
             }                                                                        \
         }                                                                            \
         for (; i < n; i++) {                                                         \
-            M d = cn_load_##SFX(x[i]) - k;                                           \
-            t1 += (double)d;                                                         \
-            t2 += (double)(d * d);                                                   \
+            M g = cn_load_##SFX(dy[i]);                                              \
+            t1 += (double)g;                                                         \
+            t2 += (double)(g * (cn_load_##SFX(x[i]) - mu));                          \
+        }                                                                            \
+    } else {                                                                         \
+        for (; i < m; i += 2 * CN_LANES) {                                           \
+            if ((i & (CN_BLOCK - 1)) == 0) {                                         \
+                CN_PREFETCH_BLOCK(IO, x + i);                                        \
+                CN_PREFETCH_BLOCK(IO, dy + i);                                       \
+            }                                                                        \
+            for (int l = 0; l < CN_LANES; l++) {                                     \
+                M g0 = cn_load_##SFX(dy[i + l]) * w[i + l];                          \
+                M g1 = cn_load_##SFX(dy[i + CN_LANES + l]) * w[i + CN_LANES + l];    \
+                M c0 = cn_load_##SFX(x[i + l]) - mu;                                 \
+                M c1 = cn_load_##SFX(x[i + CN_LANES + l]) - mu;                      \
+                a1[l] += (double)(g0 + g1);                                          \
+                a2[l] += (double)(g0 * c0 + g1 * c1);                                \
+            }                                                                        \
+        }                                                                            \
+        for (; i < n; i++) {                                                         \
+            M g = cn_load_##SFX(dy[i]) * w[i];                                       \
+            t1 += (double)g;                                                         \
+            t2 += (double)(g * (cn_load_##SFX(x[i]) - mu));                          \
         }                                                                            \
     }                                                                                \
-    s[0] += cn_merge_lanes(a1) + t1;                                                 \
-    s[1] += cn_merge_lanes(a2) + t2;                                                 \
+    for (int l = 0; l < CN_LANES; l++) {                                             \
+        L[l] = a1[l];                                                                \
+        L[CN_LANES + l] = a2[l];                                                     \
+    }                                                                                \
+    L[2 * CN_LANES] = t1;                                                            \
+    L[2 * CN_LANES + 1] = t2;                                                        \
 }                                                                                    \
-/* rows rows of n elements, ld apart; g = dy (w == NULL) or dy * w[j]:       */ \
-/* s[0] += sum(g), s[1] += sum(g * (x - mu))                                   */ \
-CN_NOINLINE static void cn_rcdot_##SFX(const T *dys, const T *xs, const M *w,        \
-                                       ptrdiff_t n, ptrdiff_t rows, ptrdiff_t ld,    \
-                                       M mu, double *s) {                            \
-    double a1[CN_LANES] = {0}, a2[CN_LANES] = {0}, t1 = 0.0, t2 = 0.0;               \
-    ptrdiff_t m = n - n % (2 * CN_LANES);                                            \
-    for (ptrdiff_t r = 0; r < rows; r++) {                                           \
-        const IO *dy = (const IO *)dys + r * ld, *x = (const IO *)xs + r * ld;       \
-        ptrdiff_t i = 0;                                                             \
-        if (w == NULL) {                                                             \
-            for (; i < m; i += 2 * CN_LANES) {                                       \
-                if ((i & (CN_BLOCK - 1)) == 0) {                                     \
-                    CN_PREFETCH_BLOCK(IO, x + i);                                    \
-                    CN_PREFETCH_BLOCK(IO, dy + i);                                   \
-                }                                                                    \
-                for (int l = 0; l < CN_LANES; l++) {                                 \
-                    M g0 = cn_load_##SFX(dy[i + l]);                                 \
-                    M g1 = cn_load_##SFX(dy[i + CN_LANES + l]);                      \
-                    M c0 = cn_load_##SFX(x[i + l]) - mu;                             \
-                    M c1 = cn_load_##SFX(x[i + CN_LANES + l]) - mu;                  \
-                    a1[l] += (double)(g0 + g1);                                      \
-                    a2[l] += (double)(g0 * c0 + g1 * c1);                            \
-                }                                                                    \
-            }                                                                        \
-            for (; i < n; i++) {                                                     \
-                M g = cn_load_##SFX(dy[i]);                                          \
-                t1 += (double)g;                                                     \
-                t2 += (double)(g * (cn_load_##SFX(x[i]) - mu));                      \
-            }                                                                        \
-        } else {                                                                     \
-            for (; i < m; i += 2 * CN_LANES) {                                       \
-                if ((i & (CN_BLOCK - 1)) == 0) {                                     \
-                    CN_PREFETCH_BLOCK(IO, x + i);                                    \
-                    CN_PREFETCH_BLOCK(IO, dy + i);                                   \
-                }                                                                    \
-                for (int l = 0; l < CN_LANES; l++) {                                 \
-                    M g0 = cn_load_##SFX(dy[i + l]) * w[i + l];                      \
-                    M g1 = cn_load_##SFX(dy[i + CN_LANES + l]) * w[i + CN_LANES + l];  \
-                    M c0 = cn_load_##SFX(x[i + l]) - mu;                             \
-                    M c1 = cn_load_##SFX(x[i + CN_LANES + l]) - mu;                  \
-                    a1[l] += (double)(g0 + g1);                                      \
-                    a2[l] += (double)(g0 * c0 + g1 * c1);                            \
-                }                                                                    \
-            }                                                                        \
-            for (; i < n; i++) {                                                     \
-                M g = cn_load_##SFX(dy[i]) * w[i];                               \
-                t1 += (double)g;                                                     \
-                t2 += (double)(g * (cn_load_##SFX(x[i]) - mu));                      \
-            }                                                                        \
-        }                                                                            \
-    }                                                                                \
-    s[0] += cn_merge_lanes(a1) + t1;                                                 \
-    s[1] += cn_merge_lanes(a2) + t2;                                                 \
+/* rows rows of n elements, ld apart: s[0] += sum(g), s[1] += sum(g * (x - mu)) */ \
+static void cn_rcdot_##SFX(const T *dys, const T *xs, const M *w, ptrdiff_t n,       \
+                           ptrdiff_t rows, ptrdiff_t ld, M mu, double *s) {          \
+    double L[CN_LANE_WORDS] = {0};                                                   \
+    for (ptrdiff_t r = 0; r < rows; r++)                                             \
+        cn_lcdot_##SFX((const T *)((const IO *)dys + r * ld),                        \
+                       (const T *)((const IO *)xs + r * ld), w, n, mu, L);           \
+    cn_lanes_add(L, s);                                                              \
 }                                                                                    \
 /* rows rows of n columns, ld elements apart: per column j,                  */ \
 /* a1[j] += x - k[j], a2[j] += (x - k[j])^2                                   */ \
@@ -282,6 +322,20 @@ static inline void cn_row_centered_dot(int code, const void *dy, const void *x, 
                                        double *s) {
 #define C_(S, T, M) cn_rcdot_##S((const T *)dy, (const T *)x, (const M *)w, n, rows, ld,   \
                                  (M)mu, s)
+    CN_DISPATCH(code, C_)
+#undef C_
+}
+
+/* one row into lanes L carried between calls (see CN_LANE_WORDS) */
+static inline void cn_lane_moments(int code, const void *x, ptrdiff_t n, double k, double *L) {
+#define C_(S, T, M) cn_lmom_##S((const T *)x, n, (M)k, L)
+    CN_DISPATCH(code, C_)
+#undef C_
+}
+
+static inline void cn_lane_centered_dot(int code, const void *dy, const void *x, ptrdiff_t n,
+                                        double mu, double *L) {
+#define C_(S, T, M) cn_lcdot_##S((const T *)dy, (const T *)x, NULL, n, (M)mu, L)
     CN_DISPATCH(code, C_)
 #undef C_
 }

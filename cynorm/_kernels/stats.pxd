@@ -13,6 +13,13 @@ cdef extern from "cn_stats.h" nogil:
                         double k, double* s)
     void cn_row_centered_dot(int code, const void* dy, const void* x, const void* w,
                              Py_ssize_t n, Py_ssize_t rows, Py_ssize_t ld, double mu, double* s)
+    # one row into float64 lanes carried between calls (CN_LANE_WORDS
+    # doubles, zeroed first); cn_lanes_add folds them: s[0], s[1] += the sums
+    enum: CN_LANE_WORDS
+    void cn_lane_moments(int code, const void* x, Py_ssize_t n, double k, double* L)
+    void cn_lane_centered_dot(int code, const void* dy, const void* x, Py_ssize_t n, double mu,
+                              double* L)
+    void cn_lanes_add(const double* L, double* s)
     # column kernels: `rows` rows of n columns, `ld` elements apart
     void cn_col_moments(int code, double* a1, double* a2, const void* x, const void* k,
                         Py_ssize_t n, Py_ssize_t rows, Py_ssize_t ld)
