@@ -30,120 +30,141 @@
  * order as one call over the rows would. */
 #define CN_LANE_WORDS (2 * CN_LANES + 2)
 
+#define CN_LANES_STORE(L, a1, a2, t1, t2)                                            \
+    do {                                                                             \
+        for (int l = 0; l < CN_LANES; l++) {                                         \
+            L[l] = a1[l];                                                            \
+            L[CN_LANES + l] = a2[l];                                                 \
+        }                                                                            \
+        L[2 * CN_LANES] = t1;                                                        \
+        L[2 * CN_LANES + 1] = t2;                                                    \
+    } while (0)
+
 /* s[0] += the first sum of lanes L, s[1] += the second (fixed tree) */
 static inline void cn_lanes_add(const double *L, double *s) {
     s[0] += cn_merge_lanes(L) + L[2 * CN_LANES];
     s[1] += cn_merge_lanes(L + CN_LANES) + L[2 * CN_LANES + 1];
 }
 
+/* One row's share of the two row reductions, in lanes a1/a2 (CN_LANES each)
+ * and tail sums t1/t2: the same loop for a call over many rows (lanes in
+ * registers from zero) and for lanes carried in memory between calls. */
+#define CN_MOM_ROW(SFX, IO, M, x, n, k, a1, a2, t1, t2)                              \
+    do {                                                                             \
+        ptrdiff_t m_ = (n) - (n) % (2 * CN_LANES), i = 0;                            \
+        for (; i < m_; i += 2 * CN_LANES) {                                          \
+            if ((i & (CN_BLOCK - 1)) == 0) CN_PREFETCH_BLOCK(IO, x + i);             \
+            for (int l = 0; l < CN_LANES; l++) {                                     \
+                M d0 = cn_load_##SFX(x[i + l]) - k;                                  \
+                M d1 = cn_load_##SFX(x[i + CN_LANES + l]) - k;                       \
+                a1[l] += (double)(d0 + d1);                                          \
+                a2[l] += (double)(d0 * d0 + d1 * d1);                                \
+            }                                                                        \
+        }                                                                            \
+        for (; i < (n); i++) {                                                       \
+            M d = cn_load_##SFX(x[i]) - k;                                           \
+            t1 += (double)d;                                                         \
+            t2 += (double)(d * d);                                                   \
+        }                                                                            \
+    } while (0)
+
+/* g = dy (w == NULL) or dy * w[j]: a1/a2 lanes of sum(g), sum(g * (x - mu)) */
+#define CN_CDOT_ROW(SFX, IO, M, dy, x, w, n, mu, a1, a2, t1, t2)                     \
+    do {                                                                             \
+        ptrdiff_t m_ = (n) - (n) % (2 * CN_LANES), i = 0;                            \
+        if (w == NULL) {                                                             \
+            for (; i < m_; i += 2 * CN_LANES) {                                      \
+                if ((i & (CN_BLOCK - 1)) == 0) {                                     \
+                    CN_PREFETCH_BLOCK(IO, x + i);                                    \
+                    CN_PREFETCH_BLOCK(IO, dy + i);                                   \
+                }                                                                    \
+                for (int l = 0; l < CN_LANES; l++) {                                 \
+                    M g0 = cn_load_##SFX(dy[i + l]);                                 \
+                    M g1 = cn_load_##SFX(dy[i + CN_LANES + l]);                      \
+                    M c0 = cn_load_##SFX(x[i + l]) - mu;                             \
+                    M c1 = cn_load_##SFX(x[i + CN_LANES + l]) - mu;                  \
+                    a1[l] += (double)(g0 + g1);                                      \
+                    a2[l] += (double)(g0 * c0 + g1 * c1);                            \
+                }                                                                    \
+            }                                                                        \
+            for (; i < (n); i++) {                                                   \
+                M g = cn_load_##SFX(dy[i]);                                          \
+                t1 += (double)g;                                                     \
+                t2 += (double)(g * (cn_load_##SFX(x[i]) - mu));                      \
+            }                                                                        \
+        } else {                                                                     \
+            for (; i < m_; i += 2 * CN_LANES) {                                      \
+                if ((i & (CN_BLOCK - 1)) == 0) {                                     \
+                    CN_PREFETCH_BLOCK(IO, x + i);                                    \
+                    CN_PREFETCH_BLOCK(IO, dy + i);                                   \
+                }                                                                    \
+                for (int l = 0; l < CN_LANES; l++) {                                 \
+                    M g0 = cn_load_##SFX(dy[i + l]) * w[i + l];                      \
+                    M g1 = cn_load_##SFX(dy[i + CN_LANES + l]) * w[i + CN_LANES + l]; \
+                    M c0 = cn_load_##SFX(x[i + l]) - mu;                             \
+                    M c1 = cn_load_##SFX(x[i + CN_LANES + l]) - mu;                  \
+                    a1[l] += (double)(g0 + g1);                                      \
+                    a2[l] += (double)(g0 * c0 + g1 * c1);                            \
+                }                                                                    \
+            }                                                                        \
+            for (; i < (n); i++) {                                                   \
+                M g = cn_load_##SFX(dy[i]) * w[i];                                   \
+                t1 += (double)g;                                                     \
+                t2 += (double)(g * (cn_load_##SFX(x[i]) - mu));                      \
+            }                                                                        \
+        }                                                                            \
+    } while (0)
+
 #define CN_STATS_OPS(SFX, T, IO, M)                                                  \
-/* one row of n elements into lanes L: sum(x - k), sum((x - k)^2)            */ \
+/* rows rows of n elements, ld apart: s[0] += sum(x - k), s[1] += sum((x - k)^2) */ \
+/* (the lanes carry on from row to row)                                       */ \
+CN_NOINLINE static void cn_rmom_##SFX(const T *xs, ptrdiff_t n, ptrdiff_t rows,      \
+                                      ptrdiff_t ld, M k, double *s) {                \
+    double a1[CN_LANES] = {0}, a2[CN_LANES] = {0}, t1 = 0.0, t2 = 0.0;               \
+    for (ptrdiff_t r = 0; r < rows; r++) {                                           \
+        const IO *x = (const IO *)xs + r * ld;                                       \
+        CN_MOM_ROW(SFX, IO, M, x, n, k, a1, a2, t1, t2);                             \
+    }                                                                                \
+    s[0] += cn_merge_lanes(a1) + t1;                                                 \
+    s[1] += cn_merge_lanes(a2) + t2;                                                 \
+}                                                                                    \
+/* one row of n elements into lanes L carried between calls (CN_LANE_WORDS) */    \
 CN_NOINLINE static void cn_lmom_##SFX(const T *xs, ptrdiff_t n, M k,                 \
                                       double *restrict L) {                          \
     double a1[CN_LANES], a2[CN_LANES], t1 = L[2 * CN_LANES], t2 = L[2 * CN_LANES + 1]; \
-    for (int l = 0; l < CN_LANES; l++) {                                             \
-        a1[l] = L[l];                                                                \
-        a2[l] = L[CN_LANES + l];                                                     \
-    }                                                                                \
-    ptrdiff_t m = n - n % (2 * CN_LANES), i = 0;                                     \
     const IO *x = (const IO *)xs;                                                    \
-    for (; i < m; i += 2 * CN_LANES) {                                               \
-        if ((i & (CN_BLOCK - 1)) == 0) CN_PREFETCH_BLOCK(IO, x + i);                 \
-        for (int l = 0; l < CN_LANES; l++) {                                         \
-            M d0 = cn_load_##SFX(x[i + l]) - k;                                      \
-            M d1 = cn_load_##SFX(x[i + CN_LANES + l]) - k;                           \
-            a1[l] += (double)(d0 + d1);                                              \
-            a2[l] += (double)(d0 * d0 + d1 * d1);                                    \
-        }                                                                            \
-    }                                                                                \
-    for (; i < n; i++) {                                                             \
-        M d = cn_load_##SFX(x[i]) - k;                                               \
-        t1 += (double)d;                                                             \
-        t2 += (double)(d * d);                                                       \
-    }                                                                                \
-    for (int l = 0; l < CN_LANES; l++) {                                             \
-        L[l] = a1[l];                                                                \
-        L[CN_LANES + l] = a2[l];                                                     \
-    }                                                                                \
-    L[2 * CN_LANES] = t1;                                                            \
-    L[2 * CN_LANES + 1] = t2;                                                        \
-}                                                                                    \
-/* rows rows of n elements, ld apart: s[0] += sum(x - k), s[1] += sum((x - k)^2) */ \
-/* (the lanes carry on from row to row)                                       */ \
-static void cn_rmom_##SFX(const T *xs, ptrdiff_t n, ptrdiff_t rows, ptrdiff_t ld,    \
-                          M k, double *s) {                                          \
-    double L[CN_LANE_WORDS] = {0};                                                   \
-    for (ptrdiff_t r = 0; r < rows; r++)                                             \
-        cn_lmom_##SFX((const T *)((const IO *)xs + r * ld), n, k, L);                \
-    cn_lanes_add(L, s);                                                              \
-}                                                                                    \
-/* one row of n elements into lanes L; g = dy (w == NULL) or dy * w[j]:      */ \
-/* sum(g), sum(g * (x - mu))                                                   */ \
-CN_NOINLINE static void cn_lcdot_##SFX(const T *dys, const T *xs, const M *w,        \
-                                       ptrdiff_t n, M mu, double *restrict L) {      \
-    double a1[CN_LANES], a2[CN_LANES], t1 = L[2 * CN_LANES], t2 = L[2 * CN_LANES + 1]; \
     for (int l = 0; l < CN_LANES; l++) {                                             \
         a1[l] = L[l];                                                                \
         a2[l] = L[CN_LANES + l];                                                     \
     }                                                                                \
-    ptrdiff_t m = n - n % (2 * CN_LANES), i = 0;                                     \
-    const IO *dy = (const IO *)dys, *x = (const IO *)xs;                             \
-    if (w == NULL) {                                                                 \
-        for (; i < m; i += 2 * CN_LANES) {                                           \
-            if ((i & (CN_BLOCK - 1)) == 0) {                                         \
-                CN_PREFETCH_BLOCK(IO, x + i);                                        \
-                CN_PREFETCH_BLOCK(IO, dy + i);                                       \
-            }                                                                        \
-            for (int l = 0; l < CN_LANES; l++) {                                     \
-                M g0 = cn_load_##SFX(dy[i + l]);                                     \
-                M g1 = cn_load_##SFX(dy[i + CN_LANES + l]);                          \
-                M c0 = cn_load_##SFX(x[i + l]) - mu;                                 \
-                M c1 = cn_load_##SFX(x[i + CN_LANES + l]) - mu;                      \
-                a1[l] += (double)(g0 + g1);                                          \
-                a2[l] += (double)(g0 * c0 + g1 * c1);                                \
-            }                                                                        \
-        }                                                                            \
-        for (; i < n; i++) {                                                         \
-            M g = cn_load_##SFX(dy[i]);                                              \
-            t1 += (double)g;                                                         \
-            t2 += (double)(g * (cn_load_##SFX(x[i]) - mu));                          \
-        }                                                                            \
-    } else {                                                                         \
-        for (; i < m; i += 2 * CN_LANES) {                                           \
-            if ((i & (CN_BLOCK - 1)) == 0) {                                         \
-                CN_PREFETCH_BLOCK(IO, x + i);                                        \
-                CN_PREFETCH_BLOCK(IO, dy + i);                                       \
-            }                                                                        \
-            for (int l = 0; l < CN_LANES; l++) {                                     \
-                M g0 = cn_load_##SFX(dy[i + l]) * w[i + l];                          \
-                M g1 = cn_load_##SFX(dy[i + CN_LANES + l]) * w[i + CN_LANES + l];    \
-                M c0 = cn_load_##SFX(x[i + l]) - mu;                                 \
-                M c1 = cn_load_##SFX(x[i + CN_LANES + l]) - mu;                      \
-                a1[l] += (double)(g0 + g1);                                          \
-                a2[l] += (double)(g0 * c0 + g1 * c1);                                \
-            }                                                                        \
-        }                                                                            \
-        for (; i < n; i++) {                                                         \
-            M g = cn_load_##SFX(dy[i]) * w[i];                                       \
-            t1 += (double)g;                                                         \
-            t2 += (double)(g * (cn_load_##SFX(x[i]) - mu));                          \
-        }                                                                            \
-    }                                                                                \
-    for (int l = 0; l < CN_LANES; l++) {                                             \
-        L[l] = a1[l];                                                                \
-        L[CN_LANES + l] = a2[l];                                                     \
-    }                                                                                \
-    L[2 * CN_LANES] = t1;                                                            \
-    L[2 * CN_LANES + 1] = t2;                                                        \
+    CN_MOM_ROW(SFX, IO, M, x, n, k, a1, a2, t1, t2);                                 \
+    CN_LANES_STORE(L, a1, a2, t1, t2);                                               \
 }                                                                                    \
-/* rows rows of n elements, ld apart: s[0] += sum(g), s[1] += sum(g * (x - mu)) */ \
-static void cn_rcdot_##SFX(const T *dys, const T *xs, const M *w, ptrdiff_t n,       \
-                           ptrdiff_t rows, ptrdiff_t ld, M mu, double *s) {          \
-    double L[CN_LANE_WORDS] = {0};                                                   \
-    for (ptrdiff_t r = 0; r < rows; r++)                                             \
-        cn_lcdot_##SFX((const T *)((const IO *)dys + r * ld),                        \
-                       (const T *)((const IO *)xs + r * ld), w, n, mu, L);           \
-    cn_lanes_add(L, s);                                                              \
+/* rows rows of n elements, ld apart; g = dy (w == NULL) or dy * w[j]:       */ \
+/* s[0] += sum(g), s[1] += sum(g * (x - mu))                                   */ \
+CN_NOINLINE static void cn_rcdot_##SFX(const T *dys, const T *xs, const M *w,        \
+                                       ptrdiff_t n, ptrdiff_t rows, ptrdiff_t ld,    \
+                                       M mu, double *s) {                            \
+    double a1[CN_LANES] = {0}, a2[CN_LANES] = {0}, t1 = 0.0, t2 = 0.0;               \
+    for (ptrdiff_t r = 0; r < rows; r++) {                                           \
+        const IO *dy = (const IO *)dys + r * ld, *x = (const IO *)xs + r * ld;       \
+        CN_CDOT_ROW(SFX, IO, M, dy, x, w, n, mu, a1, a2, t1, t2);                    \
+    }                                                                                \
+    s[0] += cn_merge_lanes(a1) + t1;                                                 \
+    s[1] += cn_merge_lanes(a2) + t2;                                                 \
+}                                                                                    \
+/* one row into lanes L carried between calls (batch norm: w is NULL)        */ \
+CN_NOINLINE static void cn_lcdot_##SFX(const T *dys, const T *xs, ptrdiff_t n, M mu,  \
+                                       double *restrict L) {                         \
+    double a1[CN_LANES], a2[CN_LANES], t1 = L[2 * CN_LANES], t2 = L[2 * CN_LANES + 1]; \
+    const IO *dy = (const IO *)dys, *x = (const IO *)xs;                             \
+    const M *w = NULL;                                                               \
+    for (int l = 0; l < CN_LANES; l++) {                                             \
+        a1[l] = L[l];                                                                \
+        a2[l] = L[CN_LANES + l];                                                     \
+    }                                                                                \
+    CN_CDOT_ROW(SFX, IO, M, dy, x, w, n, mu, a1, a2, t1, t2);                        \
+    CN_LANES_STORE(L, a1, a2, t1, t2);                                               \
 }                                                                                    \
 /* rows rows of n columns, ld elements apart: per column j,                  */ \
 /* a1[j] += x - k[j], a2[j] += (x - k[j])^2                                   */ \
@@ -335,7 +356,7 @@ static inline void cn_lane_moments(int code, const void *x, ptrdiff_t n, double 
 
 static inline void cn_lane_centered_dot(int code, const void *dy, const void *x, ptrdiff_t n,
                                         double mu, double *L) {
-#define C_(S, T, M) cn_lcdot_##S((const T *)dy, (const T *)x, NULL, n, (M)mu, L)
+#define C_(S, T, M) cn_lcdot_##S((const T *)dy, (const T *)x, n, (M)mu, L)
     CN_DISPATCH(code, C_)
 #undef C_
 }
