@@ -1,70 +1,93 @@
-"""cudnn_bind: cuDNN batch normalization on device buffers through ctypes.
+"""cudnn_bind: cuDNN batch normalization on device buffers, through ctypes.
 
-This package is a placeholder until its issue lands: it can already tell
-whether a cuDNN library is present on this machine (`find_library`,
-`describe`), but running batch norm raises NotImplementedError.
+Pure Python: no compiler and no CUDA toolkit at install time.  The libraries
+are found at first use (see `cudnn_bind._lib` for the search order) or
+named with `load(path)`.  Arrays may be CuPy arrays, PyTorch CUDA tensors,
+anything with `__cuda_array_interface__` or DLPack, or `DeviceArray`.
+
+    y, save_mean, save_invstd, reserve = batch_norm_forward_training(x, w, b, rm, rv)
+    dx, dw, db = batch_norm_backward(x, dy, w, save_mean, save_invstd, 1e-5, reserve)
+    y = batch_norm_forward_inference(x, w, b, rm, rv)
+
+cuDNN 9 marks this legacy batch-norm API deprecated; it still works and is
+what PyTorch calls.
 """
-import ctypes
-import glob
-import os
-import sys
+from cudnn_bind import _lib
+from cudnn_bind.batch_norm import (
+    INFERENCE_MAX_BATCH, TRAINING_MAX_BATCH, batch_norm_backward, batch_norm_forward_inference,
+    batch_norm_forward_training, can_use_cudnn, choose_mode)
+from cudnn_bind.descriptors import (
+    PER_ACTIVATION, SPATIAL, SPATIAL_PERSISTENT, ActivationDescriptor, TensorDescriptor,
+    derive_bn_descriptor)
+from cudnn_bind.errors import CudaError, CudnnBindError, CudnnError, CudnnUnavailableError
+from cudnn_bind.handles import Handle, handle_for
+from cudnn_bind.memory import DeviceArray, DeviceBuffer
 
-__all__ = ["find_library", "describe", "is_available", "unavailable_reason",
-           "version", "batch_norm_forward_training", "batch_norm_forward_inference",
-           "batch_norm_backward"]
-
-_SONAMES = ("libcudnn.so.9", "libcudnn.so.8")
-
-
-def _wheel_candidates():
-    for base in sys.path:
-        for major in ("9", "8"):
-            yield from glob.glob(os.path.join(base, "nvidia", "cudnn", "lib", f"libcudnn.so.{major}"))
-
-
-def find_library():
-    """The path (or loader name) of a loadable libcudnn, or None.
-
-    Order: $CUDNN_BIND_LIBRARY, the nvidia-cudnn wheels in site-packages,
-    then the system loader (libcudnn.so.9, then .so.8)."""
-    env = os.environ.get("CUDNN_BIND_LIBRARY")
-    candidates = ([env] if env else []) + list(_wheel_candidates()) + list(_SONAMES)
-    for name in candidates:
-        try:
-            ctypes.CDLL(name)
-        except OSError:
-            continue
-        return name
-    return None
+__all__ = [
+    "load", "reset", "version", "is_available", "unavailable_reason", "describe", "device_count",
+    "batch_norm_forward_training", "batch_norm_forward_inference", "batch_norm_backward",
+    "can_use_cudnn", "choose_mode", "DeviceArray", "DeviceBuffer", "Handle", "handle_for",
+    "TensorDescriptor", "ActivationDescriptor", "derive_bn_descriptor", "PER_ACTIVATION",
+    "SPATIAL", "SPATIAL_PERSISTENT", "TRAINING_MAX_BATCH", "INFERENCE_MAX_BATCH",
+    "CudnnBindError", "CudnnError", "CudaError", "CudnnUnavailableError",
+]
 
 
-def describe():
-    """One line for `python -m cynorm`: which cuDNN was found, if any."""
-    path = find_library()
-    if path is None:
-        return "not found (no libcudnn.so.9/.so.8 on this machine)"
-    return f"found: {path} (binding not implemented yet)"
+def load(path=None, cudart=None):
+    """Load cuDNN from `path` (and the CUDA runtime from `cudart`), replacing
+    any library loaded before; returns the loaded library object."""
+    return _lib.load(path, cudart)
 
 
-def is_available():
-    return False
-
-
-def unavailable_reason():
-    return "cudnn_bind is not implemented yet"
+def reset():
+    """Forget the loaded library; the next call searches again."""
+    _lib.reset()
 
 
 def version():
-    raise NotImplementedError("cudnn_bind.version: the cuDNN binding is not implemented yet")
+    """cuDNN's version number (e.g. 92800 for 9.28.0); CudnnUnavailableError if none loads."""
+    return _lib.get().version
 
 
-def _not_yet(name):
-    def stub(*args, **kwargs):
-        raise NotImplementedError(f"cudnn_bind.{name}: the cuDNN binding is not implemented yet")
-    stub.__name__ = name
-    return stub
+def device_count():
+    """The number of CUDA devices (raises CudaError without a driver)."""
+    import ctypes
+    lib = _lib.get()
+    n = ctypes.c_int()
+    lib.cuda("cudaGetDeviceCount", ctypes.byref(n))
+    return n.value
 
 
-batch_norm_forward_training = _not_yet("batch_norm_forward_training")
-batch_norm_forward_inference = _not_yet("batch_norm_forward_inference")
-batch_norm_backward = _not_yet("batch_norm_backward")
+def unavailable_reason():
+    """'' when cuDNN batch norm can run here, else one sentence saying why:
+    no library, no driver or no GPU."""
+    try:
+        lib = _lib.get()
+    except CudnnUnavailableError as exc:
+        return f"no cuDNN library: {exc}"
+    try:
+        n = device_count()
+    except CudaError as exc:
+        if exc.name in ("cudaErrorInsufficientDriver", "cudaErrorNoDevice"):
+            what = "no NVIDIA driver" if exc.name == "cudaErrorInsufficientDriver" else "no GPU"
+            return f"{what}: cudaGetDeviceCount returned {exc.name} (cuDNN {lib.version} loaded from {lib.cudnn_path})"
+        return f"the CUDA runtime failed: {exc}"
+    if n == 0:
+        return f"no GPU: cudaGetDeviceCount found 0 devices (cuDNN {lib.version} loaded)"
+    return ""
+
+
+def is_available():
+    """Whether cuDNN, the CUDA runtime, a driver and a GPU are all present."""
+    return unavailable_reason() == ""
+
+
+def describe():
+    """One line for `python -m cynorm`."""
+    try:
+        lib = _lib.get()
+    except CudnnUnavailableError as exc:
+        return f"cuDNN not found ({exc})"
+    reason = unavailable_reason()
+    state = "available" if not reason else f"unavailable: {reason}"
+    return f"cuDNN {lib.version} from {lib.cudnn_path}, CUDA runtime {lib.cudart_path}; {state}"

@@ -180,6 +180,18 @@ def run_norms(dtype, activations, rng, progress):
     return results
 
 
+def print_cudnn():
+    """cudnn_bind's view of the GPU side: library version, availability, why not."""
+    import cudnn_bind
+    try:
+        version = cudnn_bind.version()
+    except cudnn_bind.CudnnBindError as exc:
+        version = f"none ({exc})"
+    reason = cudnn_bind.unavailable_reason()
+    print(f"\ncudnn_bind: cuDNN version {version}; is_available() = {not reason}"
+          + (f"\n  unavailable_reason(): {reason}" if reason else ""))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m cynorm", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="only the first layers of each stage")
@@ -198,6 +210,7 @@ def main(argv=None):
 
     print(f"cynorm {cynorm.__version__} — build configuration")
     cynorm.show_config()
+    print_cudnn()
 
     layers = resnet50_weights()
     activations = resnet50_activations()

@@ -1,0 +1,279 @@
+"""Finding and loading libcudnn and the CUDA runtime, and their prototypes.
+
+Libraries are opened by absolute path where one is known, in this order:
+
+1. ``cudnn_bind.load(path)`` or ``$CUDNN_BIND_LIBRARY`` (and, for the runtime,
+   ``load(cudart=...)`` or ``$CUDNN_BIND_CUDART``);
+2. the NVIDIA wheels in site-packages (``nvidia/cudnn/lib`` from
+   nvidia-cudnn-cu12/-cu13, ``nvidia/cuda_runtime/lib`` from
+   nvidia-cuda-runtime-cu12, ``nvidia/cu13/lib`` from the CUDA 13 wheels);
+3. the system loader by soname: libcudnn.so.9, then libcudnn.so.8.
+
+The runtime is looked up *after* cuDNN, by the major version cuDNN reports
+from cudnnGetCudartVersion: ``ctypes.util.find_library('cudart')`` may hand
+back a runtime of another major version than cuDNN was built against.
+
+Every function used is declared with argtypes/restype copied from the real
+prototypes (cudnn_graph.h / cudnn_ops.h in cuDNN 9, cudnn_ops_infer.h /
+cudnn_ops_train.h in 8; cuda_runtime_api.h).  The tests compile a stand-in
+against the real headers and drive this table through it.
+"""
+import ctypes
+import glob
+import os
+import site
+import sys
+import threading
+
+from cudnn_bind.errors import CudaError, CudnnError, CudnnUnavailableError, status_name
+
+__all__ = ["Library", "get", "load", "reset", "CUDNN_FUNCTIONS", "CUDART_FUNCTIONS"]
+
+c_int, c_size_t, c_double, c_void_p, c_char_p = (
+    ctypes.c_int, ctypes.c_size_t, ctypes.c_double, ctypes.c_void_p, ctypes.c_char_p)
+P = ctypes.POINTER
+# opaque handles and descriptors are pointers; enums are int
+HANDLE = DESC = STREAM = c_void_p
+
+# name: (restype, argtypes).  cudnnStatus_t and cudaError_t are int.
+CUDNN_FUNCTIONS = {
+    "cudnnGetVersion": (c_size_t, []),
+    "cudnnGetCudartVersion": (c_size_t, []),
+    "cudnnGetErrorString": (c_char_p, [c_int]),
+    "cudnnCreate": (c_int, [P(HANDLE)]),
+    "cudnnDestroy": (c_int, [HANDLE]),
+    "cudnnSetStream": (c_int, [HANDLE, STREAM]),
+    "cudnnGetStream": (c_int, [HANDLE, P(STREAM)]),
+    "cudnnCreateTensorDescriptor": (c_int, [P(DESC)]),
+    "cudnnSetTensorNdDescriptor": (c_int, [DESC, c_int, c_int, P(c_int), P(c_int)]),
+    "cudnnGetTensorNdDescriptor": (c_int, [DESC, c_int, P(c_int), P(c_int), P(c_int), P(c_int)]),
+    "cudnnDestroyTensorDescriptor": (c_int, [DESC]),
+    "cudnnDeriveBNTensorDescriptor": (c_int, [DESC, DESC, c_int]),
+    "cudnnCreateActivationDescriptor": (c_int, [P(DESC)]),
+    "cudnnSetActivationDescriptor": (c_int, [DESC, c_int, c_int, c_double]),
+    "cudnnDestroyActivationDescriptor": (c_int, [DESC]),
+    "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize": (
+        c_int, [HANDLE, c_int, c_int, DESC, DESC, DESC, DESC, DESC, P(c_size_t)]),
+    "cudnnGetBatchNormalizationBackwardExWorkspaceSize": (
+        c_int, [HANDLE, c_int, c_int, DESC, DESC, DESC, DESC, DESC, DESC, DESC, P(c_size_t)]),
+    "cudnnGetBatchNormalizationTrainingExReserveSpaceSize": (
+        c_int, [HANDLE, c_int, c_int, DESC, DESC, P(c_size_t)]),
+    "cudnnBatchNormalizationForwardTrainingEx": (
+        c_int, [HANDLE, c_int, c_int, c_void_p, c_void_p,       # handle, mode, ops, alpha, beta
+                DESC, c_void_p, DESC, c_void_p, DESC, c_void_p,  # x, z, y
+                DESC, c_void_p, c_void_p,                        # scale/bias desc, scale, bias
+                c_double, c_void_p, c_void_p,                    # factor, running mean, var
+                c_double, c_void_p, c_void_p,                    # eps, save mean, save invvar
+                DESC, c_void_p, c_size_t, c_void_p, c_size_t]),  # act, workspace, reserve
+    "cudnnBatchNormalizationForwardInference": (
+        c_int, [HANDLE, c_int, c_void_p, c_void_p, DESC, c_void_p, DESC, c_void_p,
+                DESC, c_void_p, c_void_p, c_void_p, c_void_p, c_double]),
+    "cudnnBatchNormalizationBackwardEx": (
+        c_int, [HANDLE, c_int, c_int, c_void_p, c_void_p, c_void_p, c_void_p,
+                DESC, c_void_p, DESC, c_void_p, DESC, c_void_p,  # x, y, dy
+                DESC, c_void_p, DESC, c_void_p,                  # dz, dx
+                DESC, c_void_p, c_void_p, c_void_p, c_void_p,    # dparam desc, scale, bias, dscale, dbias
+                c_double, c_void_p, c_void_p,                    # eps, saved mean, saved invvar
+                DESC, c_void_p, c_size_t, c_void_p, c_size_t]),  # act, workspace, reserve
+}
+# cuDNN 9 only
+CUDNN9_FUNCTIONS = {
+    "cudnnGetLastErrorString": (None, [c_char_p, c_size_t]),
+}
+
+
+class PointerAttributes(ctypes.Structure):
+    # struct cudaPointerAttributes (CUDA 11 and later)
+    _fields_ = [("type", c_int), ("device", c_int), ("devicePointer", c_void_p),
+                ("hostPointer", c_void_p)]
+
+
+CUDART_FUNCTIONS = {
+    "cudaRuntimeGetVersion": (c_int, [P(c_int)]),
+    "cudaDriverGetVersion": (c_int, [P(c_int)]),
+    "cudaGetDeviceCount": (c_int, [P(c_int)]),
+    "cudaGetDevice": (c_int, [P(c_int)]),
+    "cudaSetDevice": (c_int, [c_int]),
+    "cudaMalloc": (c_int, [P(c_void_p), c_size_t]),
+    "cudaFree": (c_int, [c_void_p]),
+    "cudaMemcpy": (c_int, [c_void_p, c_void_p, c_size_t, c_int]),
+    "cudaMemset": (c_int, [c_void_p, c_int, c_size_t]),
+    "cudaDeviceSynchronize": (c_int, []),
+    "cudaStreamSynchronize": (c_int, [STREAM]),
+    "cudaPointerGetAttributes": (c_int, [P(PointerAttributes), c_void_p]),
+    "cudaGetErrorString": (c_char_p, [c_int]),
+    "cudaGetErrorName": (c_char_p, [c_int]),
+    "cudaGetLastError": (c_int, []),
+}
+
+CUDA_MEMCPY_HOST_TO_DEVICE = 1
+CUDA_MEMCPY_DEVICE_TO_HOST = 2
+CUDA_MEMCPY_DEVICE_TO_DEVICE = 3
+CUDA_MEMORY_TYPE_DEVICE = 2
+CUDA_MEMORY_TYPE_MANAGED = 3
+
+
+def _site_dirs():
+    dirs = list(sys.path)
+    try:
+        dirs += site.getsitepackages() + [site.getusersitepackages()]
+    except AttributeError:  # virtualenv's old site module
+        pass
+    seen = []
+    for d in dirs:
+        if d and os.path.isdir(d) and d not in seen:
+            seen.append(d)
+    return seen
+
+
+def _wheel_files(patterns):
+    for base in _site_dirs():
+        for pattern in patterns:
+            yield from sorted(glob.glob(os.path.join(base, "nvidia", pattern)), reverse=True)
+
+
+def cudnn_candidates(path=None):
+    """Where libcudnn is looked for, in order (absolute paths first).  A
+    library named by `path` or $CUDNN_BIND_LIBRARY is the only candidate: a
+    user who names one must get that one or an error, not another."""
+    explicit = path or os.environ.get("CUDNN_BIND_LIBRARY")
+    if explicit:
+        return [explicit]
+    wheel = list(_wheel_files(["cudnn/lib/libcudnn.so.9", "cu13/lib/libcudnn.so.9",
+                               "cudnn/lib/libcudnn.so.8"]))
+    return wheel + ["libcudnn.so.9", "libcudnn.so.8"]
+
+
+def cudart_candidates(major, path=None):
+    """Where the CUDA runtime of major version `major` is looked for, in order
+    (`path` or $CUDNN_BIND_CUDART alone when given)."""
+    explicit = path or os.environ.get("CUDNN_BIND_CUDART")
+    if explicit:
+        return [explicit]
+    wheel = list(_wheel_files([f"cuda_runtime/lib/libcudart.so.{major}",
+                               f"cu{major}/lib/libcudart.so.{major}"]))
+    system = [f"libcudart.so.{major}"] + (["libcudart.so.11.0"] if major == 11 else [])
+    return wheel + system
+
+
+def _open(candidates, what):
+    errors = []
+    for name in candidates:
+        try:
+            return ctypes.CDLL(name), name
+        except OSError as exc:
+            errors.append(f"{name}: {exc}")
+    raise CudnnUnavailableError(f"no {what} could be loaded (tried {len(errors)} places: "
+                                + "; ".join(errors[:4]) + ")")
+
+
+def _declare(lib, table, path):
+    for name, (restype, argtypes) in table.items():
+        try:
+            fn = getattr(lib, name)
+        except AttributeError:
+            raise CudnnUnavailableError(f"{path} has no symbol {name}") from None
+        fn.restype = restype
+        fn.argtypes = argtypes
+
+
+class Library:
+    """libcudnn and the matching CUDA runtime, loaded and declared.
+
+    Attributes: cudnn, cudart (ctypes.CDLL), cudnn_path, cudart_path,
+    version (e.g. 92800), major (8 or 9), cudart_version (as cuDNN reports it).
+    """
+
+    def __init__(self, path=None, cudart=None):
+        self.cudnn, self.cudnn_path = _open(cudnn_candidates(path), "cuDNN library (libcudnn)")
+        for name in ("cudnnGetVersion", "cudnnGetCudartVersion"):
+            getattr(self.cudnn, name).restype = c_size_t
+            getattr(self.cudnn, name).argtypes = []
+        self.version = int(self.cudnn.cudnnGetVersion())
+        self.major = self.version // 10000 if self.version >= 10000 else self.version // 1000
+        if self.major not in (8, 9):
+            raise CudnnUnavailableError(f"{self.cudnn_path} is cuDNN {self.version}; "
+                                        "cudnn_bind supports cuDNN 8 and 9")
+        _declare(self.cudnn, CUDNN_FUNCTIONS, self.cudnn_path)
+        if self.major >= 9:
+            _declare(self.cudnn, CUDNN9_FUNCTIONS, self.cudnn_path)
+        self.cudart_version = int(self.cudnn.cudnnGetCudartVersion())
+        cuda_major = self.cudart_version // 1000
+        self.cudart, self.cudart_path = _open(cudart_candidates(cuda_major, cudart),
+                                              f"CUDA {cuda_major} runtime (libcudart)")
+        _declare(self.cudart, CUDART_FUNCTIONS, self.cudart_path)
+        # cuDNN 8 requires eps >= 1e-5 (CUDNN_BN_MIN_EPSILON); 9 allows 0
+        self.min_epsilon = 1e-5 if self.major == 8 else 0.0
+
+    # -- errors -----------------------------------------------------------
+    def last_error_detail(self):
+        """cudnnGetLastErrorString's message (cuDNN 9; '' for 8)."""
+        if self.major < 9:
+            return ""
+        buf = ctypes.create_string_buffer(1024)
+        self.cudnn.cudnnGetLastErrorString(buf, len(buf))
+        return buf.value.decode(errors="replace")
+
+    def check(self, status, function):
+        """Raise CudnnError unless `status` is CUDNN_STATUS_SUCCESS."""
+        if status != 0:
+            message = self.cudnn.cudnnGetErrorString(status)
+            raise CudnnError(function, status, status_name(status, self.major),
+                             message.decode(errors="replace") if message else "",
+                             self.last_error_detail())
+
+    def call(self, function, *args):
+        """Call a cuDNN function by name and check its status."""
+        self.check(getattr(self.cudnn, function)(*args), function)
+
+    def cuda(self, function, *args):
+        """Call a CUDA runtime function by name; raise CudaError on failure."""
+        code = getattr(self.cudart, function)(*args)
+        if code != 0:
+            self.cudart.cudaGetLastError()  # clear the sticky-free error state
+            name = self.cudart.cudaGetErrorName(code)
+            text = self.cudart.cudaGetErrorString(code)
+            raise CudaError(function, code, name.decode() if name else f"cudaError {code}",
+                            text.decode() if text else "")
+
+
+_LOCK = threading.Lock()
+_STATE = {"lib": None, "error": None, "path": None, "cudart": None}
+
+
+def load(path=None, cudart=None):
+    """Load (or reload) cuDNN from `path` (and the runtime from `cudart`).
+
+    Without arguments the search order of the module docstring applies.
+    Returns the Library; raises CudnnUnavailableError if nothing loads."""
+    with _LOCK:
+        from cudnn_bind import handles  # handles belong to the library they came from
+        handles.release_all()
+        _STATE.update(lib=None, error=None, path=path, cudart=cudart)
+        try:
+            _STATE["lib"] = Library(path, cudart)
+        except CudnnUnavailableError as exc:
+            _STATE["error"] = exc
+            raise
+        return _STATE["lib"]
+
+
+def get():
+    """The loaded Library (loading it on first use); CudnnUnavailableError if none."""
+    lib = _STATE["lib"]
+    if lib is not None:
+        return lib
+    if _STATE["error"] is not None:
+        raise _STATE["error"]
+    try:
+        return load(_STATE["path"], _STATE["cudart"])
+    except CudnnUnavailableError:
+        raise
+
+
+def reset():
+    """Forget the loaded library (the next use searches again)."""
+    with _LOCK:
+        from cudnn_bind import handles
+        handles.release_all()
+        _STATE.update(lib=None, error=None, path=None, cudart=None)

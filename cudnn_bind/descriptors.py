@@ -1,0 +1,137 @@
+"""cuDNN tensor and activation descriptors, and the enums batch norm uses.
+
+A descriptor owns a cuDNN object: it is destroyed by `close()`, by leaving a
+`with` block, or when garbage collected.  Tensor descriptors follow ATen's
+`TensorDescriptor{t, 4}`: fewer than 4 dimensions are padded with trailing
+size-1 dimensions, and size-1 dimensions get the stride a packed tensor of
+the same layout would have (cuDNN rejects some layouts otherwise).
+"""
+import ctypes
+
+from cudnn_bind import _lib
+
+__all__ = ["DATA_FLOAT", "DATA_DOUBLE", "DATA_HALF", "DATA_BFLOAT16", "PER_ACTIVATION",
+           "SPATIAL", "SPATIAL_PERSISTENT", "OPS_BN", "OPS_BN_ACTIVATION",
+           "OPS_BN_ADD_ACTIVATION", "MODES", "TensorDescriptor", "ActivationDescriptor",
+           "derive_bn_descriptor", "padded_geometry"]
+
+# cudnnDataType_t
+DATA_FLOAT, DATA_DOUBLE, DATA_HALF, DATA_BFLOAT16 = 0, 1, 2, 9
+DATA_TYPES = {"float32": DATA_FLOAT, "float64": DATA_DOUBLE, "float16": DATA_HALF,
+              "bfloat16": DATA_BFLOAT16}
+# cudnnBatchNormMode_t
+PER_ACTIVATION, SPATIAL, SPATIAL_PERSISTENT = 0, 1, 2
+MODES = {"per_activation": PER_ACTIVATION, "spatial": SPATIAL,
+         "spatial_persistent": SPATIAL_PERSISTENT}
+# cudnnBatchNormOps_t
+OPS_BN, OPS_BN_ACTIVATION, OPS_BN_ADD_ACTIVATION = 0, 1, 2
+# cudnnActivationMode_t / cudnnNanPropagation_t
+ACTIVATION_RELU = 1
+NOT_PROPAGATE_NAN = 0
+
+MAX_DIMS = 8
+
+
+def padded_geometry(shape, strides, pad=4):
+    """(dims, strides) in elements as cuDNN gets them: padded to `pad`
+    dimensions with trailing 1s, size-1 dimensions given packed strides."""
+    dims = list(shape) + [1] * max(0, pad - len(shape))
+    st = list(strides) + [1] * max(0, pad - len(strides))
+    # visit the dimensions from innermost to outermost by stride (ties: the
+    # later dimension first, as in a C-contiguous array); a size-1 dimension
+    # gets the packed stride of its place in that order
+    fixed = list(st)
+    packed = 1
+    for i in sorted(range(len(dims)), key=lambda i: (st[i], -i)):
+        if dims[i] == 1:
+            fixed[i] = packed
+        else:
+            packed = st[i] * dims[i]
+    return dims, fixed
+
+
+class _Descriptor:
+    _create = _destroy = None
+
+    def __init__(self):
+        self._lib = _lib.get()
+        self._ptr = ctypes.c_void_p()
+        self._lib.call(self._create, ctypes.byref(self._ptr))
+
+    @property
+    def value(self):
+        if self._ptr is None or not self._ptr.value:
+            raise ValueError(f"{type(self).__name__} is closed")
+        return self._ptr
+
+    def close(self):
+        ptr, self._ptr = self._ptr, None
+        if ptr is not None and ptr.value:
+            self._lib.check(getattr(self._lib.cudnn, self._destroy)(ptr), self._destroy)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the library may be gone
+            pass
+
+
+class TensorDescriptor(_Descriptor):
+    """cudnnTensorDescriptor_t for a shape, strides (in elements) and dtype name."""
+    _create = "cudnnCreateTensorDescriptor"
+    _destroy = "cudnnDestroyTensorDescriptor"
+
+    def __init__(self, shape=None, strides=None, dtype="float32", pad=4):
+        super().__init__()
+        if shape is not None:
+            self.set(shape, strides, dtype, pad)
+
+    def set(self, shape, strides, dtype, pad=4):
+        if dtype not in DATA_TYPES:
+            raise TypeError(f"no cuDNN data type for {dtype!r}; expected one of {sorted(DATA_TYPES)}")
+        dims, st = padded_geometry(shape, strides, pad)
+        if len(dims) > MAX_DIMS:
+            raise ValueError(f"cuDNN tensors have at most {MAX_DIMS} dimensions, got {len(dims)}")
+        n = len(dims)
+        self._lib.call("cudnnSetTensorNdDescriptor", self.value, DATA_TYPES[dtype], n,
+                       (ctypes.c_int * n)(*dims), (ctypes.c_int * n)(*st))
+
+    def get(self):
+        """(data type code, dims, strides) as cuDNN holds them."""
+        dt, nb = ctypes.c_int(), ctypes.c_int()
+        dims, st = (ctypes.c_int * MAX_DIMS)(), (ctypes.c_int * MAX_DIMS)()
+        self._lib.call("cudnnGetTensorNdDescriptor", self.value, MAX_DIMS, ctypes.byref(dt),
+                       ctypes.byref(nb), dims, st)
+        return dt.value, tuple(dims[:nb.value]), tuple(st[:nb.value])
+
+
+class ActivationDescriptor(_Descriptor):
+    """cudnnActivationDescriptor_t for ReLU (the only activation batch norm fuses)."""
+    _create = "cudnnCreateActivationDescriptor"
+    _destroy = "cudnnDestroyActivationDescriptor"
+
+    def __init__(self, mode=ACTIVATION_RELU, coef=0.0):
+        super().__init__()
+        self._lib.call("cudnnSetActivationDescriptor", self.value, mode, NOT_PROPAGATE_NAN,
+                       float(coef))
+
+
+def derive_bn_descriptor(x_desc, mode):
+    """The weight/bias/statistics descriptor cuDNN derives from x's for `mode`.
+
+    The real library dereferences a NULL x descriptor instead of returning
+    BAD_PARAM, so a closed or missing one is refused here first."""
+    if not isinstance(x_desc, TensorDescriptor):
+        raise TypeError(f"x_desc must be a TensorDescriptor, got {type(x_desc).__name__}")
+    if mode not in (PER_ACTIVATION, SPATIAL, SPATIAL_PERSISTENT):
+        raise ValueError(f"mode must be PER_ACTIVATION, SPATIAL or SPATIAL_PERSISTENT, got {mode!r}")
+    xd = x_desc.value  # raises if closed
+    derived = TensorDescriptor()
+    x_desc._lib.call("cudnnDeriveBNTensorDescriptor", derived.value, xd, mode)
+    return derived
