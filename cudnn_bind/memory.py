@@ -276,11 +276,11 @@ def as_view(obj, name, lib=None):
                     obj.device.index, "torch", obj)
     if hasattr(obj, "__cuda_array_interface__"):
         return _from_cai(obj, name, lib)
-    if hasattr(obj, "__dlpack__") or type(obj).__name__ == "PyCapsule":
-        return _from_dlpack(obj, name)
     if isinstance(obj, np.ndarray):
         raise TypeError(f"{name}: a NumPy array is host memory; copy it to the device first "
                         "(cudnn_bind.DeviceArray.from_numpy) or use cynorm.batch_norm on the CPU")
+    if hasattr(obj, "__dlpack__") or type(obj).__name__ == "PyCapsule":
+        return _from_dlpack(obj, name)
     if isinstance(obj, int):
         raise TypeError(f"{name}: a raw pointer needs its shape and dtype: wrap it with "
                         "cudnn_bind.DeviceArray.from_pointer(ptr, shape, dtype)")
