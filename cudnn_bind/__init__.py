@@ -64,7 +64,8 @@ def unavailable_reason():
     try:
         lib = _lib.get()
     except CudnnUnavailableError as exc:
-        return f"no cuDNN library: {exc}"
+        text = str(exc)
+        return text if text.startswith("no ") else f"no usable cuDNN library: {text}"
     try:
         n = device_count()
     except CudaError as exc:

@@ -162,9 +162,9 @@ def _open(candidates, what):
         try:
             return ctypes.CDLL(name), name
         except OSError as exc:
-            errors.append(f"{name}: {exc}")
-    raise CudnnUnavailableError(f"no {what} could be loaded (tried {len(errors)} places: "
-                                + "; ".join(errors[:4]) + ")")
+            errors.append(str(exc) if name in str(exc) else f"{name}: {exc}")
+    more = f"; and {len(errors) - 4} more" if len(errors) > 4 else ""
+    raise CudnnUnavailableError(f"no {what} could be loaded ({'; '.join(errors[:4])}{more})")
 
 
 def _declare(lib, table, path):
