@@ -237,7 +237,7 @@ class Library:
                             text.decode() if text else "")
 
 
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()
 _STATE = {"lib": None, "error": None, "path": None, "cudart": None}
 
 
@@ -245,7 +245,9 @@ def load(path=None, cudart=None):
     """Load (or reload) cuDNN from `path` (and the runtime from `cudart`).
 
     Without arguments the search order of the module docstring applies.
-    Returns the Library; raises CudnnUnavailableError if nothing loads."""
+    Returns the Library; raises CudnnUnavailableError if nothing loads.
+    Every handle of the previous library is destroyed: do not call this
+    while other threads are running batch norm."""
     with _LOCK:
         from cudnn_bind import handles  # handles belong to the library they came from
         handles.release_all()
@@ -263,12 +265,17 @@ def get():
     lib = _STATE["lib"]
     if lib is not None:
         return lib
-    if _STATE["error"] is not None:
-        raise _STATE["error"]
-    try:
-        return load(_STATE["path"], _STATE["cudart"])
-    except CudnnUnavailableError:
-        raise
+    with _LOCK:  # one thread loads; the others wait and reuse it
+        if _STATE["lib"] is not None:
+            return _STATE["lib"]
+        if _STATE["error"] is not None:
+            raise _STATE["error"]
+        try:
+            _STATE["lib"] = Library(_STATE["path"], _STATE["cudart"])
+        except CudnnUnavailableError as exc:
+            _STATE["error"] = exc
+            raise
+        return _STATE["lib"]
 
 
 def reset():

@@ -5,6 +5,7 @@ supported): cudnnBatchNormalizationForwardTrainingEx, ...ForwardInference and
 ...BackwardEx.  Every argument is checked here before any of them runs: the
 real library dereferences some NULL arguments instead of returning an error.
 """
+import contextlib
 import ctypes
 
 from cudnn_bind import _lib
@@ -12,7 +13,7 @@ from cudnn_bind.descriptors import (
     OPS_BN, OPS_BN_ACTIVATION, OPS_BN_ADD_ACTIVATION, PER_ACTIVATION, SPATIAL,
     SPATIAL_PERSISTENT, MODES, ActivationDescriptor, TensorDescriptor, derive_bn_descriptor)
 from cudnn_bind.errors import CudnnBindError
-from cudnn_bind.handles import Handle, handle_for
+from cudnn_bind.handles import Handle, device_guard, handle_for
 from cudnn_bind.memory import DTYPE_SIZES, as_view, empty_like_layout
 
 __all__ = ["batch_norm_forward_training", "batch_norm_forward_inference", "batch_norm_backward",
@@ -119,11 +120,14 @@ def _check_param(v, name, count, dtype):
 
 
 def _same_device(views):
-    devices = {(n, v.device) for n, v in views if v is not None}
+    # an empty array may have no memory (pointer 0) and so no device
+    devices = {(n, v.device) for n, v in views if v is not None and (v.size or v.ptr)}
     known = {d for _, d in devices if d is not None}
     if len(known) > 1:
         where = ", ".join(f"{n} on {d}" for n, d in sorted(devices, key=str))
         raise ValueError(f"all arrays must be on the same device, got {where}")
+    if not known:
+        return None
     if None in {d for _, d in devices}:
         host = [n for n, d in devices if d is None]
         raise ValueError(f"{', '.join(host)}: not device memory (cudaPointerGetAttributes "
@@ -139,13 +143,24 @@ def _eps(eps, lib):
     return eps
 
 
-def _stream(stream):
+def _stream(stream, ref):
+    """The cudaStream_t to run on: `stream`, else the stream PyTorch or CuPy
+    would use for ref's device (as ATen does), else the legacy default (0)."""
     if stream is None:
+        if ref.kind == "torch":
+            import torch
+            return int(torch.cuda.current_stream(ref.device).cuda_stream)
+        if ref.kind == "cupy":
+            import cupy
+            with cupy.cuda.Device(ref.device):
+                return int(cupy.cuda.get_current_stream().ptr)
         return 0
     if isinstance(stream, int):
         return stream
     for attr in ("cuda_stream", "ptr", "handle"):
         value = getattr(stream, attr, None)
+        if isinstance(value, ctypes.c_void_p):  # Numba's stream.handle
+            value = value.value or 0
         if isinstance(value, int):
             return value
     raise TypeError(f"stream must be None, an int cudaStream_t or an object with .ptr / "
@@ -155,11 +170,15 @@ def _stream(stream):
 def _handle(handle, device, lib):
     if handle is None:
         return handle_for(device, lib)
-    if isinstance(handle, Handle):
-        if handle.device != device:
-            raise ValueError(f"handle is for device {handle.device}, the arrays are on {device}")
-        return handle
-    raise TypeError(f"handle must be None or a cudnn_bind Handle, got {type(handle).__name__}")
+    if not isinstance(handle, Handle):
+        raise TypeError(f"handle must be None or a cudnn_bind Handle, got {type(handle).__name__}")
+    # the real library dereferences a NULL or stale handle instead of failing
+    if not handle.alive or handle.lib is not lib:
+        raise ValueError("handle has been destroyed (or belongs to a library loaded before); "
+                         "use cudnn_bind.handle_for(device)")
+    if handle.device != device:
+        raise ValueError(f"handle is for device {handle.device}, the arrays are on {device}")
+    return handle
 
 
 def _scalars(dtype):
@@ -177,7 +196,13 @@ def _out(out, x, name, layout):
         return None, None
     v = as_view(out, name)
     _check_like(v, x, name, layout)
+    _writable(v, name)
     return out, v
+
+
+def _writable(v, name):
+    if v is not None and v.read_only:
+        raise ValueError(f"{name} is read-only (its exporter says so) but batch norm writes it")
 
 
 class _Call:
@@ -194,12 +219,27 @@ class _Call:
             self.z = as_view(z, "z", lib)
             _check_like(self.z, self.x, "z", self.layout)
         self.pdtype = _param_dtype(self.x.dtype)
-        self.xdesc = TensorDescriptor(self.x.shape, self.x.strides, self.x.dtype)
+        # cuDNN has no empty tensors: an empty x is described with its zero
+        # sizes as 1 (only the parameter shapes are used then; no call runs)
+        shape = tuple(max(d, 1) for d in self.x.shape) if self.x.size == 0 else self.x.shape
+        self.xdesc = TensorDescriptor(shape, self.x.strides, self.x.dtype,
+                                      channels_last=self.layout == "channels_last")
         self.bndesc = derive_bn_descriptor(self.xdesc, self.mode)
         self.nparam = 1
         for d in self.bndesc.get()[1]:
             self.nparam *= d
         self.act = ActivationDescriptor() if self.ops != OPS_BN else None
+        self._guard = contextlib.ExitStack()
+
+    def on_device(self, device, handle):
+        """Make the arrays' device current until close(); return the handle
+        to use and the stream set on it for this call."""
+        if device is None:  # only empty arrays: the current device
+            current = ctypes.c_int()
+            self.lib.cuda("cudaGetDevice", ctypes.byref(current))
+            device = current.value
+        self._guard.enter_context(device_guard(self.lib, device))
+        return _handle(handle, device, self.lib)
 
     @property
     def actdesc(self):
@@ -209,6 +249,7 @@ class _Call:
         for d in (self.xdesc, self.bndesc, self.act):
             if d is not None:
                 d.close()
+        self._guard.close()
 
     def new_param(self):
         return empty_like_layout(self.x, (self.nparam,), (1,), self.pdtype)
@@ -267,19 +308,22 @@ def batch_norm_forward_training(x, weight, bias, running_mean=None, running_var=
         p = _params(call, {"weight": weight, "bias": bias, "running_mean": running_mean,
                            "running_var": running_var}, required=("weight", "bias"))
         y, yv = _out(out, xv, "out", call.layout)
+        _writable(p["running_mean"], "running_mean")  # updated in place
+        _writable(p["running_var"], "running_var")
         device = _same_device([("x", xv), ("z", call.z), ("out", yv)] + list(p.items()))
+        h = call.on_device(device, handle)
+        st = _stream(stream, xv)
+        h.set_stream(st)
         if y is None:
             y = _new_like(xv, xv)
             yv = as_view(y, "y", lib)
-        h = _handle(handle, device, lib)
-        h.set_stream(_stream(stream))
         save_mean, save_invstd = call.new_param(), call.new_param()
         sm, si = as_view(save_mean, "save_mean", lib), as_view(save_invstd, "save_invstd", lib)
         ws_size = ctypes.c_size_t()
         lib.call("cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize", h.ptr, call.mode,
                  call.ops, call.xdesc.value, call.xdesc.value if call.z else None, call.xdesc.value,
                  call.bndesc.value, call.actdesc, ctypes.byref(ws_size))
-        ws = h.workspace(ws_size.value, xv)
+        ws = h.workspace(ws_size.value, xv, st)
         rs_size = call.reserve_size(h)
         reserve = empty_like_layout(xv, (rs_size,), (1,), "uint8")
         rs = as_view(reserve, "reserve", lib)
@@ -313,11 +357,13 @@ def batch_norm_forward_inference(x, weight, bias, running_mean, running_var, eps
                     required=("weight", "bias", "running_mean", "running_var"))
         y, yv = _out(out, xv, "out", call.layout)
         device = _same_device([("x", xv), ("out", yv)] + list(p.items()))
+        h = call.on_device(device, handle)
+        h.set_stream(_stream(stream, xv))
         if y is None:
             y = _new_like(xv, xv)
             yv = as_view(y, "y", lib)
-        h = _handle(handle, device, lib)
-        h.set_stream(_stream(stream))
+        if xv.size == 0:  # an empty batch: nothing for cuDNN to do
+            return y
         one, zero = _scalars(xv.dtype)
         n = xv.shape[0]
         step = INFERENCE_MAX_BATCH
@@ -327,7 +373,8 @@ def batch_norm_forward_inference(x, weight, bias, running_mean, running_var, eps
             if rows == n:
                 desc = call.xdesc
             else:
-                desc = TensorDescriptor((rows,) + xv.shape[1:], xv.strides, xv.dtype)
+                desc = TensorDescriptor((rows,) + xv.shape[1:], xv.strides, xv.dtype,
+                                        channels_last=call.layout == "channels_last")
                 chunk_descs.append(desc)
             offset = n0 * xv.strides[0] * isz
             lib.call("cudnnBatchNormalizationForwardInference", h.ptr, call.mode, one, zero,
@@ -356,6 +403,9 @@ def batch_norm_backward(x, dy, weight, save_mean, save_invstd, eps, reserve, *, 
     call = _Call(x, True, mode, activation, z, lib)
     try:
         xv = call.x
+        if xv.size // xv.shape[1] <= 1:
+            raise ValueError("batch norm backward needs more than 1 value per channel (training "
+                             f"statistics), got input of shape {xv.shape}")
         dyv = as_view(dy, "dy", lib)
         _check_like(dyv, xv, "dy", call.layout)
         yv = None
@@ -371,8 +421,9 @@ def batch_norm_backward(x, dy, weight, save_mean, save_invstd, eps, reserve, *, 
         rv = as_view(reserve, "reserve", lib) if reserve is not None else None
         device = _same_device([("x", xv), ("dy", dyv), ("y", yv), ("z", call.z)]
                               + list(p.items()) + ([("reserve", rv)] if rv is not None and rv.size else []))
-        h = _handle(handle, device, lib)
-        h.set_stream(_stream(stream))
+        h = call.on_device(device, handle)
+        st = _stream(stream, xv)
+        h.set_stream(st)
         expected = call.reserve_size(h)
         got = 0 if rv is None else rv.size * DTYPE_SIZES[rv.dtype]
         if got != expected:
@@ -390,7 +441,7 @@ def batch_norm_backward(x, dy, weight, save_mean, save_invstd, eps, reserve, *, 
         lib.call("cudnnGetBatchNormalizationBackwardExWorkspaceSize", h.ptr, call.mode, call.ops,
                  call.xdesc.value, call.xdesc.value if yv else None, call.xdesc.value, zdesc,
                  call.xdesc.value, call.bndesc.value, call.actdesc, ctypes.byref(ws_size))
-        ws = h.workspace(ws_size.value, xv)
+        ws = h.workspace(ws_size.value, xv, st)
         one, zero = _scalars(xv.dtype)
         lib.call("cudnnBatchNormalizationBackwardEx", h.ptr, call.mode, call.ops, one, zero, one,
                  zero, call.xdesc.value, xv.ptr, call.xdesc.value if yv else None, _ptr(yv),
@@ -411,18 +462,21 @@ def can_use_cudnn(x, weight=None, bias=None, running_mean=None, running_var=None
     (False, the first condition that fails).  PyTorch falls back to its own
     kernels silently; this says why."""
     try:
-        xv = as_view(x, "x")
-    except (TypeError, ValueError, CudnnBindError) as exc:
-        return False, f"x is not a CUDA array: {exc}"
-    try:
         lib = _lib.get()
     except CudnnBindError as exc:
         return False, f"cuDNN is not available: {exc}"
-
-    def dtype_of(obj, name):
-        return as_view(obj, name, lib).dtype if obj is not None else None
-
-    wd = dtype_of(weight, "weight")
+    try:
+        xv = as_view(x, "x", lib)
+    except (TypeError, ValueError, CudnnBindError) as exc:
+        return False, f"x is not a CUDA array: {exc}"
+    try:
+        wd = as_view(weight, "weight", lib).dtype if weight is not None else None
+        for name, obj in (("bias", bias), ("running_mean", running_mean),
+                          ("running_var", running_var)):
+            if obj is not None:
+                as_view(obj, name, lib)
+    except (TypeError, ValueError, CudnnBindError) as exc:
+        return False, str(exc)
     if xv.dtype == "bfloat16" or wd == "bfloat16":
         return False, "bfloat16 input or weight: PyTorch uses its own kernels for bfloat16"
     if xv.dtype == "float16" and wd not in (None, "float32"):

@@ -32,22 +32,24 @@ NOT_PROPAGATE_NAN = 0
 MAX_DIMS = 8
 
 
-def padded_geometry(shape, strides, pad=4):
+def padded_geometry(shape, strides, pad=4, channels_last=False):
     """(dims, strides) in elements as cuDNN gets them: padded to `pad`
-    dimensions with trailing 1s, size-1 dimensions given packed strides."""
+    dimensions with trailing 1s; a size-1 dimension's stride (which may be
+    anything, after unsqueeze or slicing) replaced by the product of the
+    sizes inside it, visiting the dimensions innermost first in the layout's
+    order (C last of all for N,C,..., first for channels-last)."""
     dims = list(shape) + [1] * max(0, pad - len(shape))
     st = list(strides) + [1] * max(0, pad - len(strides))
-    # visit the dimensions from innermost to outermost by stride (ties: the
-    # later dimension first, as in a C-contiguous array); a size-1 dimension
-    # gets the packed stride of its place in that order
-    fixed = list(st)
-    packed = 1
-    for i in sorted(range(len(dims)), key=lambda i: (st[i], -i)):
-        if dims[i] == 1:
-            fixed[i] = packed
+    nd = len(dims)
+    order = list(range(nd - 1, 1, -1))
+    order = ([1] + order if channels_last else order + [1]) + [0]
+    inner = 1
+    for d in order:
+        if dims[d] == 1:
+            st[d] = inner
         else:
-            packed = st[i] * dims[i]
-    return dims, fixed
+            inner *= dims[d]
+    return dims, st
 
 
 class _Descriptor:
@@ -87,15 +89,15 @@ class TensorDescriptor(_Descriptor):
     _create = "cudnnCreateTensorDescriptor"
     _destroy = "cudnnDestroyTensorDescriptor"
 
-    def __init__(self, shape=None, strides=None, dtype="float32", pad=4):
+    def __init__(self, shape=None, strides=None, dtype="float32", pad=4, channels_last=False):
         super().__init__()
         if shape is not None:
-            self.set(shape, strides, dtype, pad)
+            self.set(shape, strides, dtype, pad, channels_last)
 
-    def set(self, shape, strides, dtype, pad=4):
+    def set(self, shape, strides, dtype, pad=4, channels_last=False):
         if dtype not in DATA_TYPES:
             raise TypeError(f"no cuDNN data type for {dtype!r}; expected one of {sorted(DATA_TYPES)}")
-        dims, st = padded_geometry(shape, strides, pad)
+        dims, st = padded_geometry(shape, strides, pad, channels_last)
         if len(dims) > MAX_DIMS:
             raise ValueError(f"cuDNN tensors have at most {MAX_DIMS} dimensions, got {len(dims)}")
         n = len(dims)

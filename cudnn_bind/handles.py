@@ -1,35 +1,61 @@
-"""cuDNN handles, one per (device, thread), and each handle's workspace.
+"""cuDNN handles, one per (device, thread), their workspaces, and the device guard.
 
-A handle is created on first use by a thread for a device, cached, and
-destroyed at exit (or by `release_all`, which `cudnn_bind.load` calls before
-switching libraries).  Its workspace is one device buffer grown only when a
-call needs more than it holds, and freed with the handle: cuDNN calls on one
-handle are serialized on its stream, so one buffer per handle is enough.
+A handle is created on first use by a thread for a device and cached in
+that thread's storage: it is destroyed when the thread ends (the storage
+goes, and the handle with it), at exit, or by `release_all`, which
+`cudnn_bind.load` calls before switching libraries.
+
+Workspace: one device buffer per (handle, stream), grown only when a call
+needs more than it holds, freed with the handle.  Calls on one stream run in
+order, so they can share it; calls on two streams could overlap, so they
+never do.
 """
 import atexit
+import contextlib
 import ctypes
 import threading
+import weakref
 
 from cudnn_bind import _lib
 from cudnn_bind.errors import CudaError, CudnnError
 from cudnn_bind.memory import scratch
 
-__all__ = ["Handle", "handle_for", "release_all"]
+__all__ = ["Handle", "handle_for", "release_all", "device_guard"]
 
 _local = threading.local()
-_all = []
+_all = weakref.WeakSet()
 _all_lock = threading.Lock()
 
 
+@contextlib.contextmanager
+def device_guard(lib, device):
+    """Make `device` current for the block, then restore the caller's device
+    (PyTorch and CuPy notice a changed current device)."""
+    current = ctypes.c_int()
+    lib.cuda("cudaGetDevice", ctypes.byref(current))
+    if current.value == device:
+        yield
+        return
+    lib.cuda("cudaSetDevice", device)
+    try:
+        yield
+    finally:
+        lib.cuda("cudaSetDevice", current.value)
+
+
 class Handle:
+    """A cudnnHandle_t for one device, with its per-stream workspaces."""
+
     def __init__(self, lib, device):
         self.lib = lib
         self.device = device
         self.ptr = ctypes.c_void_p()
+        self._workspaces = {}
         # with no driver or GPU, cudnnCreate's own error (NOT_INITIALIZED and
         # its detail) says more than cudaSetDevice's: it is the one raised
         try:
-            lib.cuda("cudaSetDevice", device)
+            guard = device_guard(lib, device)
+            guard.__enter__()
         except CudaError as exc:
             status = lib.cudnn.cudnnCreate(ctypes.byref(self.ptr))
             if status != 0:
@@ -39,28 +65,45 @@ class Handle:
                     raise err from exc
             self.destroy()
             raise
-        lib.call("cudnnCreate", ctypes.byref(self.ptr))
-        self.workspace_ptr = 0
-        self.workspace_size = 0
-        self._workspace_owner = None
+        try:
+            lib.call("cudnnCreate", ctypes.byref(self.ptr))
+        finally:
+            guard.__exit__(None, None, None)
+
+    @property
+    def alive(self):
+        return self.ptr is not None and bool(self.ptr.value)
 
     def set_stream(self, stream):
         self.lib.call("cudnnSetStream", self.ptr, ctypes.c_void_p(stream or None))
 
-    def workspace(self, nbytes, ref):
-        """A pointer to at least nbytes of workspace (grown, never shrunk)."""
-        if nbytes > self.workspace_size:
-            self._workspace_owner = None  # free the old buffer first
-            self.workspace_ptr, self._workspace_owner = scratch(ref, nbytes)
-            self.workspace_size = nbytes
-        return self.workspace_ptr
+    def workspace(self, nbytes, ref, stream=0):
+        """A pointer to at least nbytes of workspace for `stream` (grown, never shrunk)."""
+        ptr, size, owner = self._workspaces.get(stream, (0, 0, None))
+        if nbytes > size:
+            self._workspaces.pop(stream, None)  # free the old buffer first
+            del owner
+            ptr, owner = scratch(ref, nbytes)
+            size = nbytes
+            self._workspaces[stream] = (ptr, size, owner)
+        return ptr
+
+    @property
+    def workspace_size(self):
+        """The largest workspace this handle holds (for tests and diagnostics)."""
+        return max((size for _, size, _ in self._workspaces.values()), default=0)
 
     def destroy(self):
         ptr, self.ptr = self.ptr, None
-        self._workspace_owner = None
-        self.workspace_ptr = self.workspace_size = 0
+        self._workspaces = {}
         if ptr is not None and ptr.value:
             self.lib.check(self.lib.cudnn.cudnnDestroy(ptr), "cudnnDestroy")
+
+    def __del__(self):
+        try:
+            self.destroy()
+        except Exception:  # interpreter shutdown: the library may be gone
+            pass
 
 
 def handle_for(device, lib=None):
@@ -71,17 +114,18 @@ def handle_for(device, lib=None):
         cache = _local.handles = {}
         _local.lib = lib
     h = cache.get(device)
-    if h is None or h.ptr is None:
+    if h is None or not h.alive:
         h = cache[device] = Handle(lib, device)
         with _all_lock:
-            _all.append(h)
+            _all.add(h)
     return h
 
 
 def release_all():
-    """Destroy every handle (of every thread) and its workspace."""
+    """Destroy every live handle (of every thread) and its workspaces."""
     with _all_lock:
-        handles, _all[:] = list(_all), []
+        handles = list(_all)
+        _all.clear()
     for h in handles:
         try:
             h.destroy()

@@ -127,6 +127,8 @@ class DeviceArray:
     @classmethod
     def from_numpy(cls, array):
         host = np.ascontiguousarray(array)
+        if not host.dtype.isnative:
+            host = host.astype(host.dtype.newbyteorder("="))
         out = cls(host.shape, host.dtype if host.dtype.name != "bfloat16" else "bfloat16")
         if out.nbytes:
             _lib.get().cuda("cudaMemcpy", ctypes.c_void_p(out.ptr), host.ctypes.data_as(ctypes.c_void_p),
@@ -168,11 +170,12 @@ class DeviceArray:
 
 class View:
     """What the binding needs of an array argument."""
-    __slots__ = ("ptr", "shape", "strides", "dtype", "device", "kind", "obj")
+    __slots__ = ("ptr", "shape", "strides", "dtype", "device", "kind", "obj", "read_only")
 
-    def __init__(self, ptr, shape, strides, dtype, device, kind, obj):
+    def __init__(self, ptr, shape, strides, dtype, device, kind, obj, read_only=False):
         self.ptr, self.shape, self.strides = int(ptr), tuple(shape), tuple(strides)
         self.dtype, self.device, self.kind, self.obj = dtype, device, kind, obj
+        self.read_only = read_only
 
     @property
     def ndim(self):
@@ -219,7 +222,7 @@ def _from_cai(obj, name, lib):
         strides = tuple(s // size for s in cai["strides"])
     kind = "cupy" if type(obj).__module__.startswith("cupy") else "cai"
     device = _pointer_device(lib, ptr) if ptr else None
-    return View(ptr, shape, strides, dtype, device, kind, obj)
+    return View(ptr, shape, strides, dtype, device, kind, obj, read_only=bool(cai["data"][1]))
 
 
 class _DLDevice(ctypes.Structure):
@@ -237,19 +240,40 @@ class _DLTensor(ctypes.Structure):
 
 
 _DL_CUDA, _DL_CUDA_MANAGED = 2, 13
-_DL_TYPES = {(2, 32): "float32", (2, 64): "float64", (2, 16): "float16", (4, 16): "bfloat16"}
+_DL_TYPES = {(2, 32): "float32", (2, 64): "float64", (2, 16): "float16", (4, 16): "bfloat16",
+             (1, 8): "uint8"}
+# DLManagedTensorVersioned (DLPack 1.x): version (2 x uint32), manager_ctx,
+# deleter, flags (uint64), then the DLTensor
+_DL_VERSIONED_OFFSET = 8 + 8 + 8 + 8
+_DL_FLAG_READ_ONLY = 1
+_capsule_valid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_char_p)(
+    ("PyCapsule_IsValid", ctypes.pythonapi))
+_capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+    ("PyCapsule_GetPointer", ctypes.pythonapi))
+
+
+def _dlpack_capsule(obj):
+    if not hasattr(obj, "__dlpack__"):
+        return obj
+    try:  # ask for DLPack 1.x; older producers do not take max_version
+        return obj.__dlpack__(max_version=(1, 0))
+    except TypeError:
+        return obj.__dlpack__()
 
 
 def _from_dlpack(obj, name):
-    capsule = obj.__dlpack__() if hasattr(obj, "__dlpack__") else obj
-    get = ctypes.pythonapi.PyCapsule_GetPointer
-    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
-    valid = ctypes.pythonapi.PyCapsule_IsValid
-    valid.restype, valid.argtypes = ctypes.c_int, [ctypes.py_object, ctypes.c_char_p]
-    if not valid(capsule, b"dltensor"):
+    capsule = _dlpack_capsule(obj)
+    if _capsule_valid(capsule, b"dltensor_versioned"):
+        base = _capsule_pointer(capsule, b"dltensor_versioned")
+        flags = ctypes.c_uint64.from_address(base + 24).value
+        t = _DLTensor.from_address(base + _DL_VERSIONED_OFFSET)
+        read_only = bool(flags & _DL_FLAG_READ_ONLY)
+    elif _capsule_valid(capsule, b"dltensor"):
+        # DLManagedTensor starts with its DLTensor
+        t = _DLTensor.from_address(_capsule_pointer(capsule, b"dltensor"))
+        read_only = False
+    else:
         raise TypeError(f"{name}: not an unconsumed DLPack capsule")
-    # DLManagedTensor starts with its DLTensor
-    t = _DLTensor.from_address(get(capsule, b"dltensor"))
     if t.device.device_type not in (_DL_CUDA, _DL_CUDA_MANAGED):
         raise ValueError(f"{name}: DLPack device type {t.device.device_type} is not CUDA memory")
     dtype = _DL_TYPES.get((t.dtype.code, t.dtype.bits))
@@ -258,8 +282,11 @@ def _from_dlpack(obj, name):
     shape = tuple(t.shape[i] for i in range(t.ndim))
     strides = tuple(t.strides[i] for i in range(t.ndim)) if t.strides else c_strides(shape)
     ptr = (t.data or 0) + t.byte_offset
-    # the capsule keeps the memory alive as long as the view holds it
-    return View(ptr, shape, strides, dtype, t.device.device_id, "dlpack", (obj, capsule))
+    # the capsule keeps the memory alive as long as the view holds it (it is
+    # read, never consumed, so its deleter still runs)
+    view = View(ptr, shape, strides, dtype, t.device.device_id, "dlpack", (obj, capsule))
+    view.read_only = read_only
+    return view
 
 
 def as_view(obj, name, lib=None):

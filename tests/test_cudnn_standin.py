@@ -409,3 +409,62 @@ def test_dlpack_exporters_of_host_memory_are_refused():
 
     with pytest.raises(ValueError, match="x: DLPack device type 1 is not CUDA memory"):
         cudnn_bind.memory.as_view(HostExporter(np.ones((2, 3), np.float32)), "x", lib=object())
+
+
+def test_size_one_dims_get_aten_strides_whatever_they_held():
+    from cudnn_bind.descriptors import padded_geometry
+    # unsqueeze/slicing leave any stride on a size-1 dimension; ATen's
+    # fixSizeOneDimStride gives it the product of the sizes inside it
+    assert padded_geometry((8, 3, 1, 5), (15, 5, 999, 1)) == ([8, 3, 1, 5], [15, 5, 5, 1])
+    assert padded_geometry((2, 3, 1, 5), (15, 1, 999, 3), channels_last=True) == \
+        ([2, 3, 1, 5], [15, 1, 15, 3])
+    assert padded_geometry((2, 3), (3, 1)) == ([2, 3, 1, 1], [3, 1, 1, 1])
+    assert padded_geometry((4, 3, 7), (21, 7, 1)) == ([4, 3, 7, 1], [21, 7, 1, 1])
+
+
+def test_destroyed_or_foreign_handles_are_refused(standin):
+    x, w, b = make((4, 3, 5, 6), "float32")
+    gx, gw, gb = dev(x), dev(w), dev(b)
+    h = cudnn_bind.Handle(standin[0], 0)
+    y, *_ = cudnn_bind.batch_norm_forward_training(gx, gw, gb, handle=h)
+    h.destroy()
+    with pytest.raises(ValueError, match="handle has been destroyed"):
+        cudnn_bind.batch_norm_forward_training(gx, gw, gb, handle=h)
+    with pytest.raises(TypeError, match="handle must be"):
+        cudnn_bind.batch_norm_forward_training(gx, gw, gb, handle=12345)
+
+
+def test_one_workspace_per_stream(standin):
+    x, w, b = make((4, 3, 5, 6), "float32")
+    gx, gw, gb = dev(x), dev(w), dev(b)
+    h = cudnn_bind.handle_for(0)
+    cudnn_bind.batch_norm_forward_training(gx, gw, gb, stream=0)
+    cudnn_bind.batch_norm_forward_training(gx, gw, gb, stream=0x77)
+    cudnn_bind.batch_norm_forward_training(gx, gw, gb, stream=0x77)
+    assert {0, 0x77} <= set(h._workspaces) and h._workspaces[0][0] != h._workspaces[0x77][0]
+
+
+def test_empty_batch_inference_and_read_only_outputs(standin):
+    x, w, b = make((4, 3, 5, 6), "float32")
+    gw, gb = dev(w), dev(b)
+    rm, rv = dev(np.zeros(3, np.float32)), dev(np.ones(3, np.float32))
+    empty = dev(np.ones((0, 3, 5, 6), np.float32))
+    y = cudnn_bind.batch_norm_forward_inference(empty, gw, gb, rm, rv)
+    assert y.shape == (0, 3, 5, 6)
+
+    class ReadOnly:
+        def __init__(self, a):
+            cai = dict(a.__cuda_array_interface__)
+            cai["data"] = (a.ptr, True)
+            self.__cuda_array_interface__ = cai
+
+    with pytest.raises(ValueError, match="running_mean is read-only"):
+        cudnn_bind.batch_norm_forward_training(dev(x), gw, gb, ReadOnly(rm), rv)
+    with pytest.raises(ValueError, match="out is read-only"):
+        cudnn_bind.batch_norm_forward_inference(dev(x), gw, gb, rm, rv, out=ReadOnly(dev(x)))
+
+
+def test_can_use_cudnn_reports_bad_arguments_instead_of_raising(standin):
+    x, w, b = make((4, 3, 5, 6), "float32")
+    ok, why = cudnn_bind.can_use_cudnn(dev(x), w, dev(b))
+    assert not ok and "weight" in why and "host memory" in why
