@@ -50,6 +50,22 @@
 #else
 #define CN_PREFETCH(p) ((void)0)
 #endif
+/* Prefetch for writing, the same distance ahead: the line arrives owned
+ * before the store, so stores to a cold output do not pile up in the store
+ * buffer waiting for their read-for-ownership. */
+#ifndef CN_PREFETCHW_BYTES
+#define CN_PREFETCHW_BYTES CN_PREFETCH_BYTES
+#endif
+#if defined(__GNUC__) || defined(__clang__)
+#define CN_PREFETCHW(p) __builtin_prefetch((const char *)(p) + CN_PREFETCHW_BYTES, 1, 3)
+#else
+#define CN_PREFETCHW(p) ((void)0)
+#endif
+#define CN_PREFETCHW_BLOCK(IO, p)                                                     \
+    do {                                                                              \
+        for (size_t l_ = 0; l_ < CN_BLOCK * sizeof(IO); l_ += 64)                    \
+            CN_PREFETCHW((const char *)(p) + l_);                                     \
+    } while (0)
 /* The reductions run in blocks of CN_BLOCK elements: one prefetch per 64-byte
  * line of the block ahead of it, then the lanes.  A prefetch inside the
  * lane loop itself made GCC give up vectorizing it. */
@@ -86,7 +102,11 @@ static inline void cn_stream_fence(void) { _mm_sfence(); }
 #endif
 
 /* out[J] = EXPR for J in [0, n): streamed when asked (the head up to 64-byte
- * alignment and the tail are stored normally). */
+ * alignment and the tail are stored normally).  Cached float32/float64
+ * stores run in blocks with a write prefetch ahead (measured: batch-norm
+ * training N,C,H,W 8.0 -> 5.8 ms and eval 6.2 -> 4.5 ms at 1 thread); 16-bit
+ * outputs keep one plain loop, whose conversions bound them (blocking it
+ * made bfloat16 eval 1.2x slower). */
 #if CN_HAVE_STREAM
 #define CN_ELEMENTWISE(IO, out, n, stream, J, EXPR)                                   \
     do {                                                                              \
@@ -106,6 +126,14 @@ static inline void cn_stream_fence(void) { _mm_sfence(); }
                 cn_stream_block((out) + j_, blk_);                                    \
             }                                                                         \
             cn_stream_fence();                                                        \
+        }                                                                             \
+        if (sizeof(IO) >= 4) {                                                        \
+            for (; j_ < (n); j_ += CN_BLOCK) {                                        \
+                ptrdiff_t e_ = j_ + CN_BLOCK < (n) ? j_ + CN_BLOCK : (n);             \
+                CN_PREFETCHW_BLOCK(IO, (out) + j_);                                   \
+                for (ptrdiff_t J = j_; J < e_; J++)                                   \
+                    (out)[J] = EXPR;                                                  \
+            }                                                                         \
         }                                                                             \
         for (; j_ < (n); j_++) {                                                      \
             ptrdiff_t J = j_;                                                         \

@@ -220,14 +220,24 @@ CN_NOINLINE static void cn_gradrowacc2_##SFX(T *outs0, T *outs1, double *restric
     /* c: p, mu, q, r of row 0, then of row 1 */                                    \
     const M p0 = c[0], mu0 = c[1], q0 = c[2], r0 = c[3];                             \
     const M p1 = c[4], mu1 = c[5], q1 = c[6], r1 = c[7];                             \
-    for (ptrdiff_t j = 0; j < n; j++) {                                              \
-        M wj = w == NULL ? (M)1 : w[j];                                              \
-        M g0 = cn_load_##SFX(dy0[j]), c0 = cn_load_##SFX(x0[j]) - mu0;               \
-        M g1 = cn_load_##SFX(dy1[j]), c1 = cn_load_##SFX(x1[j]) - mu1;               \
-        out0[j] = cn_store_##SFX((g0 * wj - p0 - c0 * q0) * r0);                     \
-        out1[j] = cn_store_##SFX((g1 * wj - p1 - c1 * q1) * r1);                     \
-        a1[j] += (double)(g0 + g1);                                                  \
-        a2[j] += (double)(g0 * (c0 * r0) + g1 * (c1 * r1));                          \
+    /* float32/64: blocks with a write prefetch ahead of both outputs (see   \
+       CN_ELEMENTWISE); 16-bit: one plain pass */                               \
+    const ptrdiff_t step = sizeof(IO) >= 4 ? CN_BLOCK : (n > 0 ? n : 1);             \
+    for (ptrdiff_t jb = 0; jb < n; jb += step) {                                     \
+        if (sizeof(IO) >= 4) {                                                       \
+            CN_PREFETCHW_BLOCK(IO, out0 + jb);                                       \
+            CN_PREFETCHW_BLOCK(IO, out1 + jb);                                       \
+        }                                                                            \
+        ptrdiff_t je = jb + step < n ? jb + step : n;                                \
+        for (ptrdiff_t j = jb; j < je; j++) {                                        \
+            M wj = w == NULL ? (M)1 : w[j];                                          \
+            M g0 = cn_load_##SFX(dy0[j]), c0 = cn_load_##SFX(x0[j]) - mu0;           \
+            M g1 = cn_load_##SFX(dy1[j]), c1 = cn_load_##SFX(x1[j]) - mu1;           \
+            out0[j] = cn_store_##SFX((g0 * wj - p0 - c0 * q0) * r0);                 \
+            out1[j] = cn_store_##SFX((g1 * wj - p1 - c1 * q1) * r1);                 \
+            a1[j] += (double)(g0 + g1);                                              \
+            a2[j] += (double)(g0 * (c0 * r0) + g1 * (c1 * r1));                      \
+        }                                                                            \
     }                                                                                \
 }                                                                                    \
 /* two rows of known mean and rstd at once: a1[j] += dy0 + dy1,              */ \
