@@ -230,20 +230,24 @@ static struct live_obj {
 } *g_objs;
 static size_t g_n_objs, g_cap_objs;
 
+/* Room for one more item in a growable table (caller holds g_lock). */
+static int table_room(void **items, size_t *cap, size_t n, size_t item_size)
+{
+    if (n < *cap)
+        return 1;
+    size_t grown_cap = *cap ? 2 * *cap : 64;
+    void *grown = realloc(*items, grown_cap * item_size);
+    if (!grown)
+        return 0;
+    *items = grown;
+    *cap = grown_cap;
+    return 1;
+}
+
 static int registry_add(const void *p, obj_kind_t kind)
 {
-    int ok = 1;
     pthread_mutex_lock(&g_lock);
-    if (g_n_objs == g_cap_objs) {
-        size_t cap = g_cap_objs ? 2 * g_cap_objs : 64;
-        struct live_obj *grown = realloc(g_objs, cap * sizeof *grown);
-        if (grown) {
-            g_objs = grown;
-            g_cap_objs = cap;
-        } else {
-            ok = 0;
-        }
-    }
+    int ok = table_room((void **)&g_objs, &g_cap_objs, g_n_objs, sizeof *g_objs);
     if (ok)
         g_objs[g_n_objs++] = (struct live_obj){p, kind};
     pthread_mutex_unlock(&g_lock);
@@ -294,18 +298,8 @@ static size_t g_n_blocks, g_cap_blocks;
 
 static int block_add(void *p, size_t size)
 {
-    int ok = 1;
     pthread_mutex_lock(&g_lock);
-    if (g_n_blocks == g_cap_blocks) {
-        size_t cap = g_cap_blocks ? 2 * g_cap_blocks : 64;
-        struct block *grown = realloc(g_blocks, cap * sizeof *grown);
-        if (grown) {
-            g_blocks = grown;
-            g_cap_blocks = cap;
-        } else {
-            ok = 0;
-        }
-    }
+    int ok = table_room((void **)&g_blocks, &g_cap_blocks, g_n_blocks, sizeof *g_blocks);
     if (ok)
         g_blocks[g_n_blocks++] = (struct block){(uintptr_t)p, size};
     pthread_mutex_unlock(&g_lock);
@@ -1065,18 +1059,37 @@ cudnnStatus_t cudnnGetStream(cudnnHandle_t handle, cudaStream_t *streamId)
 /* cuDNN: tensor and activation descriptors                                  */
 /* ======================================================================== */
 
+/* Descriptors of every kind are zeroed host blocks in the object registry
+ * (so a stale or doubly destroyed one is recognised). */
+static cudnnStatus_t new_object(const char *fn, void **out, size_t size, int kind)
+{
+    void *obj = calloc(1, size);
+    if (!obj || !registry_add(obj, kind)) {
+        free(obj);
+        return fail(CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED, fn, "out of host memory");
+    }
+    *out = obj;
+    return CUDNN_STATUS_SUCCESS;
+}
+
+/* NULL is fine (as in cuDNN); anything else must be a live object of `kind`. */
+static cudnnStatus_t free_object(const char *fn, void *obj, int kind, const char *what)
+{
+    if (!obj)
+        return CUDNN_STATUS_SUCCESS;
+    if (!registry_remove(obj, kind))
+        return fail(CUDNN_STATUS_BAD_PARAM, fn, "%s %p is not a live %s (double destroy?)", what,
+                    obj, kind == OBJ_TENSOR ? "tensor descriptor" : "activation descriptor");
+    free(obj);
+    return CUDNN_STATUS_SUCCESS;
+}
+
 cudnnStatus_t cudnnCreateTensorDescriptor(cudnnTensorDescriptor_t *tensorDesc)
 {
     const char *fn = __func__;
     count_call(fn);
     TRY(need(fn, tensorDesc, "tensorDesc (output pointer)"));
-    struct cudnnTensorStruct *d = calloc(1, sizeof *d);
-    if (!d || !registry_add(d, OBJ_TENSOR)) {
-        free(d);
-        return fail(CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED, fn, "out of host memory");
-    }
-    *tensorDesc = d;
-    return CUDNN_STATUS_SUCCESS;
+    return new_object(fn, (void **)tensorDesc, sizeof(struct cudnnTensorStruct), OBJ_TENSOR);
 }
 
 /* The data types every cuDNN 9 header has (later 9.x releases add more;
@@ -1154,15 +1167,8 @@ cudnnStatus_t cudnnGetTensorNdDescriptor(const cudnnTensorDescriptor_t tensorDes
 /* NULL is a no-op (as in cuDNN); an unknown pointer is reported. */
 cudnnStatus_t cudnnDestroyTensorDescriptor(cudnnTensorDescriptor_t tensorDesc)
 {
-    const char *fn = __func__;
-    count_call(fn);
-    if (!tensorDesc)
-        return CUDNN_STATUS_SUCCESS;
-    if (!registry_remove(tensorDesc, OBJ_TENSOR))
-        return fail(CUDNN_STATUS_BAD_PARAM, fn,
-                    "tensorDesc %p is not a live tensor descriptor (double destroy?)", (void *)tensorDesc);
-    free(tensorDesc);
-    return CUDNN_STATUS_SUCCESS;
+    count_call(__func__);
+    return free_object(__func__, tensorDesc, OBJ_TENSOR, "tensorDesc");
 }
 
 /* The real library dereferences NULL here; we report BAD_PARAM instead. */
@@ -1187,13 +1193,8 @@ cudnnStatus_t cudnnCreateActivationDescriptor(cudnnActivationDescriptor_t *activ
     const char *fn = __func__;
     count_call(fn);
     TRY(need(fn, activationDesc, "activationDesc (output pointer)"));
-    struct cudnnActivationStruct *a = calloc(1, sizeof *a);
-    if (!a || !registry_add(a, OBJ_ACTIVATION)) {
-        free(a);
-        return fail(CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED, fn, "out of host memory");
-    }
-    *activationDesc = a;
-    return CUDNN_STATUS_SUCCESS;
+    return new_object(fn, (void **)activationDesc, sizeof(struct cudnnActivationStruct),
+                      OBJ_ACTIVATION);
 }
 
 cudnnStatus_t cudnnSetActivationDescriptor(cudnnActivationDescriptor_t activationDesc,
@@ -1220,16 +1221,8 @@ cudnnStatus_t cudnnSetActivationDescriptor(cudnnActivationDescriptor_t activatio
 
 cudnnStatus_t cudnnDestroyActivationDescriptor(cudnnActivationDescriptor_t activationDesc)
 {
-    const char *fn = __func__;
-    count_call(fn);
-    if (!activationDesc)
-        return CUDNN_STATUS_SUCCESS;
-    if (!registry_remove(activationDesc, OBJ_ACTIVATION))
-        return fail(CUDNN_STATUS_BAD_PARAM, fn,
-                    "activationDesc %p is not a live activation descriptor (double destroy?)",
-                    (void *)activationDesc);
-    free(activationDesc);
-    return CUDNN_STATUS_SUCCESS;
+    count_call(__func__);
+    return free_object(__func__, activationDesc, OBJ_ACTIVATION, "activationDesc");
 }
 
 /* ======================================================================== */
