@@ -10,6 +10,12 @@ Environment switches (all optional):
                        the compiler's baseline, which runs on any CPU of the
                        architecture: use it to build for other machines.
   CYNORM_CFLAGS="..."  extra compiler flags, appended last
+  CYNORM_NO_DISPATCH=1 with CYNORM_MARCH=none on x86-64: build the baseline
+                       kernels only.  Otherwise such a build (the wheels')
+                       also compiles the kernel modules for x86-64-v3 (AVX2,
+                       FMA, F16C) and x86-64-v4 (AVX-512), as <name>_v3 /
+                       <name>_v4, and cynorm._kernels.load picks the best one
+                       the CPU runs at import (CYNORM_SIMD forces a lower one).
 """
 import os
 import platform
@@ -62,22 +68,45 @@ def compile_flags():
     return cflags, ldflags, openmp
 
 
+# the kernel modules built once per SIMD level in a dispatching build
+DISPATCHED = ["weight_norm", "layer_norm", "batch_norm"]
+LEVEL_FLAGS = {
+    "v3": ["-march=x86-64-v3"],
+    # GCC picks 256-bit vectors even where AVX-512 exists (see compile_flags)
+    "v4": ["-march=x86-64-v4", "-mprefer-vector-width=512"],
+}
+
+
+def dispatch_levels():
+    """The extra SIMD levels to build: on x86-64 with a portable baseline only."""
+    portable = os.environ.get("CYNORM_MARCH") == "none"
+    x86 = platform.machine() in ("x86_64", "AMD64") and sys.platform != "win32"
+    off = os.environ.get("CYNORM_NO_DISPATCH", "") not in ("", "0")
+    return list(LEVEL_FLAGS) if portable and x86 and not off else []
+
+
 def extensions():
     cflags, ldflags, openmp = compile_flags()
     common = dict(
         include_dirs=[np.get_include(), KERNELS],
-        extra_compile_args=cflags,
         extra_link_args=ldflags,
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION"),
                        ("NPY_TARGET_VERSION", "NPY_2_0_API_VERSION")],
     )
     names = ["weight_norm", "layer_norm", "batch_norm", "_runtime", "_alloc", "_convert"]
-    exts = [Extension(f"cynorm._kernels.{n}", [f"{KERNELS}/{n}.pyx"], **common) for n in names]
-    return cythonize(
-        exts,
-        compiler_directives={"language_level": 3},
-        compile_time_env={"CN_OPENMP_BUILD": openmp},
-    )
+    exts = [Extension(f"cynorm._kernels.{n}", [f"{KERNELS}/{n}.pyx"], extra_compile_args=cflags,
+                      **common) for n in names]
+    options = dict(compiler_directives={"language_level": 3},
+                   compile_time_env={"CN_OPENMP_BUILD": openmp})
+    modules = cythonize(exts, **options)
+    for level in dispatch_levels():
+        # same sources, another module name: Cython writes each level's C
+        # file under its own build directory
+        lexts = [Extension(f"cynorm._kernels.{n}_{level}", [f"{KERNELS}/{n}.pyx"],
+                           extra_compile_args=cflags + LEVEL_FLAGS[level], **common)
+                 for n in DISPATCHED]
+        modules += cythonize(lexts, build_dir=os.path.join("build", f"cython-{level}"), **options)
+    return modules
 
 
 setup(ext_modules=extensions(), cmdclass={"build_ext": build_ext_always})

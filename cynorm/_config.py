@@ -5,6 +5,7 @@ import sys
 import numpy as np
 
 from cynorm._dtypes import SUPPORTED_DTYPES
+from cynorm import _kernels
 from cynorm._kernels._runtime import build_info, get_num_threads
 from cynorm._version import __version__
 
@@ -36,6 +37,14 @@ def _openmp_runtime():
     return None
 
 
+def _dispatch(compiled):
+    levels = _kernels.available_levels()
+    if levels == ["baseline"] and not _kernels.has_variants():
+        return f"off: one build of the kernels ({compiled})"
+    return (f"{_kernels.SIMD_LEVEL} (available here: {', '.join(levels)}; "
+            "CYNORM_SIMD forces a lower one)")
+
+
 def config():
     """The build configuration as a dict (show_config prints it)."""
     import cudnn_bind
@@ -53,6 +62,7 @@ def config():
         "threads": get_num_threads(),
         "cpus": info["num_procs"],
         "simd_compiled": info["simd"],
+        "simd_dispatch": _dispatch(info["simd"]),
         "cpu_features": ", ".join(_cpu_features()) or "unknown",
         "float16_conversion": info["float16_conversion"],
         "dtypes": ", ".join(str(d) for d in SUPPORTED_DTYPES),

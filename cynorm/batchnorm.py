@@ -34,7 +34,8 @@ from cynorm._arrays import (
     big_out, check_big_out, kernel_dims, layout, small_out, streaming_threshold, unalias,
 )
 from cynorm._dtypes import from_float64
-from cynorm._kernels import batch_norm as _k
+from cynorm import _kernels
+_k = _kernels.load("batch_norm")  # the SIMD level chosen at import
 from cynorm._kernels._runtime import get_num_threads as _threads
 from cynorm._validation import (
     as_float_array, check_bool, check_eps, check_mask, check_real, check_same,

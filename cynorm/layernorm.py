@@ -30,7 +30,8 @@ import numpy as np
 
 from cynorm._dtypes import from_float64
 from cynorm._arrays import c_aligned, small_out, streaming_threshold, unalias
-from cynorm._kernels import layer_norm as _k
+from cynorm import _kernels
+_k = _kernels.load("layer_norm")  # the SIMD level chosen at import
 from cynorm._kernels._alloc import empty as _empty
 from cynorm._kernels._runtime import get_num_threads as _threads
 from cynorm._validation import (

@@ -38,7 +38,8 @@ from cynorm._arrays import (
     big_out as _big_out, check_big_out as _check_big_out, kernel_dims as _kernel_dims,
     layout as _layout, small_out as _small_out, streaming_threshold, unalias as _unalias,
 )
-from cynorm._kernels import weight_norm as _k
+from cynorm import _kernels
+_k = _kernels.load("weight_norm")  # the SIMD level chosen at import
 from cynorm._kernels._runtime import get_num_threads as _threads
 from cynorm._validation import (
     as_float_array, check_out, check_per_channel, check_same, kept_shape,

@@ -11,6 +11,20 @@ DTYPES = [np.dtype(np.float64), np.dtype(np.float32),
 DTYPE_IDS = [str(d) for d in DTYPES]
 
 
+MARKERS = [
+    "slow: long sweeps (run in CI; deselect with -m 'not slow')",
+    "torch: parity tests against PyTorch (skipped when torch is not installed)",
+    "cudnn: cudnn_bind tests (real libcudnn from the nvidia wheels, or the host stand-in; "
+    "skipped without them unless CUDNN_BIND_REQUIRE_LIBRARY=1)",
+    "gpu: need a CUDA GPU (skipped here, with the reason)",
+]
+
+
+def pytest_configure(config):
+    for marker in MARKERS:
+        config.addinivalue_line("markers", marker)
+
+
 def pytest_report_header(config):
     cfg = cynorm.config()
     return [f"cynorm {cfg['version']}: {cfg['simd_compiled']}, openmp {cfg['openmp']}, "

@@ -1,6 +1,62 @@
-"""Compiled kernels (Cython + OpenMP) and their C helpers."""
+"""Compiled kernels (Cython + OpenMP) and their C helpers, and the choice of
+SIMD level.
+
+A portable x86-64 build (the wheels: CYNORM_MARCH=none) compiles the kernel
+modules three times: `batch_norm` for the baseline (SSE2), `batch_norm_v3`
+for x86-64-v3 (AVX2, FMA) and `batch_norm_v4` for x86-64-v4 (AVX-512).
+`load(name)` returns the best one this CPU runs, chosen once at import;
+`CYNORM_SIMD=baseline|avx2|avx512` forces a lower level (a higher one than
+the CPU runs is refused).  Other builds have the one module per kernel.
+"""
+import importlib
+import os
 import pkgutil
 
 # see cynorm/__init__.py: in a source checkout the built modules live in the
 # installed copy of this package
 __path__ = pkgutil.extend_path(__path__, __name__)
+
+from cynorm._kernels._runtime import cpu_level as _cpu_level  # noqa: E402
+
+# level name -> (module suffix, x86-64 level it needs)
+LEVELS = {"baseline": ("", 1), "avx2": ("_v3", 3), "avx512": ("_v4", 4)}
+
+
+def _built(suffix):
+    try:
+        importlib.import_module(f"cynorm._kernels.batch_norm{suffix}")
+    except ImportError:
+        return False
+    return True
+
+
+def has_variants():
+    """Whether this build has per-level kernel modules (a dispatching build)."""
+    return _built("_v3") or _built("_v4")
+
+
+def available_levels():
+    """The SIMD levels this build has kernels for and this CPU can run."""
+    cpu = _cpu_level()
+    return [name for name, (suffix, need) in LEVELS.items() if need <= cpu and _built(suffix)]
+
+
+def _choose():
+    levels = available_levels()
+    forced = os.environ.get("CYNORM_SIMD", "").strip().lower()
+    if not forced:
+        return levels[-1]
+    if forced not in LEVELS:
+        raise ValueError(f"CYNORM_SIMD={forced!r}: expected one of {', '.join(LEVELS)}")
+    if forced not in levels:
+        raise ValueError(f"CYNORM_SIMD={forced!r}: this build or CPU offers only "
+                          f"{', '.join(levels)}")
+    return forced
+
+
+SIMD_LEVEL = _choose()
+
+
+def load(name):
+    """The kernel module `name` (weight_norm, layer_norm, batch_norm) at SIMD_LEVEL."""
+    return importlib.import_module(f"cynorm._kernels.{name}{LEVELS[SIMD_LEVEL][0]}")
