@@ -27,19 +27,23 @@ _INT32_MAX = 2 ** 31 - 1
 
 # ---- argument checks ---------------------------------------------------------
 
+def _packed(v, order):
+    """Whether v is densely packed with its dimensions, innermost first, in
+    `order` (size-1 dimensions may have any stride)."""
+    acc = 1
+    for i in order:
+        if v.shape[i] != 1 and v.strides[i] != acc:
+            return False
+        acc *= v.shape[i]
+    return True
+
+
 def _layout(v, name):
     """'contiguous' (N,C,...) or 'channels_last' (N,...,C), else ValueError."""
-    def packed(order):
-        acc = 1
-        for i in order:
-            if v.shape[i] != 1 and v.strides[i] != acc:
-                return False
-            acc *= v.shape[i]
-        return True
     nd = v.ndim
-    if packed(range(nd - 1, -1, -1)):
+    if _packed(v, range(nd - 1, -1, -1)):
         return "contiguous"
-    if nd in (4, 5) and packed([1] + list(range(nd - 1, 1, -1)) + [0]):
+    if nd in (4, 5) and _packed(v, [1] + list(range(nd - 1, 1, -1)) + [0]):
         return "channels_last"
     raise ValueError(f"{name} must be contiguous in N,C,... order or channels-last, "
                      f"got shape {v.shape} with strides {v.strides} (elements)")
@@ -112,11 +116,8 @@ def _check_param(v, name, count, dtype):
         raise TypeError(f"{name} must be {dtype} for {data} data (cuDNN's rule), got {v.dtype}")
     if v.size != count:
         raise ValueError(f"{name} must have {count} elements, got shape {v.shape}")
-    acc = 1
-    for d, st in reversed(list(zip(v.shape, v.strides))):
-        if d != 1 and st != acc:
-            raise ValueError(f"{name} must be contiguous, got strides {v.strides} (elements)")
-        acc *= d
+    if not _packed(v, range(v.ndim - 1, -1, -1)):
+        raise ValueError(f"{name} must be contiguous, got strides {v.strides} (elements)")
 
 
 def _same_device(views):

@@ -1,32 +1,19 @@
 """Shared pieces of the cudnn_bind tests: finding the NVIDIA wheels' files,
 and skipping (or, in CI, failing) when they are missing."""
-import glob
 import os
-import site
-import sys
 
 import pytest
+
+from cudnn_bind import _lib
 
 # CI sets this: a missing wheel must fail the run, not skip the tests
 REQUIRE = os.environ.get("CUDNN_BIND_REQUIRE_LIBRARY") == "1"
 
 
-def nvidia_dirs():
-    dirs = []
-    for base in list(sys.path) + site.getsitepackages():
-        d = os.path.join(base, "nvidia")
-        if os.path.isdir(d) and d not in dirs:
-            dirs.append(d)
-    return dirs
-
-
 def find(pattern):
-    """The first file matching nvidia/<pattern> in site-packages, or None."""
-    for d in nvidia_dirs():
-        hits = sorted(glob.glob(os.path.join(d, pattern)))
-        if hits:
-            return hits[0]
-    return None
+    """The first file matching nvidia/<pattern> in site-packages, or None
+    (the binding's own wheel search)."""
+    return next(_lib._wheel_files([pattern]), None)
 
 
 def missing(what):
