@@ -412,7 +412,8 @@ def run_setting(args):
                     cn.set_num_threads(threads)
                 for opname in ops:
                     op = case[opname]
-                    fns = {k: op.fns[k] for k in ("cynorm", "cynorm_out", "torch", "numpy") if k in op.fns}
+                    fns = {k: op.fns[k] for k in ("cynorm", "cynorm_out", "torch", "numpy")
+                           if k in op.fns and (not args.only or k in args.only)}
                     small = op.size_bytes < (8 << 20)
                     reps = args.repeats * (8 if small else 1)
                     inner = 20 if op.size_bytes < (1 << 20) else 1
@@ -540,6 +541,7 @@ def main():
     p.add_argument("--settings", default=",".join(SETTINGS), help="allocation settings: default,faultfree")
     p.add_argument("--no-cynorm", action="store_true", help="time torch and NumPy only")
     p.add_argument("--no-out", action="store_true", help="skip cynorm's out= variant")
+    p.add_argument("--only", default="", help=argparse.SUPPRESS)   # child: time only these (comma-separated)
     p.add_argument("--no-check", action="store_true", help="skip the float64 accuracy checks")
     p.add_argument("--ln-param-dtype", choices=["float32", "input"], default="float32",
                    help="layer norm weight/bias dtype for bfloat16 inputs (default float32)")
@@ -552,6 +554,7 @@ def main():
         if d not in DTYPES:
             raise SystemExit(f"--dtypes: {d!r} is not one of {', '.join(DTYPES)}")
     args.ops = parse_ops(args.ops)
+    args.only = [k for k in args.only.split(",") if k]
     if args.repeats is None:
         args.repeats = 5 if args.quick else 15
     if args.child:

@@ -69,6 +69,32 @@ def test_every_level_gives_the_same_bits(tmp_path):
                 assert np.array_equal(res[key], ref[key]), f"{key} differs at {lv} vs {LEVELS[0]}"
 
 
+# x86-64 psABI levels by their Linux /proc/cpuinfo flag names (lzcnt is "abm")
+V3_FLAGS = {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave",
+            "sse4_1", "sse4_2", "ssse3", "popcnt", "cx16"}
+V4_FLAGS = V3_FLAGS | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
+
+
+def _cpuinfo_flags():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return None
+
+
+@pytest.mark.skipif(_cpuinfo_flags() is None, reason="no x86 /proc/cpuinfo flags (not x86 Linux)")
+def test_cpu_level_agrees_with_the_kernels_feature_list():
+    # cpu_level reads CPUID and XCR0 itself (one code path for GCC and MSVC);
+    # the Linux kernel lists only the features the OS has enabled
+    flags = _cpuinfo_flags()
+    expected = 4 if V4_FLAGS <= flags else 3 if V3_FLAGS <= flags else 1
+    assert _kernels._cpu_level() == expected
+
+
 def test_an_unknown_or_unavailable_level_is_refused():
     for value, message in (("sse9", "expected one of"), ("avx1024", "expected one of")):
         proc = subprocess.run([sys.executable, "-c", "import cynorm"], capture_output=True,

@@ -18,25 +18,7 @@ cdef extern from *:
     void cn_set_num_threads(int n) nogil
     int cn_num_procs() nogil
 
-cdef extern from *:
-    """
-    /* x86-64 micro-architecture levels the CPU (and the OS, which must save
-     * the AVX/AVX-512 registers: libgcc's detection checks XCR0) can run:
-     * 3 = x86-64-v3 (AVX2, FMA, F16C, BMI2), 4 = x86-64-v4 (AVX-512 F/BW/CD/DQ/VL). */
-    static int cn_cpu_level(void) {
-    #if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
-        __builtin_cpu_init();
-        int v3 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")
-              && __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("avx");
-        int v4 = v3 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
-              && __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512dq")
-              && __builtin_cpu_supports("avx512vl");
-        return v4 ? 4 : v3 ? 3 : 1;
-    #else
-        return 1;
-    #endif
-    }
-    """
+cdef extern from "cn_cpu.h":
     int cn_cpu_level() nogil
 
 from cynorm._kernels.common cimport CN_SIMD_LEVEL, CN_COMPILER, CN_F16_IMPL, CN_OPENMP

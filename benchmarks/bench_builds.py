@@ -1,0 +1,169 @@
+"""Two builds of cynorm's kernels on the benchmark cases, in one process: the
+portable (dispatching) wheel build vs a -march=native build.
+
+    python benchmarks/bench_builds.py                     # build both, compare
+    python benchmarks/bench_builds.py --repeats 41 --dtypes bfloat16 --ops bn
+    python benchmarks/bench_builds.py --dirs A B          # two existing `pip install --target` dirs
+
+Without --dirs it installs this checkout twice with `pip install --target`
+(no build isolation): CYNORM_MARCH=none (the wheels' build: baseline,
+x86-64-v3 and x86-64-v4 kernels, one chosen at import) and CYNORM_MARCH=native.
+
+The child imports cynorm from A, then loads B's kernel modules (layer_norm,
+batch_norm) from their files under the same names, and times each case's
+cynorm call with A's and with B's kernels in turn (the Python layer is A's
+for both).  One process, interleaved calls: a shared VM drifts by 10-50 %
+between processes, which swamps a 10 % target when the two builds run in
+separate processes.
+"""
+import argparse
+import glob
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import HERE, median_ms, run_child, time_interleaved  # noqa: E402
+
+ROOT = os.path.dirname(HERE)
+BUILDS = {"wheel": "none", "native": "native"}   # name -> CYNORM_MARCH
+PY_MODULES = {"layer_norm": "cynorm.layernorm", "batch_norm": "cynorm.batchnorm"}
+LABEL = {"layer_norm_fwd": "LN fwd", "layer_norm_bwd": "LN bwd", "batch_norm_fwd_train": "BN train",
+         "batch_norm_fwd_eval": "BN eval", "batch_norm_bwd": "BN bwd"}
+
+
+def install(march, target):
+    env = dict(os.environ, CYNORM_MARCH=march)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                    "--target", target, "--upgrade", ROOT], env=env, check=True)
+
+
+def kernel_file(target, name):
+    """The kernel module of `name` that `target`'s build would load on this CPU."""
+    code = (f"from cynorm import _kernels; m = _kernels.load({name!r}); "
+            "import cynorm; print(m.__file__); print(cynorm.config()['simd_compiled'].replace(' ', '_') "
+            "+ '/' + _kernels.SIMD_LEVEL)")
+    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=target),
+                         capture_output=True, text=True, check=True, cwd=tempfile.gettempdir())
+    path, level = out.stdout.split()
+    return path, level
+
+
+def load_as(name, path):
+    """Load the extension at `path` as a fresh module object (not in sys.modules)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def child(args):
+    import numpy as np
+
+    import bench_norms as bn
+    import cynorm
+    from cynorm._arrays import streaming_threshold
+    kernels = {}
+    for kname, pyname in PY_MODULES.items():
+        py = importlib.import_module(pyname)
+        path = args.other_files[kname]
+        other = load_as("cynorm._kernels." + os.path.basename(path).split(".")[0], path)
+        other.set_stream_min_bytes(streaming_threshold())    # as the Python layer does at import
+        kernels[pyname] = {"A": py._k, "B": other}
+
+    def with_kernels(which, family, f):
+        py = sys.modules[PY_MODULES[family]]
+        mod = kernels[PY_MODULES[family]][which]
+
+        def call():
+            py._k = mod
+            return f()
+        return call
+
+    rng = np.random.default_rng(0)
+    cynorm.set_num_threads(args.threads)
+    rows = []
+    for family, shape, layout in bn.CASES:
+        ops = [op for op in args.ops if op.startswith(family)]
+        if not ops:
+            continue
+        for dtype in args.dtypes:
+            if family == "layer_norm":
+                case = bn.layer_norm_case(cynorm, shape, dtype, ops, rng, False, "float32", False)
+            else:
+                case = bn.batch_norm_case(cynorm, shape, layout, dtype, ops, rng, False, False)
+            for opname in ops:
+                f = case[opname].fns["cynorm"]
+                fns = {w: with_kernels(w, family, f) for w in ("A", "B")}
+                small = case[opname].size_bytes < (8 << 20)
+                samples = time_interleaved(fns, args.repeats * (4 if small else 1))
+                rows.append({"op": opname, "dtype": dtype, "shape": list(shape), "layout": layout,
+                             "ms": {w: median_ms(s) for w, s in samples.items()},
+                             "ratios": [a / b for a, b in zip(samples["A"], samples["B"])]})
+                print(f"  {LABEL[opname]:8s} {dtype:8s} {str(shape):18s} {layout:9s} A/B "
+                      f"{rows[-1]['ms']['A'] / rows[-1]['ms']['B']:.3f}", file=sys.stderr, flush=True)
+    json.dump(rows, sys.stdout)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dirs", nargs=2, metavar=("A", "B"), help="two install dirs to compare (A/B)")
+    p.add_argument("--repeats", type=int, default=25, help="interleaved calls per case (default 25, "
+                   "x4 for inputs under 8 MiB)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--dtypes", default="float32,bfloat16")
+    p.add_argument("--ops", default="all")
+    p.add_argument("--tolerance", type=float, default=0.10, help="target: A within this of B")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--other-files", default="{}", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    import bench_norms
+    args.ops = bench_norms.parse_ops(args.ops)
+    args.dtypes = args.dtypes.split(",")
+    if args.child:
+        args.other_files = json.loads(args.other_files)
+        return child(args)
+
+    if args.dirs:
+        dirs = dict(zip(("A", "B"), args.dirs))
+    else:
+        base = tempfile.mkdtemp(prefix="cynorm-builds-")
+        dirs = {}
+        for role, (name, march) in zip(("A", "B"), BUILDS.items()):
+            dirs[role] = os.path.join(base, name)
+            print(f"installing the {name} build (CYNORM_MARCH={march}) into {dirs[role]} ...",
+                  file=sys.stderr, flush=True)
+            install(march, dirs[role])
+    files = {}
+    for role, d in dirs.items():
+        for k in PY_MODULES:
+            files.setdefault(role, {})[k], level = kernel_file(d, k)
+        print(f"{role}: {d} (SIMD level {level}; kernels {os.path.basename(files[role]['batch_norm'])})")
+    os.environ["PYTHONPATH"] = dirs["A"]
+    rows = run_child(__file__, "faultfree",
+                     ["--repeats", str(args.repeats), "--threads", str(args.threads),
+                      "--dtypes", ",".join(args.dtypes), "--ops", ",".join(args.ops),
+                      "--other-files", json.dumps(files["B"])], capture_stderr=False)
+    print(f"\n{args.threads} threads, fault-free allocation; median of {args.repeats} interleaved calls "
+          "(x4 for inputs under 8 MiB) in one process\n")
+    print("| case | A ms | B ms | A/B | A/B, quartiles of per-call pairs |")
+    print("|---|---|---|---|---|")
+    ratios = []
+    for r in rows:
+        a, b = r["ms"]["A"], r["ms"]["B"]
+        q = statistics.quantiles(r["ratios"], n=4)
+        ratios.append(a / b)
+        print(f"| {LABEL[r['op']]} {r['dtype']} {tuple(r['shape'])} {r['layout']} | {a:.3f} | {b:.3f} | "
+              f"{a / b:.2f} | {q[0]:.2f}–{q[2]:.2f} |")
+    within = sum(x <= 1 + args.tolerance for x in ratios)
+    print(f"\nA within {100 * args.tolerance:.0f} % of B in {within} of {len(ratios)} cases; "
+          f"median A/B {statistics.median(ratios):.3f}, worst {max(ratios):.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""Forward-mode derivatives (Jacobian-vector products) of cynorm's ops.
+
+    outputs, output_tangents = cynorm.jvp(op, primals, tangents, **kwargs)
+
+`op` is a cynorm function (or any function with a registered rule),
+`primals` its positional arguments, `tangents` one entry per primal: an array
+of the primal's shape and dtype, or None (a zero tangent; its work is
+skipped).  Keyword arguments go to `op` unchanged and are never
+differentiated.  `outputs` is what `op(*primals, **kwargs)` returns, and
+`output_tangents` mirrors it (None where an output is None).
+
+Rules are analytic and vectorized (NumPy, or fused Cython kernels where a
+rule is a pass over a large array).  They live in `jvp_rules`, a mapping
+op -> rule; `@register_jvp(op)` adds one for your own op.
+
+The backward ops' rules follow PyTorch's forward-mode decompositions
+(torch/_decomp/decompositions_for_jvp.py): the saved statistics (mean and
+rstd / invstd of layer and batch norm, the norm of weight norm) are
+functions of the input, recomputed from it, with eps held fixed; tangents
+given for saved statistics are therefore accepted and ignored.
+
+Arguments updated in place (batch_norm's running_mean / running_var in
+training) have their tangents updated in place the same way, when given:
+pass zeros to get the tangent of the update alone.
+"""
+import inspect
+
+import numpy as np
+
+from cynorm._dtypes import POLICY
+
+jvp_rules = {}
+
+
+class Rule:
+    """A registered rule: `fn(primals, tangents, kwargs) -> (outputs, tangents)`.
+
+    `nondiff` names the arguments that take no tangent (shapes, flags, eps,
+    index arrays ...); a tangent given for one is an error.  `ignored` names
+    arguments whose tangents are accepted and dropped (saved statistics,
+    which the rule recomputes from the input).
+    """
+
+    def __init__(self, op, fn, nondiff=(), ignored=()):
+        self.op, self.fn = op, fn
+        self.nondiff, self.ignored = frozenset(nondiff), frozenset(ignored)
+        try:
+            params = inspect.signature(op).parameters.values()
+            self.names = [p.name for p in params
+                          if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        except (TypeError, ValueError):      # builtins without a signature
+            self.names = []
+
+    def name_of(self, i):
+        return self.names[i] if i < len(self.names) else f"argument {i}"
+
+    def __repr__(self):
+        return f"<jvp rule for {_op_name(self.op)}>"
+
+
+def _op_name(op):
+    mod = getattr(op, "__module__", None) or ""
+    name = getattr(op, "__qualname__", None) or repr(op)
+    return f"{mod.split('.')[0]}.{name}" if mod.startswith("cynorm") else f"{mod}.{name}".lstrip(".")
+
+
+def register_jvp(op, *, nondiff=(), ignored=()):
+    """Decorator: register `rule(primals, tangents, kwargs)` as op's JVP rule.
+
+    `primals` is the tuple of positional arguments (as the caller passed
+    them), `tangents` a tuple of the same length (None or an array of the
+    primal's shape and dtype, already checked), `kwargs` the keyword
+    arguments.  The rule returns (outputs, output_tangents).  `nondiff`
+    names positional arguments that must not get a tangent; `ignored` those
+    whose tangents are accepted and not used.  Registering an op again
+    replaces its rule.
+    """
+    if not callable(op):
+        raise TypeError(f"register_jvp: op must be callable, got {type(op).__name__}")
+
+    def decorator(fn):
+        if not callable(fn):
+            raise TypeError(f"register_jvp: the rule must be callable, got {type(fn).__name__}")
+        jvp_rules[op] = Rule(op, fn, nondiff, ignored)
+        return fn
+    return decorator
+
+
+def _differentiable(x):
+    """Whether primal x can carry a tangent: a floating array (not a scalar,
+    shape, flag or integer array)."""
+    return isinstance(x, np.ndarray) and x.dtype in POLICY
+
+
+def _check_tangent(rule, i, primal, tangent):
+    name = f"tangents[{i}] (for {rule.name_of(i)})"
+    if rule.name_of(i) in rule.nondiff or not _differentiable(primal):
+        what = (f"an array of dtype {primal.dtype}" if isinstance(primal, np.ndarray)
+                else type(primal).__name__)
+        raise TypeError(f"{name}: {rule.name_of(i)} is not differentiable ({what}); "
+                        "pass None as its tangent")
+    if not isinstance(tangent, np.ndarray):
+        raise TypeError(f"{name} must be a NumPy array or None, got {type(tangent).__name__}")
+    if tangent.shape != primal.shape:
+        raise ValueError(f"{name} must have the primal's shape {primal.shape}, got {tangent.shape}")
+    if tangent.dtype != primal.dtype:
+        raise TypeError(f"{name} must have the primal's dtype {primal.dtype}, got {tangent.dtype}")
+
+
+def jvp(op, primals, tangents, **kwargs):
+    """Outputs of `op(*primals, **kwargs)` and their tangents.
+
+    Parameters
+    ----------
+    op : callable with a registered rule (see `jvp_rules`).
+    primals : tuple or list
+        op's positional arguments.
+    tangents : tuple or list, one entry per primal
+        An ndarray of the primal's shape and dtype, or None (zero tangent).
+        Only floating-array primals can have tangents.
+    **kwargs
+        op's keyword arguments (not differentiated).
+
+    Returns
+    -------
+    (outputs, output_tangents), both with op's return structure; an output
+    tangent has its output's shape and dtype (None where the output is None).
+    """
+    try:
+        rule = jvp_rules.get(op)
+    except TypeError:            # unhashable op
+        rule = None
+    if rule is None:
+        raise TypeError(f"jvp: no forward-mode rule is registered for {_op_name(op)}; "
+                        "register one with @cynorm.register_jvp(op)")
+    if not isinstance(primals, (tuple, list)):
+        raise TypeError(f"jvp: primals must be a tuple or list of op's positional arguments, "
+                        f"got {type(primals).__name__}")
+    if not isinstance(tangents, (tuple, list)):
+        raise TypeError(f"jvp: tangents must be a tuple or list, got {type(tangents).__name__}")
+    if len(tangents) != len(primals):
+        raise ValueError(f"jvp: tangents must have one entry per primal ({len(primals)}), "
+                         f"got {len(tangents)}")
+    primals = tuple(primals)
+    checked = []
+    for i, (p, t) in enumerate(zip(primals, tangents)):
+        if t is not None:
+            _check_tangent(rule, i, p, t)
+            if rule.name_of(i) in rule.ignored:
+                t = None
+        checked.append(t)
+    return rule.fn(primals, tuple(checked), kwargs)
+
+
+# the rules register themselves on import
+from cynorm.forward_ad import norm_rules, seed_rules  # noqa: E402,F401
+
+__all__ = ["jvp", "jvp_rules", "register_jvp"]
