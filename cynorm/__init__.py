@@ -8,7 +8,15 @@ Cython + OpenMP kernels behind a NumPy API, with PyTorch's semantics:
 * batch normalization: `batch_norm`, `batch_norm_backward`, and the
   split-statistics ops synchronized batch norm is built from:
   `batch_norm_stats`, `batch_norm_gather_stats`, `batch_norm_elemt`,
-  `batch_norm_backward_reduce`, `batch_norm_backward_elemt`
+  `batch_norm_backward_reduce`, `batch_norm_backward_elemt`; ATen's other
+  backward entry points `cudnn_batch_norm_backward`,
+  `miopen_batch_norm_backward` and `aten.batch_norm_backward`
+* forward-mode derivatives: `jvp(op, primals, tangents)`, `jvp_rules`,
+  `register_jvp`, with rules for every op here
+* the other ops of PyTorch's forward-mode decomposition table: `softmax`,
+  `log_softmax`, `softmax_backward_data`, `log_softmax_backward_data`,
+  `nll_loss`, `nll_loss2d`, `nll_loss_forward`, `nll_loss2d_forward`,
+  `nll_loss_backward`, `nll_loss2d_backward`, `trace`, `log_sigmoid_forward`
 
 Threads: `set_num_threads` / `get_num_threads` (OMP_NUM_THREADS and
 threadpoolctl work too).  Build facts: `show_config()`.  Large outputs come
@@ -45,6 +53,24 @@ from cynorm.weightnorm import (  # noqa: E402
     weight_norm_backward,
     weight_norm_interface,
 )
+from cynorm.softmax_ops import (  # noqa: E402
+    log_softmax,
+    log_softmax_backward_data,
+    softmax,
+    softmax_backward_data,
+)
+from cynorm.nll_losses import (  # noqa: E402
+    nll_loss,
+    nll_loss2d,
+    nll_loss2d_backward,
+    nll_loss2d_forward,
+    nll_loss_backward,
+    nll_loss_forward,
+)
+from cynorm.pointwise import log_sigmoid_forward, trace  # noqa: E402
+from cynorm import aten  # noqa: E402
+from cynorm.aten import cudnn_batch_norm_backward, miopen_batch_norm_backward  # noqa: E402
+from cynorm.forward_ad import jvp, jvp_rules, register_jvp  # noqa: E402
 
 __all__ = [
     "__version__",
@@ -56,6 +82,24 @@ __all__ = [
     "batch_norm_elemt",
     "batch_norm_gather_stats",
     "batch_norm_stats",
+    "aten",
+    "cudnn_batch_norm_backward",
+    "jvp",
+    "jvp_rules",
+    "log_sigmoid_forward",
+    "log_softmax",
+    "log_softmax_backward_data",
+    "miopen_batch_norm_backward",
+    "nll_loss",
+    "nll_loss2d",
+    "nll_loss2d_backward",
+    "nll_loss2d_forward",
+    "nll_loss_backward",
+    "nll_loss_forward",
+    "register_jvp",
+    "softmax",
+    "softmax_backward_data",
+    "trace",
     "clear_alloc_cache",
     "config",
     "get_num_threads",

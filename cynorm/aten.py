@@ -1,0 +1,35 @@
+"""ATen-named entry points whose names or argument orders differ from cynorm's:
+the other batch-norm backward ops, as thin adapters over
+cynorm.batch_norm_backward with their argument orders (channel axis 1).
+
+PyTorch routes all of them through one forward-mode rule; so does cynorm.
+The CPU has no cuDNN/MIOpen reserve space: `reserve` / `reserveSpace` are
+accepted and not read.  cuDNN and MIOpen save the inverse standard
+deviation, so their `save_var` is invstd, and they always differentiate
+the training-mode formula.
+"""
+from cynorm.batchnorm import batch_norm_backward as _native
+
+
+def cudnn_batch_norm_backward(input, grad_output, weight, running_mean, running_var, save_mean,
+                              save_var, epsilon, reserveSpace=None):
+    """torch.ops.aten.cudnn_batch_norm_backward: (grad_input, grad_weight, grad_bias)."""
+    return _native(grad_output, input, weight, running_mean, running_var, save_mean, save_var,
+                   True, epsilon, (True, True, True))
+
+
+def miopen_batch_norm_backward(input, grad_output, weight, running_mean, running_var, save_mean,
+                               save_var, epsilon):
+    """torch.ops.aten.miopen_batch_norm_backward: (grad_input, grad_weight, grad_bias)."""
+    return _native(grad_output, input, weight, running_mean, running_var, save_mean, save_var,
+                   True, epsilon, (True, True, True))
+
+
+def batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_var,
+                        update, eps, output_mask, reserve=None):
+    """torch.ops.aten.batch_norm_backward (the generic one): training formula
+    when `update` is true, inference formula otherwise.  Exported as
+    cynorm.aten.batch_norm_backward (cynorm.batch_norm_backward is
+    native_batch_norm_backward's argument order)."""
+    return _native(grad_out, input, weight, running_mean, running_var, save_mean, save_var,
+                   update, eps, output_mask)

@@ -1,0 +1,378 @@
+"""JVP rules of cynorm's normalization ops: weight norm, layer norm, batch norm,
+forward and backward.
+
+Notation: per normalized group (a layer-norm row, a batch-norm channel, a
+weight-norm slice) xhat = (x - mean) * r with r = rstd / invstd, and for a
+tangent tx of x
+
+    a      = mean(xhat * tx)
+    t_mean = mean(tx)
+    t_r    = -r**2 * a                       (eps held fixed)
+    t_xhat = r * (tx - t_mean - xhat * a)
+
+The backward rules recompute mean from x (and use the saved r, which equals
+the recomputed one), as PyTorch's decompositions for forward-mode AD do.
+"""
+import numpy as np
+
+from cynorm import batchnorm as _bn
+from cynorm import layernorm as _ln
+from cynorm import weightnorm as _wn
+from cynorm.forward_ad import register_jvp
+from cynorm.forward_ad._common import bind, cast_like, m, math_dtype, zeros_like
+from cynorm._validation import normalize_dim
+
+
+def _group_mean(a, axes):
+    return np.mean(a, axis=axes, keepdims=True)
+
+
+def _xhat_tangent(X, mean, r, TX, axes):
+    """(t_xhat, t_mean, a) of a group normalization; X, TX in math dtype."""
+    xhat = (X - mean) * r
+    t_mean = _group_mean(TX, axes)
+    a = _group_mean(xhat * TX, axes)
+    return xhat, r * (TX - t_mean - xhat * a), t_mean, a
+
+
+# ------------------------------------------------------------------ layer norm
+def _ln_rows(x, normalized_shape):
+    k = 1 if np.ndim(normalized_shape) == 0 else len(normalized_shape)
+    lead = x.shape[:x.ndim - k]
+    return int(np.prod(lead, dtype=np.int64)), int(np.prod(x.shape[x.ndim - k:], dtype=np.int64))
+
+
+@register_jvp(_ln.layer_norm, nondiff=("normalized_shape", "eps"))
+def _layer_norm_jvp(primals, tangents, kwargs):
+    args, t = bind(_ln.layer_norm, primals, tangents, kwargs)
+    outs = _ln.layer_norm(*primals, **kwargs)
+    y, mean, rstd = outs
+    x, w = args["x"], args["weight"]
+    if all(v is None for v in tangents):
+        return outs, zeros_like(outs)
+    M, N = _ln_rows(np.asarray(x), args["normalized_shape"])
+    dt = math_dtype(x.dtype)
+    X = m(x, dt).reshape(M, N)
+    mu, r = m(mean, dt).reshape(M, 1), m(rstd, dt).reshape(M, 1)
+    wv = None if w is None else m(w, dt).reshape(N)
+    ty = np.zeros((M, N), dt)
+    t_mean = t_rstd = np.zeros((M, 1), dt)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        if t["x"] is not None:
+            xhat, t_xhat, t_mean, a = _xhat_tangent(X, mu, r, m(t["x"], dt).reshape(M, N), 1)
+            ty = t_xhat * wv if wv is not None else t_xhat
+            t_rstd = -r * r * a
+        else:
+            xhat = (X - mu) * r
+        if t["weight"] is not None:
+            ty = ty + xhat * m(t["weight"], dt).reshape(N)
+        if t["bias"] is not None:
+            ty = ty + m(t["bias"], dt).reshape(N)
+    return outs, (cast_like(ty.reshape(y.shape), y), cast_like(t_mean.reshape(mean.shape), mean),
+                  cast_like(t_rstd.reshape(rstd.shape), rstd))
+
+
+def layer_norm_backward_tangents(dy, x, rstd, w, t_dy, t_x, t_w, mask, M, N, dt):
+    """Tangents of (grad_x, grad_weight, grad_bias) of layer_norm_backward,
+    as float arrays (M, N), (N,), (N,) (None where masked off).  NumPy;
+    the float32/float64 path of the rule runs a fused kernel instead."""
+    X, DY = m(x, dt).reshape(M, N), m(dy, dt).reshape(M, N)
+    r = m(rstd, dt).reshape(M, 1)
+    mu = X.mean(axis=1, keepdims=True)              # recomputed from x, as the seed does
+    xhat = (X - mu) * r
+    wv = None if w is None else m(w, dt).reshape(N)
+    G = DY * wv if wv is not None else DY
+    TDY = None if t_dy is None else m(t_dy, dt).reshape(M, N)
+    TG = None
+    if TDY is not None:
+        TG = TDY * wv if wv is not None else TDY
+    if t_w is not None:
+        tw_term = DY * m(t_w, dt).reshape(N)
+        TG = tw_term if TG is None else TG + tw_term
+    c = (G * xhat).mean(axis=1, keepdims=True)
+    t_gx = np.zeros((M, N), dt) if mask[0] else None
+    t_gw = np.zeros(N, dt) if mask[1] else None
+    t_gb = np.zeros(N, dt) if mask[2] else None
+    t_xhat = None
+    if t_x is not None:
+        TX = m(t_x, dt).reshape(M, N)
+        _, t_xhat, _, a = _xhat_tangent(X, mu, r, TX, 1)
+        if mask[0]:
+            gx = r * (G - G.mean(axis=1, keepdims=True) - xhat * c)
+            dc = (G * t_xhat).mean(axis=1, keepdims=True)
+            t_gx += -r * a * gx - r * (t_xhat * c + xhat * dc)
+        if mask[1]:
+            t_gw += (DY * t_xhat).sum(axis=0)
+    if TG is not None and mask[0]:
+        t_gx += r * (TG - TG.mean(axis=1, keepdims=True)
+                     - xhat * (TG * xhat).mean(axis=1, keepdims=True))
+    if TDY is not None:
+        if mask[1]:
+            t_gw += (TDY * xhat).sum(axis=0)
+        if mask[2]:
+            t_gb += TDY.sum(axis=0)
+    return t_gx, t_gw, t_gb
+
+
+@register_jvp(_ln.layer_norm_backward, nondiff=("normalized_shape", "output_mask"),
+              ignored=("mean", "rstd", "bias"))
+def _layer_norm_backward_jvp(primals, tangents, kwargs):
+    args, t = bind(_ln.layer_norm_backward, primals, tangents, kwargs)
+    outs = _ln.layer_norm_backward(*primals, **kwargs)
+    if all(t[k] is None for k in ("grad_out", "x", "weight")):
+        return outs, zeros_like(outs)
+    x = args["x"]
+    M, N = _ln_rows(np.asarray(x), args["normalized_shape"])
+    mask = [o is not None for o in outs]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tg = layer_norm_backward_tangents(args["grad_out"], x, args["rstd"], args["weight"],
+                                          t["grad_out"], t["x"], t["weight"], mask, M, N,
+                                          math_dtype(x.dtype))
+    return outs, tuple(None if o is None else cast_like(tt.reshape(o.shape), o)
+                       for o, tt in zip(outs, tg))
+
+
+# ------------------------------------------------------------------ batch norm
+def _channels(a, axis, dt):
+    """a in dtype dt viewed as (A, C, B) around the channel axis."""
+    a = m(a, dt)
+    A = int(np.prod(a.shape[:axis], dtype=np.int64))
+    return a.reshape(A, a.shape[axis], -1)
+
+
+def _vec(a, dt, C, fill=None):
+    if a is None:
+        return None if fill is None else np.full((1, C, 1), fill, dt)
+    return m(a, dt).reshape(1, C, 1)
+
+
+@register_jvp(_bn.batch_norm, nondiff=("training", "momentum", "eps", "axis"))
+def _batch_norm_jvp(primals, tangents, kwargs):
+    args, t = bind(_bn.batch_norm, primals, tangents, kwargs)
+    x = args["x"]
+    axis = normalize_dim(args["axis"], np.ndim(x), "axis")
+    training = bool(args["training"])
+    rm, rv = args["running_mean"], args["running_var"]
+    dt = math_dtype(x.dtype)
+    if not training:          # the running stats are read before batch_norm returns
+        rm0, rv0 = m(rm, np.float64).copy(), m(rv, np.float64).copy()
+    outs = _bn.batch_norm(*primals, **kwargs)
+    y, save_mean, save_invstd = outs
+    C = x.shape[axis]
+    X = _channels(x, axis, dt)
+    n = X.shape[0] * X.shape[2]
+    w = _vec(args["weight"], dt, C, 1.0)
+    tw, tb = _vec(t["weight"], dt, C), _vec(t["bias"], dt, C)
+    TX = None if t["x"] is None else _channels(t["x"], axis, dt)
+    t_mean = np.zeros(save_mean.shape, dt)
+    t_inv = np.zeros(save_invstd.shape, dt)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        if training:
+            mu, inv = _vec(save_mean, dt, C), _vec(save_invstd, dt, C)
+            xhat = (X - mu) * inv
+            ty = np.zeros_like(X)
+            if TX is not None:
+                xhat, t_xhat, tm, a = _xhat_tangent(X, mu, inv, TX, (0, 2))
+                ty = w * t_xhat
+                t_mean = tm.reshape(C)
+                t_inv = (-inv * inv * a).reshape(C)
+                # the update rm = (1 - momentum) rm + momentum mean, and
+                # rv likewise with the unbiased variance var * n / (n - 1)
+                mom = float(args["momentum"])
+                t_var = (2.0 * a / inv).reshape(C)
+                _update_in_place(t["running_mean"], rm, mom, t_mean)
+                _update_in_place(t["running_var"], rv, mom, t_var * (n / (n - 1)))
+            else:
+                for name, arr in (("running_mean", rm), ("running_var", rv)):
+                    _update_in_place(t[name], arr, float(args["momentum"]), 0.0)
+        else:
+            mu = m(rm0, dt).reshape(1, C, 1)
+            inv = m(1.0 / np.sqrt(rv0 + float(args["eps"])), dt).reshape(1, C, 1)
+            xhat = (X - mu) * inv
+            ty = np.zeros_like(X)
+            if TX is not None:
+                ty = ty + w * inv * TX
+            if t["running_mean"] is not None:
+                ty = ty - w * inv * m(t["running_mean"], dt).reshape(1, C, 1)
+            if t["running_var"] is not None:
+                ty = ty - 0.5 * w * xhat * inv * inv * m(t["running_var"], dt).reshape(1, C, 1)
+        if tw is not None:
+            ty = ty + tw * xhat
+        if tb is not None:
+            ty = ty + tb
+    return outs, (cast_like(ty.reshape(y.shape), y), cast_like(t_mean, save_mean),
+                  cast_like(t_inv, save_invstd))
+
+
+def _update_in_place(t_run, run, momentum, t_stat):
+    """The tangent of a running statistic updated as run = (1 - m) run + m stat."""
+    if t_run is None or run is None:
+        return
+    new = (1.0 - momentum) * t_run.astype(np.float64) + momentum * np.asarray(t_stat, np.float64)
+    t_run[...] = new.astype(np.float32).astype(t_run.dtype) if t_run.dtype != np.float64 else new
+
+
+def batch_norm_backward_tangents(dy, x, weight, mean, inv, training, t, axis, mask, dt):
+    """Tangents of (grad_x, grad_weight, grad_bias) of batch_norm_backward as
+    math-dtype arrays ((A, C, B), (C,), (C,); None where masked off).
+    `mean`/`inv`: the running mean and 1/sqrt(running_var + eps) in eval,
+    the saved invstd in training (the mean is then recomputed from x)."""
+    X, DY = _channels(x, axis, dt), _channels(dy, axis, dt)
+    C = X.shape[1]
+    w = _vec(weight, dt, C, 1.0)
+    TDY = None if t["grad_out"] is None else _channels(t["grad_out"], axis, dt)
+    TX = None if t["x"] is None else _channels(t["x"], axis, dt)
+    tw = _vec(t["weight"], dt, C)
+    inv = m(inv, dt).reshape(1, C, 1)
+    t_gx = np.zeros_like(X) if mask[0] else None
+    t_gw = np.zeros(C, dt) if mask[1] else None
+    t_gb = np.zeros(C, dt) if mask[2] else None
+    if TDY is not None and mask[2]:
+        t_gb += TDY.sum(axis=(0, 2))
+    if training:
+        mu = X.mean(axis=(0, 2), keepdims=True)           # recomputed, as the seed does
+        xhat = (X - mu) * inv
+        c = (DY * xhat).mean(axis=(0, 2), keepdims=True)
+        core = DY - DY.mean(axis=(0, 2), keepdims=True) - xhat * c
+        if TX is not None:
+            _, t_xhat, _, a = _xhat_tangent(X, mu, inv, TX, (0, 2))
+            if mask[0]:
+                dc = (DY * t_xhat).mean(axis=(0, 2), keepdims=True)
+                t_gx += w * inv * (-inv * a * core - t_xhat * c - xhat * dc)
+            if mask[1]:
+                t_gw += (DY * t_xhat).sum(axis=(0, 2))
+        if TDY is not None:
+            if mask[0]:
+                t_gx += w * inv * (TDY - TDY.mean(axis=(0, 2), keepdims=True)
+                                   - xhat * (TDY * xhat).mean(axis=(0, 2), keepdims=True))
+            if mask[1]:
+                t_gw += (TDY * xhat).sum(axis=(0, 2))
+        if tw is not None and mask[0]:
+            t_gx += tw * inv * core
+        return t_gx, t_gw, t_gb
+    # eval: grad_x = dy * inv * w, grad_weight = sum(dy * (x - running_mean)) * inv
+    mu = m(mean, dt).reshape(1, C, 1)
+    t_inv = 0.0
+    if t["running_var"] is not None:
+        t_inv = -0.5 * inv ** 3 * m(t["running_var"], dt).reshape(1, C, 1)
+    if mask[0]:
+        if TDY is not None:
+            t_gx += TDY * inv * w
+        if tw is not None:
+            t_gx += DY * inv * tw
+        if t["running_var"] is not None:
+            t_gx += DY * t_inv * w
+    if mask[1]:
+        if TDY is not None:
+            t_gw += (TDY * (X - mu)).sum(axis=(0, 2)) * inv.reshape(C)
+        if TX is not None:
+            t_gw += (DY * TX).sum(axis=(0, 2)) * inv.reshape(C)
+        if t["running_mean"] is not None:
+            t_gw -= DY.sum(axis=(0, 2)) * m(t["running_mean"], dt) * inv.reshape(C)
+        if t["running_var"] is not None:
+            t_gw += (DY * (X - mu)).sum(axis=(0, 2)) * np.reshape(t_inv, C)
+    return t_gx, t_gw, t_gb
+
+
+@register_jvp(_bn.batch_norm_backward, nondiff=("training", "eps", "output_mask", "axis"),
+              ignored=("save_mean", "save_invstd"))
+def _batch_norm_backward_jvp(primals, tangents, kwargs):
+    args, t = bind(_bn.batch_norm_backward, primals, tangents, kwargs)
+    outs = _bn.batch_norm_backward(*primals, **kwargs)
+    training = bool(args["training"])
+    used = ("grad_out", "x", "weight") + (() if training else ("running_mean", "running_var"))
+    if all(t[k] is None for k in used):
+        return outs, zeros_like(outs)
+    x = args["x"]
+    axis = normalize_dim(args["axis"], np.ndim(x), "axis")
+    dt = math_dtype(x.dtype)
+    if training:
+        mean, inv = None, m(args["save_invstd"], np.float64)
+    else:
+        mean = m(args["running_mean"], np.float64)
+        inv = 1.0 / np.sqrt(m(args["running_var"], np.float64) + float(args["eps"]))
+    mask = [o is not None for o in outs]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tg = batch_norm_backward_tangents(args["grad_out"], x, args["weight"], mean, inv, training,
+                                          t, axis, mask, dt)
+    return outs, tuple(None if o is None else cast_like(tt.reshape(o.shape), o)
+                       for o, tt in zip(outs, tg))
+
+
+# ----------------------------------------------------------------- weight norm
+def _wn_axes(v, dim):
+    dim = normalize_dim(dim, v.ndim)
+    axes = tuple(range(v.ndim)) if dim is None else tuple(i for i in range(v.ndim) if i != dim)
+    return dim, axes
+
+
+def _wn_tangents(v, g, dim, tv, tg, dt):
+    """(t_w, t_norm) of w = g v / ||v|| in math dtype; norm in keepdims shape."""
+    _, axes = _wn_axes(v, dim)
+    V = m(v, dt)
+    n = np.sqrt((V * V).sum(axis=axes, keepdims=True))
+    G = m(g, dt).reshape(n.shape)
+    t_w = np.zeros_like(V)
+    t_n = np.zeros_like(n)
+    if tv is not None:
+        TV = m(tv, dt)
+        t_n = (V * TV).sum(axis=axes, keepdims=True) / n
+        t_w = G * (TV / n - V * (t_n / (n * n)))
+    if tg is not None:
+        t_w = t_w + m(tg, dt).reshape(n.shape) * V / n
+    return t_w, t_n
+
+
+@register_jvp(_wn.weight_norm, nondiff=("dim",))
+def _weight_norm_jvp(primals, tangents, kwargs):
+    args, t = bind(_wn.weight_norm, primals, tangents, kwargs)
+    w = _wn.weight_norm(*primals, **kwargs)
+    v = args["v"]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        t_w, _ = _wn_tangents(v, args["g"], args["dim"], t["v"], t["g"], math_dtype(v.dtype))
+    return w, cast_like(t_w, w)
+
+
+@register_jvp(_wn.weight_norm_interface, nondiff=("dim",))
+def _weight_norm_interface_jvp(primals, tangents, kwargs):
+    args, t = bind(_wn.weight_norm_interface, primals, tangents, kwargs)
+    w, norm = _wn.weight_norm_interface(*primals, **kwargs)
+    v = args["v"]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        t_w, t_n = _wn_tangents(v, args["g"], args["dim"], t["v"], t["g"], math_dtype(v.dtype))
+    return (w, norm), (cast_like(t_w, w), cast_like(t_n.reshape(norm.shape), norm))
+
+
+@register_jvp(_wn.weight_norm_backward, nondiff=("dim",), ignored=("saved_norm",))
+def _weight_norm_backward_jvp(primals, tangents, kwargs):
+    """PyTorch's _weight_norm_differentiable_backward: the saved norm is ||v||."""
+    args, t = bind(_wn.weight_norm_backward, primals, tangents, kwargs)
+    outs = _wn.weight_norm_backward(*primals, **kwargs)
+    grad_v, grad_g = outs
+    v = args["saved_v"]
+    dt = math_dtype(v.dtype)
+    _, axes = _wn_axes(v, args["dim"])
+    V, GW = m(v, dt), m(args["grad_w"], dt)
+    n = np.sqrt((V * V).sum(axis=axes, keepdims=True))
+    G = m(args["saved_g"], dt).reshape(n.shape)
+    s = (GW * V).sum(axis=axes, keepdims=True)
+    tv, tgw, tg = t["saved_v"], t["grad_w"], t["saved_g"]
+    t_n = np.zeros_like(n) if tv is None else (V * m(tv, dt)).sum(axis=axes, keepdims=True) / n
+    t_s = np.zeros_like(n)
+    if tgw is not None:
+        t_s = t_s + (m(tgw, dt) * V).sum(axis=axes, keepdims=True)
+    if tv is not None:
+        t_s = t_s + (GW * m(tv, dt)).sum(axis=axes, keepdims=True)
+    TG = np.zeros_like(n) if tg is None else m(tg, dt).reshape(n.shape)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        n3 = n ** 3
+        # grad_g = s / n;  grad_v = (g / n) grad_w - (g s / n**3) v
+        t_gg = t_s / n - s * t_n / (n * n)
+        coef_gw = TG / n - G * t_n / (n * n)
+        coef_v = TG * s / n3 + G * t_s / n3 - 3.0 * G * s * t_n / (n3 * n)
+        t_gv = coef_gw * GW - coef_v * V
+        if tgw is not None:
+            t_gv = t_gv + (G / n) * m(tgw, dt)
+        if tv is not None:
+            t_gv = t_gv - (G * s / n3) * m(tv, dt)
+    return outs, (cast_like(t_gv, grad_v), cast_like(t_gg.reshape(grad_g.shape), grad_g))

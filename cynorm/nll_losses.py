@@ -1,0 +1,173 @@
+"""Negative log-likelihood loss and its backward (ATen's nll_loss_forward,
+nll_loss_backward, nll_loss2d_forward, nll_loss2d_backward, nll_loss,
+nll_loss2d).
+
+x holds log-probabilities with the classes on axis 1 ((N, C), or (C,) for a
+single sample; (N, C, H, W) for the 2d ops); target holds class indices.
+reduction is "none", "mean" or "sum" (or ATen's 0, 1, 2).  Entries whose
+target equals ignore_index count for nothing.  Sums accumulate in float64.
+"""
+import operator
+
+import numpy as np
+
+from cynorm._dtypes import from_float64
+from cynorm._validation import as_float_array, check_same
+
+REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
+
+
+def _reduction(reduction):
+    if isinstance(reduction, str):
+        if reduction in REDUCTIONS:
+            return REDUCTIONS[reduction]
+    elif not isinstance(reduction, (bool, np.bool_)):
+        try:
+            r = operator.index(reduction)
+        except TypeError:
+            r = None
+        if r in (0, 1, 2):
+            return r
+    raise ValueError(f"reduction must be 'none', 'mean' or 'sum' (or 0, 1, 2), got {reduction!r}")
+
+
+def _ignore_index(ignore_index):
+    if isinstance(ignore_index, (bool, np.bool_)):
+        raise TypeError(f"ignore_index must be an int, got {ignore_index!r}")
+    try:
+        return operator.index(ignore_index)
+    except TypeError:
+        raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__}") from None
+
+
+class _Problem:
+    """x, target and weight checked, flattened to (K, C) rows and K targets."""
+
+    def __init__(self, x, target, weight, ignore_index, two_d, x_name="x"):
+        x, _ = as_float_array(x, x_name)
+        if two_d:
+            if x.ndim != 4:
+                raise ValueError(f"{x_name} must be 4-D (N, C, H, W) for nll_loss2d, got shape {x.shape}")
+            t_shape = (x.shape[0],) + x.shape[2:]
+        else:
+            if x.ndim not in (1, 2):
+                raise ValueError(f"{x_name} must be 1-D (C,) or 2-D (N, C), got shape {x.shape}")
+            t_shape = x.shape[:1] if x.ndim == 2 else ()
+        target = np.asarray(target)
+        if target.dtype.kind not in "iu":
+            raise TypeError(f"target must be an integer array, got dtype {target.dtype}")
+        if target.shape != t_shape:
+            raise ValueError(f"target must have shape {t_shape} for {x_name} of shape {x.shape}, "
+                             f"got {target.shape}")
+        C = x.shape[1] if x.ndim > 1 else x.shape[0]
+        self.ignore = _ignore_index(ignore_index)
+        self.x, self.C, self.t_shape = x, C, t_shape
+        self.rows = self.as_rows(x)
+        t = target.reshape(-1).astype(np.int64)
+        self.valid = t != self.ignore
+        bad = self.valid & ((t < 0) | (t >= C))
+        if bad.any():
+            raise ValueError(f"target: class index {int(t[bad][0])} is out of bounds for "
+                             f"{C} classes (and is not ignore_index={self.ignore})")
+        self.t = np.where(self.valid, t, 0)
+        if weight is not None:
+            weight, _ = as_float_array(weight, "weight")
+            check_same(weight, "weight", (C,), x.dtype, ref="x's classes")
+        self.weight = weight
+
+    def as_rows(self, a):
+        """An array of x's shape as (K, C) rows, classes last."""
+        a = np.asarray(a)
+        return (np.moveaxis(a, 1, -1) if a.ndim > 1 else a).reshape(-1, self.C)
+
+    def from_rows(self, rows):
+        """(K, C) rows back to x's shape (the inverse of as_rows)."""
+        if self.x.ndim == 1:
+            return rows.reshape(self.x.shape)
+        return np.moveaxis(rows.reshape(np.moveaxis(self.x, 1, -1).shape), -1, 1)
+
+    def picked(self, rows=None):
+        """float64 rows[k, target[k]] (0 where ignored)."""
+        rows = self.rows if rows is None else rows
+        v = rows[np.arange(self.t.size), self.t].astype(np.float64)
+        return np.where(self.valid, v, 0.0)
+
+    def weights(self, weight=None):
+        """float64 weight[target[k]] (0 where ignored)."""
+        weight = self.weight if weight is None else weight
+        w = np.ones(self.t.size) if weight is None else weight.astype(np.float64)[self.t]
+        return np.where(self.valid, w, 0.0)
+
+
+def _forward(x, target, weight, reduction, ignore_index, two_d):
+    p = _Problem(x, target, weight, ignore_index, two_d)
+    r = _reduction(reduction)
+    w = p.weights()
+    losses = -w * p.picked()
+    dtype = p.x.dtype
+    total = np.asarray(w.sum() if r else 0.0)
+    if r == 0:
+        out = losses.reshape(p.t_shape)
+    elif r == 2:
+        out = np.asarray(losses.sum())
+    else:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out = np.asarray(losses.sum() / total)
+    return np.asarray(from_float64(out, dtype)), np.asarray(from_float64(total, dtype))
+
+
+def nll_loss_forward(x, target, weight=None, reduction="mean", ignore_index=-100):
+    """(output, total_weight) of the NLL loss (torch.ops.aten.nll_loss_forward).
+
+    output: -weight[t] * x[t] per sample ("none"), their sum ("sum"), or the
+    sum divided by total_weight ("mean"; nan when every target is ignored).
+    total_weight: the sum of weight[t] over non-ignored samples (0 for "none").
+    Both have x's dtype."""
+    return _forward(x, target, weight, reduction, ignore_index, False)
+
+
+def nll_loss2d_forward(x, target, weight=None, reduction="mean", ignore_index=-100):
+    """nll_loss_forward for x of shape (N, C, H, W) and target (N, H, W)."""
+    return _forward(x, target, weight, reduction, ignore_index, True)
+
+
+def nll_loss(x, target, weight=None, reduction="mean", ignore_index=-100):
+    """The NLL loss (torch.nn.functional.nll_loss on (N, C) or (C,) x)."""
+    return nll_loss_forward(x, target, weight, reduction, ignore_index)[0]
+
+
+def nll_loss2d(x, target, weight=None, reduction="mean", ignore_index=-100):
+    """The NLL loss over (N, C, H, W) log-probabilities."""
+    return nll_loss2d_forward(x, target, weight, reduction, ignore_index)[0]
+
+
+def _backward(grad_output, x, target, weight, reduction, ignore_index, total_weight, two_d):
+    p = _Problem(x, target, weight, ignore_index, two_d)
+    r = _reduction(reduction)
+    g, _ = as_float_array(grad_output, "grad_output")
+    g_shape = p.t_shape if r == 0 else ()
+    if g.shape != g_shape:
+        raise ValueError(f"grad_output must have shape {g_shape} for reduction "
+                         f"{['none', 'mean', 'sum'][r]}, got {g.shape}")
+    tw, _ = as_float_array(total_weight, "total_weight")
+    if tw.shape != ():
+        raise ValueError(f"total_weight must be 0-d (as nll_loss_forward returns it), got {tw.shape}")
+    scale = p.weights() * (g.astype(np.float64).reshape(-1) if r == 0 else float(g))
+    if r == 1:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            scale = scale / float(tw)
+    rows = np.zeros(p.rows.shape, np.float64)
+    rows[np.arange(p.t.size), p.t] = np.where(p.valid, -scale, 0.0)
+    return np.ascontiguousarray(from_float64(p.from_rows(rows), p.x.dtype))
+
+
+def nll_loss_backward(grad_output, x, target, weight, reduction, ignore_index, total_weight):
+    """Gradient of nll_loss_forward's output w.r.t. x (torch.ops.aten.nll_loss_backward):
+    zero except grad[k, target[k]] = -weight[target[k]] * grad_output[k]
+    (divided by total_weight for "mean")."""
+    return _backward(grad_output, x, target, weight, reduction, ignore_index, total_weight, False)
+
+
+def nll_loss2d_backward(grad_output, x, target, weight, reduction, ignore_index, total_weight):
+    """nll_loss_backward for x of shape (N, C, H, W)."""
+    return _backward(grad_output, x, target, weight, reduction, ignore_index, total_weight, True)

@@ -1,0 +1,184 @@
+"""cynorm.jvp: every rule against central finite differences of its primal
+(float64), partial tangents, 16-bit dtypes, the registry, and bad input."""
+import ml_dtypes
+import numpy as np
+import pytest
+
+import cynorm as cn
+from jvp_cases import cases
+
+FD_STEP = 1e-6
+REL_TOL = 1e-6
+
+
+def _as_tuple(o):
+    return o if isinstance(o, tuple) else (o,)
+
+
+def finite_difference(case, tangents):
+    """Central difference of case.f along the tangents (None: not perturbed)."""
+    def shifted(sign):
+        p = [a if t is None else a + sign * FD_STEP * t for a, t in zip(case.primals, tangents)]
+        return _as_tuple(case.f(*p))
+    plus, minus = shifted(1.0), shifted(-1.0)
+    return tuple(None if a is None else (np.asarray(a, np.float64) - np.asarray(b, np.float64))
+                 / (2 * FD_STEP) for a, b in zip(plus, minus))
+
+
+def rel_err(got, want):
+    scale = max(np.max(np.abs(want), initial=0.0), 1e-3)
+    return np.max(np.abs(np.asarray(got, np.float64) - want), initial=0.0) / scale
+
+
+CASES = cases(np.random.default_rng(7))
+
+
+@pytest.mark.parametrize("case", CASES, ids=repr)
+def test_every_rule_matches_finite_differences(case, rng):
+    tangents = case.tangents(rng)
+    outs, touts = cn.jvp(case.op, case.primals, tangents, **case.kwargs)
+    ref_outs = _as_tuple(case.op(*case.primals, **case.kwargs))
+    fd = finite_difference(case, tangents)
+    for o, r_, t, want in zip(_as_tuple(outs), ref_outs, _as_tuple(touts), fd):
+        if o is None:
+            assert t is None and want is None
+            continue
+        np.testing.assert_array_equal(o, r_)           # the outputs are the op's
+        assert t.shape == o.shape and t.dtype == o.dtype
+        assert rel_err(t, want) <= REL_TOL, (case, rel_err(t, want))
+
+
+@pytest.mark.parametrize("case", CASES, ids=repr)
+def test_each_tangent_alone_and_none(case, rng):
+    # JVP is linear in the tangents: the sum over single-argument tangents is
+    # the all-argument JVP, and all-None gives zeros
+    full = case.tangents(rng)
+    _, t_all = cn.jvp(case.op, case.primals, full, **case.kwargs)
+    total = None
+    for i in case.diff:
+        one = tuple(t if j == i else None for j, t in enumerate(full))
+        _, t_one = cn.jvp(case.op, case.primals, one, **case.kwargs)
+        parts = [None if t is None else np.asarray(t, np.float64) for t in _as_tuple(t_one)]
+        total = parts if total is None else [None if a is None else a + b for a, b in zip(total, parts)]
+    for a, b in zip(_as_tuple(t_all), total):
+        if a is not None:
+            np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10)
+    outs, t_none = cn.jvp(case.op, case.primals, (None,) * len(case.primals), **case.kwargs)
+    for o, t in zip(_as_tuple(outs), _as_tuple(t_none)):
+        assert (o is None and t is None) or (t.shape == o.shape and not np.any(t))
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.ignored], ids=repr)
+def test_tangents_of_saved_statistics_are_ignored(case, rng):
+    t = case.tangents(rng)
+    t_stats = case.tangents(rng, which=case.diff + case.ignored)
+    t_stats = tuple(s if i in case.ignored else a for i, (a, s) in enumerate(zip(t, t_stats)))
+    _, a = cn.jvp(case.op, case.primals, t, **case.kwargs)
+    _, b = cn.jvp(case.op, case.primals, t_stats, **case.kwargs)
+    for u, v in zip(_as_tuple(a), _as_tuple(b)):
+        np.testing.assert_array_equal(u, v)
+
+
+def test_batch_norm_running_stat_tangents_follow_the_update(rng):
+    x = rng.standard_normal((8, 3, 4))
+    rm, rv = rng.standard_normal(3), rng.random(3) + 0.5
+    tx, trm, trv = rng.standard_normal(x.shape), rng.standard_normal(3), rng.standard_normal(3)
+    trm0, trv0 = trm.copy(), trv.copy()
+    (y, mean, inv), (ty, tmean, tinv) = cn.jvp(
+        cn.batch_norm, (x, None, None, rm, rv), (tx, None, None, trm, trv), momentum=0.2)
+    n = x.size // 3
+
+    def running(xx):
+        m_, v_ = np.zeros(3), np.ones(3)
+        cn.batch_norm(xx, None, None, m_, v_, momentum=0.2)
+        return m_, v_
+    plus, minus = running(x + FD_STEP * tx), running(x - FD_STEP * tx)
+    np.testing.assert_allclose(trm, 0.8 * trm0 + (plus[0] - minus[0]) / (2 * FD_STEP), rtol=1e-6)
+    np.testing.assert_allclose(trv, 0.8 * trv0 + (plus[1] - minus[1]) / (2 * FD_STEP), rtol=1e-6)
+    assert n > 1
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16, np.float16], ids=str)
+@pytest.mark.parametrize("name", ["layer_norm", "layer_norm_backward", "batch_norm train",
+                                  "batch_norm_backward train", "weight_norm_interface",
+                                  "weight_norm_backward", "softmax", "log_sigmoid_forward"])
+def test_reduced_precision_matches_float64(name, dtype, rng):
+    case = next(c for c in CASES if c.name == name)
+    dt = np.dtype(dtype)
+    stat = np.float32 if dt.itemsize == 2 else dt
+    t64 = case.tangents(rng)
+    _, want = cn.jvp(case.op, case.primals, t64, **case.kwargs)
+
+    def low(a, i):
+        if not (isinstance(a, np.ndarray) and a.dtype == np.float64):
+            return a
+        # saved statistics and per-channel parameters of 16-bit inputs are float32
+        per_channel = a.ndim <= 1 or name.startswith("layer_norm") and i >= 3
+        if case.name == "weight_norm_backward" and i == 3:
+            per_channel = True
+        return a.astype(stat if per_channel else dt)
+    primals = tuple(low(a, i) for i, a in enumerate(case.primals))
+    tangents = tuple(None if t is None else t.astype(p.dtype) for t, p in zip(t64, primals))
+    outs, got = cn.jvp(case.op, primals, tangents, **case.kwargs)
+    tol = {np.dtype(np.float32): 1e-4}.get(dt, 5e-2)
+    for o, g, w in zip(_as_tuple(outs), _as_tuple(got), _as_tuple(want)):
+        if o is None:
+            continue
+        assert g.dtype == o.dtype and g.shape == o.shape
+        assert rel_err(g, w) <= tol, (name, rel_err(g, w))
+
+
+# ----------------------------------------------------------------- registry
+def test_register_jvp_for_a_user_op(rng):
+    def cube(x, scale=1.0):
+        return scale * x ** 3
+
+    @cn.register_jvp(cube)
+    def _rule(primals, tangents, kwargs):
+        (x,), (tx,) = primals, tangents
+        s = kwargs.get("scale", 1.0)
+        return cube(x, s), (None if tx is None else 3 * s * x * x * tx)
+    try:
+        x, tx = rng.standard_normal(5), rng.standard_normal(5)
+        y, ty = cn.jvp(cube, (x,), (tx,), scale=2.0)
+        np.testing.assert_allclose(ty, 6 * x * x * tx)
+        assert cn.jvp_rules[cube].fn is _rule
+    finally:
+        del cn.jvp_rules[cube]
+
+
+def test_every_exported_op_has_a_rule():
+    ops = [cn.weight_norm, cn.weight_norm_interface, cn.weight_norm_backward, cn.layer_norm,
+           cn.layer_norm_backward, cn.batch_norm, cn.batch_norm_backward, cn.trace,
+           cn.log_sigmoid_forward, cn.softmax, cn.log_softmax, cn.softmax_backward_data,
+           cn.log_softmax_backward_data, cn.nll_loss, cn.nll_loss2d, cn.nll_loss_forward,
+           cn.nll_loss2d_forward, cn.nll_loss_backward, cn.nll_loss2d_backward,
+           cn.cudnn_batch_norm_backward, cn.miopen_batch_norm_backward, cn.aten.batch_norm_backward]
+    assert all(op in cn.jvp_rules for op in ops)
+    tested = {c.op for c in CASES}
+    assert set(ops) <= tested
+
+
+# ---------------------------------------------------------------- bad input
+def test_bad_input_is_refused_with_the_argument_named(rng):
+    x = rng.standard_normal((3, 4))
+    with pytest.raises(TypeError, match="no forward-mode rule is registered for .*sum"):
+        cn.jvp(np.sum, (x,), (x,))
+    with pytest.raises(ValueError, match=r"one entry per primal \(2\)"):
+        cn.jvp(cn.layer_norm, (x, (4,)), (x,))
+    with pytest.raises(ValueError, match=r"tangents\[0\] \(for x\) must have the primal's shape"):
+        cn.jvp(cn.layer_norm, (x, (4,)), (x[:2], None))
+    with pytest.raises(TypeError, match=r"tangents\[0\] \(for x\) must have the primal's dtype float64"):
+        cn.jvp(cn.layer_norm, (x, (4,)), (x.astype(np.float32), None))
+    with pytest.raises(TypeError, match=r"tangents\[1\] \(for normalized_shape\): normalized_shape "
+                       "is not differentiable"):
+        cn.jvp(cn.layer_norm, (x, (4,)), (None, np.ones(1)))
+    target = np.array([0, 1, 2])
+    with pytest.raises(TypeError, match=r"tangents\[1\] \(for target\).*not differentiable"):
+        cn.jvp(cn.nll_loss, (x, target), (None, target))
+    with pytest.raises(TypeError, match=r"tangents\[0\].*must be a NumPy array or None"):
+        cn.jvp(cn.layer_norm, (x, (4,)), ([1.0], None))
+    with pytest.raises(TypeError, match="primals must be a tuple or list"):
+        cn.jvp(cn.layer_norm, x, (None,))
+    with pytest.raises(TypeError, match="register_jvp: op must be callable"):
+        cn.register_jvp(3)
