@@ -3,7 +3,7 @@ import inspect
 
 import numpy as np
 
-from cynorm._dtypes import POLICY, is_16bit
+from cynorm._dtypes import is_16bit
 
 
 def bind(op, primals, tangents, kwargs):
@@ -47,7 +47,3 @@ def zeros_like(outputs):
     if isinstance(outputs, tuple):
         return tuple(None if o is None else np.zeros_like(o) for o in outputs)
     return None if outputs is None else np.zeros_like(outputs)
-
-
-def is_float_array(a):
-    return isinstance(a, np.ndarray) and a.dtype in POLICY

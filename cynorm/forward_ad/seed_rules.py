@@ -63,47 +63,46 @@ def _log_softmax_jvp(primals, tangents, kwargs):
     return out, cast_like(TX - np.sum(P * TX, axis=d, keepdims=True), out)
 
 
-@register_jvp(_sm.softmax_backward_data, nondiff=("dim", "input_dtype"))
-def _softmax_backward_data_jvp(primals, tangents, kwargs):
-    # grad_input = y * (g - sum(g * y)); output y is a primal of its own
-    args, t = bind(_sm.softmax_backward_data, primals, tangents, kwargs)
-    gi = _sm.softmax_backward_data(*primals, **kwargs)
-    tg, ty = t["grad_output"], t["output"]
-    if tg is None and ty is None:
-        return gi, np.zeros_like(gi)
-    y = np.asarray(args["output"])
-    d = _softmax_dim(y, args["dim"])
-    dt = math_dtype(y.dtype)
-    G, Y = m(args["grad_output"], dt), m(y, dt)
+def _backward_data_rule(op, tangent):
+    """A rule for softmax_backward_data / log_softmax_backward_data, whose
+    primals grad_output and output are independent: `tangent(G, Y, TG, TY, d)`
+    gives the tangent of grad_input (TG / TY None when not given)."""
+    @register_jvp(op, nondiff=("dim", "input_dtype"))
+    def rule(primals, tangents, kwargs):
+        args, t = bind(op, primals, tangents, kwargs)
+        gi = op(*primals, **kwargs)
+        if t["grad_output"] is None and t["output"] is None:
+            return gi, np.zeros_like(gi)
+        y = np.asarray(args["output"])
+        dt = math_dtype(y.dtype)
+        return gi, cast_like(tangent(m(args["grad_output"], dt), m(y, dt), m(t["grad_output"], dt),
+                                     m(t["output"], dt), _softmax_dim(y, args["dim"])), gi)
+    return rule
+
+
+def _softmax_backward_data_tangent(G, Y, TG, TY, d):
+    # grad_input = y * (g - sum(g * y))
     res = np.zeros_like(Y)
-    if ty is not None:
-        TY = m(ty, dt)
+    if TY is not None:
         res += TY * (G - np.sum(G * Y, axis=d, keepdims=True)) - Y * np.sum(G * TY, axis=d, keepdims=True)
-    if tg is not None:
-        TG = m(tg, dt)
+    if TG is not None:
         res += Y * (TG - np.sum(TG * Y, axis=d, keepdims=True))
-    return gi, cast_like(res, gi)
+    return res
 
 
-@register_jvp(_sm.log_softmax_backward_data, nondiff=("dim", "input_dtype"))
-def _log_softmax_backward_data_jvp(primals, tangents, kwargs):
+def _log_softmax_backward_data_tangent(G, Y, TG, TY, d):
     # grad_input = g - exp(out) * sum(g)
-    args, t = bind(_sm.log_softmax_backward_data, primals, tangents, kwargs)
-    gi = _sm.log_softmax_backward_data(*primals, **kwargs)
-    tg, ty = t["grad_output"], t["output"]
-    if tg is None and ty is None:
-        return gi, np.zeros_like(gi)
-    y = np.asarray(args["output"])
-    d = _softmax_dim(y, args["dim"])
-    dt = math_dtype(y.dtype)
-    P = np.exp(m(y, dt))
+    P = np.exp(Y)
     res = np.zeros_like(P)
-    if ty is not None:
-        res -= P * m(ty, dt) * np.sum(m(args["grad_output"], dt), axis=d, keepdims=True)
-    if tg is not None:
-        TG = m(tg, dt)
+    if TY is not None:
+        res -= P * TY * np.sum(G, axis=d, keepdims=True)
+    if TG is not None:
         res += TG - P * np.sum(TG, axis=d, keepdims=True)
-    return gi, cast_like(res, gi)
+    return res
+
+
+_backward_data_rule(_sm.softmax_backward_data, _softmax_backward_data_tangent)
+_backward_data_rule(_sm.log_softmax_backward_data, _log_softmax_backward_data_tangent)
 
 
 # ------------------------------------------------------------------- NLL loss
