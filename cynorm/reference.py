@@ -277,3 +277,32 @@ def batch_norm_backward(grad_out, x, weight, running_mean, running_var, save_mea
     else:
         gx = dy * (inv * w)[:, None]
     return _from_channels(gx, np.shape(x), a), grad_weight, grad_bias
+
+
+def layer_norm_backward_jvp(grad_out, x, normalized_shape, rstd, weight, t_grad_out, t_x, t_weight):
+    """Tangents of layer_norm_backward's (grad_x, grad_weight, grad_bias) in
+    float64, differentiating grad_x = r (g - mean(g) - xhat mean(g xhat)),
+    g = dy w, with the mean recomputed from x and d r = -r^2 mean(xhat tx)
+    (eps fixed).  Tangents may be None (zero)."""
+    x64, _, ns = _ln_rows(x, normalized_shape)
+    M, N = x64.shape
+    if M == 0 or N == 0:
+        return np.zeros(np.shape(x)), np.zeros(ns), np.zeros(ns)
+    dy = np.asarray(grad_out, np.float64).reshape(M, N)
+    z = np.zeros((M, N))
+    tdy = z if t_grad_out is None else np.asarray(t_grad_out, np.float64).reshape(M, N)
+    tx = z if t_x is None else np.asarray(t_x, np.float64).reshape(M, N)
+    w = np.ones(N) if weight is None else np.asarray(weight, np.float64).reshape(N)
+    tw = np.zeros(N) if t_weight is None else np.asarray(t_weight, np.float64).reshape(N)
+    r = np.asarray(rstd, np.float64).reshape(M, 1)
+    mu = x64.mean(axis=1, keepdims=True)
+    xhat = (x64 - mu) * r
+    dr = -r * r * np.mean(xhat * tx, axis=1, keepdims=True)
+    dxhat = (tx - tx.mean(axis=1, keepdims=True)) * r + (x64 - mu) * dr
+    g, dg = dy * w, tdy * w + dy * tw
+    core = g - g.mean(axis=1, keepdims=True) - xhat * np.mean(g * xhat, axis=1, keepdims=True)
+    dcore = (dg - dg.mean(axis=1, keepdims=True) - dxhat * np.mean(g * xhat, axis=1, keepdims=True)
+             - xhat * np.mean(dg * xhat + g * dxhat, axis=1, keepdims=True))
+    t_gx = dr * core + r * dcore
+    return (t_gx.reshape(np.shape(x)), np.sum(tdy * xhat + dy * dxhat, axis=0).reshape(ns),
+            np.sum(tdy, axis=0).reshape(ns))

@@ -182,3 +182,91 @@ def test_bad_input_is_refused_with_the_argument_named(rng):
         cn.jvp(cn.layer_norm, x, (None,))
     with pytest.raises(TypeError, match="register_jvp: op must be callable"):
         cn.register_jvp(3)
+
+
+# ------------------------------------------- the fused layer_norm_backward JVP kernel
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from cynorm import reference  # noqa: E402
+
+
+def _ln_bwd_jvp(rng, shape, k, dtype, with_weight=True, which=("dy", "x", "w"),
+                mask=(True, True, True)):
+    ns = shape[len(shape) - k:]
+    x = (rng.standard_normal(shape) * 2 + 0.5).astype(dtype)
+    dy = rng.standard_normal(shape).astype(dtype)
+    pdt = np.float32 if np.dtype(dtype).itemsize == 2 else dtype
+    w = (rng.random(ns) + 0.5).astype(pdt) if with_weight else None
+    _, mean, rstd = cn.layer_norm(x, ns, w)
+    t = {"dy": rng.standard_normal(shape).astype(dtype) if "dy" in which else None,
+         "x": rng.standard_normal(shape).astype(dtype) if "x" in which else None,
+         "w": rng.standard_normal(ns).astype(pdt) if "w" in which and with_weight else None}
+    outs, touts = cn.jvp(cn.layer_norm_backward, (dy, x, ns, mean, rstd, w, None, mask),
+                         (t["dy"], t["x"], None, None, None, t["w"], None, None))
+    ref = reference.layer_norm_backward_jvp(dy, x, ns, rstd, w, t["dy"], t["x"], t["w"])
+    return outs, touts, ref
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, ml_dtypes.bfloat16, np.float16], ids=str)
+@pytest.mark.parametrize("shape,k", [((64, 300), 1), ((3, 5, 7), 2), ((1, 1), 1), ((0, 8), 1),
+                                     ((9, 0), 1), ((257, 33), 1)])
+def test_layer_norm_backward_jvp_kernel_matches_the_numpy_twin(shape, k, dtype, rng):
+    outs, touts, ref = _ln_bwd_jvp(rng, shape, k, dtype)
+    tol = {np.dtype(np.float64): 1e-12, np.dtype(np.float32): 1e-5}.get(np.dtype(dtype), 2e-2)
+    for o, t, r in zip(outs, touts, ref):
+        assert t.shape == o.shape and t.dtype == o.dtype
+        assert rel_err(t, r) <= tol
+
+
+@pytest.mark.parametrize("which", [("dy",), ("x",), ("w",), ("dy", "x"), ()], ids=str)
+@pytest.mark.parametrize("mask", [(True, False, False), (False, True, True), (True, True, False)],
+                         ids=str)
+def test_layer_norm_backward_jvp_partial_tangents_and_masks(which, mask, rng):
+    outs, touts, ref = _ln_bwd_jvp(rng, (40, 70), 1, np.float64, which=which, mask=mask)
+    for o, t, r, on in zip(outs, touts, ref, mask):
+        assert (o is None) == (not on) and (t is None) == (not on)
+        if on:
+            assert rel_err(t, r) <= 1e-12
+
+
+def test_layer_norm_backward_jvp_without_weight(rng):
+    _, touts, ref = _ln_bwd_jvp(rng, (30, 50), 1, np.float32, with_weight=False)
+    assert touts[1] is not None and all(rel_err(t, r) <= 1e-5 for t, r in zip(touts, ref))
+
+
+def test_layer_norm_backward_jvp_is_identical_at_any_thread_count(rng, restore_threads):
+    got = []
+    for n in (1, 2, 3):
+        cn.set_num_threads(n)
+        got.append(_ln_bwd_jvp(np.random.default_rng(5), (300, 700), 1, np.float32)[1])
+    for other in got[1:]:
+        for a, b in zip(got[0], other):
+            np.testing.assert_array_equal(a, b)
+
+
+@settings(max_examples=40, deadline=None)
+@given(shape=st.lists(st.integers(1, 9), min_size=1, max_size=4), k=st.integers(1, 4),
+       seed=st.integers(0, 2 ** 32 - 1))
+def test_layer_norm_backward_jvp_over_shapes(shape, k, seed):
+    k = min(k, len(shape))
+    _, touts, ref = _ln_bwd_jvp(np.random.default_rng(seed), tuple(shape), k, np.float64)
+    for t, r in zip(touts, ref):
+        assert rel_err(t, r) <= 1e-10
+
+
+@settings(max_examples=30, deadline=None)
+@given(shape=st.lists(st.integers(2, 7), min_size=2, max_size=4), axis=st.integers(-4, 3),
+       seed=st.integers(0, 2 ** 32 - 1))
+def test_batch_norm_jvp_over_shapes_and_axes(shape, axis, seed):
+    rng = np.random.default_rng(seed)
+    axis = axis % len(shape)
+    x, tx = rng.standard_normal(shape), rng.standard_normal(shape)
+    C = shape[axis]
+    w, tw = rng.random(C) + 0.5, rng.standard_normal(C)
+
+    def f(x, w):
+        return cn.batch_norm(x, w, None, training=True, axis=axis)
+    _, t = cn.jvp(cn.batch_norm, (x, w), (tx, tw), training=True, axis=axis)
+    plus, minus = f(x + FD_STEP * tx, w + FD_STEP * tw), f(x - FD_STEP * tx, w - FD_STEP * tw)
+    for a, p, m_ in zip(t, plus, minus):
+        assert rel_err(a, (p - m_) / (2 * FD_STEP)) <= 1e-6

@@ -76,3 +76,19 @@ def test_main_job_runs_from_the_checkout_root():
                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "all checks passed" in out.stdout
+
+
+def test_every_package_directory_is_listed_in_pyproject():
+    # a subpackage missing from [tool.setuptools] packages is left out of the
+    # wheel and only fails once installed
+    pyproject = os.path.join(ROOT, "pyproject.toml")
+    if not os.path.exists(pyproject):
+        pytest.skip("run against an installed wheel: no pyproject.toml next to the tests")
+    listed = set(re.search(r'^packages = \[(.*)\]', open(pyproject).read(), re.M).group(1)
+                 .replace('"', "").replace(" ", "").split(","))
+    found = set()
+    for top in ("cynorm", "cudnn_bind"):
+        for dirpath, _, files in os.walk(os.path.join(ROOT, top)):
+            if "__init__.py" in files and "__pycache__" not in dirpath:
+                found.add(os.path.relpath(dirpath, ROOT).replace(os.sep, "."))
+    assert found == listed

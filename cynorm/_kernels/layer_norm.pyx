@@ -10,11 +10,15 @@ x is seen as M rows of N contiguous elements (N = the normalized size).
   grad_x of the row; grad_weight and grad_bias are column sums over rows,
   accumulated per fixed block of rows into float64 partials that merge in
   block order.
+* backward JVP (forward-mode derivative of the backward, float32/float64):
+  per row the recomputed mean, then seven row sums, then the tangent of
+  grad_x, while the row is in cache; column tangents as in the backward.
 
 Rows are reduced serially in ROW_CHUNK pieces and row blocks depend only on
 the shape, so results are bitwise identical at any thread count.  This layer
 computes only: cynorm/layernorm.py validated and allocated everything.
 """
+from cython cimport floating
 from cython.parallel cimport prange
 from libc.stdlib cimport malloc, free
 from libc.string cimport memset
@@ -215,6 +219,152 @@ def layer_norm_backward(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray mean, cnp.nda
                     pgb[j] = acc1
                 if pgw != NULL:
                     pgw[j] = acc2
+    free(part)
+
+
+cdef void jvp_block(const floating* dy, const floating* x, const floating* rstd,
+                    const floating* w, const floating* tdy, const floating* tx,
+                    const floating* tw, floating* tgx, double* part, Py_ssize_t r0,
+                    Py_ssize_t r1, Py_ssize_t N) noexcept nogil:
+    """Rows [r0, r1) of the backward's JVP.  With xhat = (x - mean) * r (mean
+    recomputed from x, r the saved rstd), g = dy * w, tg = tdy * w + dy * tw:
+
+        a = mean(xhat tx), tmean = mean(tx), t_xhat = r (tx - tmean - xhat a)
+        t_gx = r (tg - mean(tg) - a r (g - mean(g) - xhat c) - t_xhat c - xhat dc)
+        c = mean(g xhat), dc = mean(tg xhat) + mean(g t_xhat)
+
+    and part[0:N] += tdy xhat + dy t_xhat, part[N:2N] += tdy (column
+    partials, zeroed here; NULL: not wanted).  Any of w, tdy, tx, tw, tgx
+    may be NULL."""
+    cdef Py_ssize_t row, j
+    cdef const floating* pdy
+    cdef const floating* px
+    cdef const floating* ptdy
+    cdef const floating* ptx
+    cdef floating* ptgx
+    cdef double inv_n = 1.0 / N
+    cdef double mu, r, xh, wj, g, tg, t, dxh
+    cdef double sg, sgx, stx, sxtx, stg, stgx, sgtx
+    cdef double a, tmu, c, gbar, tgbar, dc
+    if part != NULL:
+        memset(part, 0, 2 * N * sizeof(double))
+    for row in range(r0, r1):
+        pdy = dy + row * N
+        px = x + row * N
+        ptdy = tdy + row * N if tdy != NULL else NULL
+        ptx = tx + row * N if tx != NULL else NULL
+        ptgx = tgx + row * N if tgx != NULL else NULL
+        mu = 0.0
+        for j in range(N):
+            mu = mu + px[j]
+        mu = mu * inv_n
+        r = rstd[row]
+        sg = sgx = stx = sxtx = stg = stgx = sgtx = 0.0
+        for j in range(N):
+            xh = (px[j] - mu) * r
+            wj = w[j] if w != NULL else 1.0
+            g = pdy[j] * wj
+            sg = sg + g
+            sgx = sgx + g * xh
+            tg = ptdy[j] * wj if ptdy != NULL else 0.0
+            if tw != NULL:
+                tg = tg + pdy[j] * tw[j]
+            stg = stg + tg
+            stgx = stgx + tg * xh
+            if ptx != NULL:
+                t = ptx[j]
+                stx = stx + t
+                sxtx = sxtx + xh * t
+                sgtx = sgtx + g * t
+        a = sxtx * inv_n
+        tmu = stx * inv_n
+        c = sgx * inv_n
+        gbar = sg * inv_n
+        tgbar = stg * inv_n
+        dc = stgx * inv_n + r * (sgtx * inv_n - tmu * gbar - a * c)
+        for j in range(N):
+            xh = (px[j] - mu) * r
+            dxh = r * (ptx[j] - tmu - xh * a) if ptx != NULL else 0.0
+            if ptgx != NULL:
+                wj = w[j] if w != NULL else 1.0
+                g = pdy[j] * wj
+                tg = ptdy[j] * wj if ptdy != NULL else 0.0
+                if tw != NULL:
+                    tg = tg + pdy[j] * tw[j]
+                ptgx[j] = <floating>(r * (tg - tgbar - a * r * (g - gbar - xh * c)
+                                          - dxh * c - xh * dc))
+            if part != NULL:
+                part[j] = part[j] + (ptdy[j] * xh if ptdy != NULL else 0.0) + pdy[j] * dxh
+                if ptdy != NULL:
+                    part[N + j] = part[N + j] + ptdy[j]
+
+
+cdef void jvp_all(const floating* dy, const floating* x, const floating* rstd,
+                  const floating* w, const floating* tdy, const floating* tx, const floating* tw,
+                  floating* tgx, double* part, double* tgw, double* tgb, Py_ssize_t M,
+                  Py_ssize_t N, Py_ssize_t nblk, Py_ssize_t rb, int nt) noexcept nogil:
+    cdef Py_ssize_t blk, j0, j1, j
+    cdef double acc1, acc2
+    for blk in prange(nblk, schedule='static', num_threads=nt):
+        jvp_block(dy, x, rstd, w, tdy, tx, tw, tgx,
+                  part + 2 * blk * N if part != NULL else NULL, blk * rb, min(M, blk * rb + rb), N)
+    if part == NULL:
+        return
+    # blocks merge in block order, columns in parallel
+    for j0 in prange(0, N, MERGE_WIDTH, schedule='static', num_threads=nt):
+        j1 = min(N, j0 + MERGE_WIDTH)
+        for j in range(j0, j1):
+            acc1 = 0.0
+            acc2 = 0.0
+            for blk in range(nblk):
+                acc1 = acc1 + part[2 * blk * N + j]
+                acc2 = acc2 + part[(2 * blk + 1) * N + j]
+            if tgw != NULL:
+                tgw[j] = acc1
+            if tgb != NULL:
+                tgb[j] = acc2
+
+
+def layer_norm_backward_jvp(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray rstd, object w,
+                            object tdy, object tx, object tw, object tgx, object tgw, object tgb,
+                            Py_ssize_t M, Py_ssize_t N, int n_threads):
+    """Tangents of layer_norm_backward's (grad_x, grad_weight, grad_bias)
+    (see jvp_block).  dy, x, tdy, tx, tgx: C-contiguous (M, N) arrays of one
+    dtype, float32 or float64; rstd (M,), w, tw (N,) of that dtype; tgw, tgb
+    float64 (N,).  Optional ones may be None (tgx, tgw, tgb: not wanted)."""
+    cdef bint f64 = x.dtype.num == cnp.NPY_DOUBLE
+    cdef int nt = threads_for(M * N, n_threads)
+    cdef double* ptgw = <double*>data_or_null(tgw)
+    cdef double* ptgb = <double*>data_or_null(tgb)
+    cdef double* part = NULL
+    cdef Py_ssize_t nblk, rb
+    if M == 0 or N == 0:
+        return
+    nblk = min(max(<Py_ssize_t>1, M // MIN_BLOCK_ROWS),
+               min(<Py_ssize_t>MAX_BLOCKS, max(<Py_ssize_t>1, PARTIAL_BYTES // (16 * N))))
+    rb = (M + nblk - 1) // nblk
+    nblk = (M + rb - 1) // rb
+    if ptgw != NULL or ptgb != NULL:
+        part = <double*>malloc(2 * nblk * N * sizeof(double))
+        if part == NULL:
+            raise MemoryError("layer_norm_backward_jvp: could not allocate the reduction workspace")
+    cdef void* pdy = data(dy)
+    cdef void* px = data(x)
+    cdef void* pr = data(rstd)
+    cdef void* pw = data_or_null(w)
+    cdef void* ptdy = data_or_null(tdy)
+    cdef void* ptx = data_or_null(tx)
+    cdef void* ptw = data_or_null(tw)
+    cdef void* ptgx = data_or_null(tgx)
+    with nogil:
+        if f64:
+            jvp_all(<const double*>pdy, <const double*>px, <const double*>pr, <const double*>pw,
+                    <const double*>ptdy, <const double*>ptx, <const double*>ptw, <double*>ptgx,
+                    part, ptgw, ptgb, M, N, nblk, rb, nt)
+        else:
+            jvp_all(<const float*>pdy, <const float*>px, <const float*>pr, <const float*>pw,
+                    <const float*>ptdy, <const float*>ptx, <const float*>ptw, <float*>ptgx,
+                    part, ptgw, ptgb, M, N, nblk, rb, nt)
     free(part)
 
 

@@ -31,12 +31,19 @@ def m(a, dtype):
     return None if a is None else np.asarray(a).astype(dtype, copy=False)
 
 
-def cast_like(t, out):
+def cast_like(t, out, fresh=False):
     """Tangent t as out's dtype and shape (16-bit outputs round from float32
-    as the kernels do); None where the output is None."""
+    as the kernels do); None where the output is None.  The result is a new
+    array, except that `fresh=True` (t is the rule's own new array, never a
+    caller's) lets a t of the right dtype be returned reshaped, uncopied."""
     if out is None:
         return None
-    t = np.broadcast_to(np.asarray(t), out.shape)
+    t = np.asarray(t)
+    if t.size == out.size and t.shape != out.shape:
+        t = t.reshape(out.shape)
+    if fresh and t.dtype == out.dtype and t.flags.c_contiguous:
+        return t
+    t = np.broadcast_to(t, out.shape)
     if is_16bit(out.dtype):
         t = t.astype(np.float32, copy=False)
     return np.array(t, dtype=out.dtype)      # a fresh writable array, never a view

@@ -20,6 +20,7 @@ from cynorm import layernorm as _ln
 from cynorm import weightnorm as _wn
 from cynorm.forward_ad import register_jvp
 from cynorm.forward_ad._common import bind, cast_like, m, math_dtype, zeros_like
+from cynorm._kernels._runtime import get_num_threads
 from cynorm._validation import normalize_dim
 
 
@@ -72,45 +73,18 @@ def _layer_norm_jvp(primals, tangents, kwargs):
                   cast_like(t_rstd.reshape(rstd.shape), rstd))
 
 
-def layer_norm_backward_tangents(dy, x, rstd, w, t_dy, t_x, t_w, mask, M, N, dt):
-    """Tangents of (grad_x, grad_weight, grad_bias) of layer_norm_backward,
-    as float arrays (M, N), (N,), (N,) (None where masked off).  NumPy;
-    the float32/float64 path of the rule runs a fused kernel instead."""
-    X, DY = m(x, dt).reshape(M, N), m(dy, dt).reshape(M, N)
-    r = m(rstd, dt).reshape(M, 1)
-    mu = X.mean(axis=1, keepdims=True)              # recomputed from x, as the seed does
-    xhat = (X - mu) * r
-    wv = None if w is None else m(w, dt).reshape(N)
-    G = DY * wv if wv is not None else DY
-    TDY = None if t_dy is None else m(t_dy, dt).reshape(M, N)
-    TG = None
-    if TDY is not None:
-        TG = TDY * wv if wv is not None else TDY
-    if t_w is not None:
-        tw_term = DY * m(t_w, dt).reshape(N)
-        TG = tw_term if TG is None else TG + tw_term
-    c = (G * xhat).mean(axis=1, keepdims=True)
-    t_gx = np.zeros((M, N), dt) if mask[0] else None
-    t_gw = np.zeros(N, dt) if mask[1] else None
-    t_gb = np.zeros(N, dt) if mask[2] else None
-    t_xhat = None
-    if t_x is not None:
-        TX = m(t_x, dt).reshape(M, N)
-        _, t_xhat, _, a = _xhat_tangent(X, mu, r, TX, 1)
-        if mask[0]:
-            gx = r * (G - G.mean(axis=1, keepdims=True) - xhat * c)
-            dc = (G * t_xhat).mean(axis=1, keepdims=True)
-            t_gx += -r * a * gx - r * (t_xhat * c + xhat * dc)
-        if mask[1]:
-            t_gw += (DY * t_xhat).sum(axis=0)
-    if TG is not None and mask[0]:
-        t_gx += r * (TG - TG.mean(axis=1, keepdims=True)
-                     - xhat * (TG * xhat).mean(axis=1, keepdims=True))
-    if TDY is not None:
-        if mask[1]:
-            t_gw += (TDY * xhat).sum(axis=0)
-        if mask[2]:
-            t_gb += TDY.sum(axis=0)
+def _layer_norm_backward_tangents(dy, x, rstd, w, t_dy, t_x, t_w, mask, M, N, dt):
+    """Tangents of (grad_x, grad_weight, grad_bias) of layer_norm_backward:
+    x's shape in dt, (N,) and (N,) in float64; None where masked off.  One fused
+    kernel pass per row (layer_norm.pyx); cynorm.reference has the NumPy twin."""
+    def c(a, shape):
+        return None if a is None else np.ascontiguousarray(a, dtype=dt).reshape(shape)
+    t_gx = np.empty(np.shape(x), dt) if mask[0] else None     # x's shape: no reshape (copy) later
+    t_gw = np.zeros(N) if mask[1] else None
+    t_gb = np.zeros(N) if mask[2] else None
+    _ln._k.layer_norm_backward_jvp(c(dy, (M, N)), c(x, (M, N)), c(rstd, (M,)), c(w, (N,)),
+                                   c(t_dy, (M, N)), c(t_x, (M, N)), c(t_w, (N,)), t_gx, t_gw, t_gb,
+                                   M, N, get_num_threads())
     return t_gx, t_gw, t_gb
 
 
@@ -125,10 +99,10 @@ def _layer_norm_backward_jvp(primals, tangents, kwargs):
     M, N = _ln_rows(np.asarray(x), args["normalized_shape"])
     mask = [o is not None for o in outs]
     with np.errstate(invalid="ignore", divide="ignore"):
-        tg = layer_norm_backward_tangents(args["grad_out"], x, args["rstd"], args["weight"],
+        tg = _layer_norm_backward_tangents(args["grad_out"], x, args["rstd"], args["weight"],
                                           t["grad_out"], t["x"], t["weight"], mask, M, N,
                                           math_dtype(x.dtype))
-    return outs, tuple(None if o is None else cast_like(tt.reshape(o.shape), o)
+    return outs, tuple(None if o is None else cast_like(tt, o, fresh=True)
                        for o, tt in zip(outs, tg))
 
 
@@ -295,7 +269,7 @@ def _batch_norm_backward_jvp(primals, tangents, kwargs):
     with np.errstate(invalid="ignore", divide="ignore"):
         tg = batch_norm_backward_tangents(args["grad_out"], x, args["weight"], mean, inv, training,
                                           t, axis, mask, dt)
-    return outs, tuple(None if o is None else cast_like(tt.reshape(o.shape), o)
+    return outs, tuple(None if o is None else cast_like(tt, o, fresh=True)
                        for o, tt in zip(outs, tg))
 
 
