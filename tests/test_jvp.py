@@ -270,3 +270,23 @@ def test_batch_norm_jvp_over_shapes_and_axes(shape, axis, seed):
     plus, minus = f(x + FD_STEP * tx, w + FD_STEP * tw), f(x - FD_STEP * tx, w - FD_STEP * tw)
     for a, p, m_ in zip(t, plus, minus):
         assert rel_err(a, (p - m_) / (2 * FD_STEP)) <= 1e-6
+
+
+@settings(max_examples=30, deadline=None)
+@given(shape=st.lists(st.integers(1, 6), min_size=1, max_size=4), dim=st.integers(-4, 3),
+       log=st.booleans(), seed=st.integers(0, 2 ** 32 - 1))
+def test_softmax_jvps_over_shapes_and_dims(shape, dim, log, seed):
+    rng = np.random.default_rng(seed)
+    dim = dim % len(shape)
+    op = cn.log_softmax if log else cn.softmax
+    x, tx = rng.standard_normal(shape), rng.standard_normal(shape)
+    _, t = cn.jvp(op, (x, dim), (tx, None))
+    fd = (op(x + FD_STEP * tx, dim) - op(x - FD_STEP * tx, dim)) / (2 * FD_STEP)
+    assert rel_err(t, fd) <= 1e-6
+    g = rng.standard_normal(shape)
+    bwd = cn.log_softmax_backward_data if log else cn.softmax_backward_data
+    y, ty = op(x, dim), rng.standard_normal(shape)
+    _, tb = cn.jvp(bwd, (g, y, dim, np.float64), (tx, ty, None, None))
+    fd = (bwd(g + FD_STEP * tx, y + FD_STEP * ty, dim, np.float64)
+          - bwd(g - FD_STEP * tx, y - FD_STEP * ty, dim, np.float64)) / (2 * FD_STEP)
+    assert rel_err(tb, fd) <= 1e-6
