@@ -120,7 +120,7 @@ def extensions():
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION"),
                        ("NPY_TARGET_VERSION", "NPY_2_0_API_VERSION")],
     )
-    names = ["weight_norm", "layer_norm", "batch_norm", "_runtime", "_alloc", "_convert"]
+    names = ["weight_norm", "layer_norm", "batch_norm", "activations", "_runtime", "_alloc", "_convert"]
     exts = [Extension(f"cynorm._kernels.{n}", [f"{KERNELS}/{n}.pyx"], extra_compile_args=cflags,
                       **common) for n in names]
     options = dict(compiler_directives={"language_level": 3},

@@ -13,6 +13,7 @@ Cython + OpenMP kernels behind a NumPy API, with PyTorch's semantics:
   `miopen_batch_norm_backward` and `aten.batch_norm_backward`
 * forward-mode derivatives: `jvp(op, primals, tangents)`, `jvp_rules`,
   `register_jvp`, with rules for every op here
+* nested (jagged) arrays and their ops: `cynorm.nested`
 * the other ops of PyTorch's forward-mode decomposition table: `softmax`,
   `log_softmax`, `softmax_backward_data`, `log_softmax_backward_data`,
   `nll_loss`, `nll_loss2d`, `nll_loss_forward`, `nll_loss2d_forward`,
@@ -71,6 +72,7 @@ from cynorm.pointwise import log_sigmoid_forward, trace  # noqa: E402
 from cynorm import aten  # noqa: E402
 from cynorm.aten import cudnn_batch_norm_backward, miopen_batch_norm_backward  # noqa: E402
 from cynorm.forward_ad import jvp, jvp_rules, register_jvp  # noqa: E402
+from cynorm import nested  # noqa: E402
 
 __all__ = [
     "__version__",
@@ -90,6 +92,7 @@ __all__ = [
     "log_softmax",
     "log_softmax_backward_data",
     "miopen_batch_norm_backward",
+    "nested",
     "nll_loss",
     "nll_loss2d",
     "nll_loss2d_backward",

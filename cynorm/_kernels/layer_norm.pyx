@@ -141,6 +141,36 @@ cdef void backward_block(int code, const char* dy, const char* x, char* gx, cons
                           load_stat(code, mean, row), load_stat(code, rstd, row), N)
 
 
+cdef Py_ssize_t row_blocks(Py_ssize_t M, Py_ssize_t N, Py_ssize_t* rows_per_block) noexcept nogil:
+    """The row blocks of the column sums, fixed by the shape (so results do
+    not depend on the thread count): their number, and rows per block."""
+    cdef Py_ssize_t nblk = min(max(<Py_ssize_t>1, M // MIN_BLOCK_ROWS),
+                               min(<Py_ssize_t>MAX_BLOCKS, max(<Py_ssize_t>1, PARTIAL_BYTES // (16 * N))))
+    cdef Py_ssize_t rb = (M + nblk - 1) // nblk
+    rows_per_block[0] = rb
+    return (M + rb - 1) // rb
+
+
+cdef void merge_blocks(const double* part, Py_ssize_t nblk, Py_ssize_t N, double* first,
+                       double* second, int nt) noexcept nogil:
+    """first[j] = sum over blocks of part[blk][0][j], second[j] likewise for
+    part[blk][1][j]: blocks in block order, columns in parallel (NULL: skipped)."""
+    cdef Py_ssize_t j0, j1, j, blk
+    cdef double acc1, acc2
+    for j0 in prange(0, N, MERGE_WIDTH, schedule='static', num_threads=nt):
+        j1 = min(N, j0 + MERGE_WIDTH)
+        for j in range(j0, j1):
+            acc1 = 0.0
+            acc2 = 0.0
+            for blk in range(nblk):
+                acc1 = acc1 + part[2 * blk * N + j]
+                acc2 = acc2 + part[(2 * blk + 1) * N + j]
+            if first != NULL:
+                first[j] = acc1
+            if second != NULL:
+                second[j] = acc2
+
+
 def layer_norm_forward(cnp.ndarray x, object w, object b, cnp.ndarray y, cnp.ndarray mean,
                        cnp.ndarray rstd, Py_ssize_t M, Py_ssize_t N, double eps, int code,
                        int n_threads):
@@ -183,9 +213,8 @@ def layer_norm_backward(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray mean, cnp.nda
     cdef int nt = threads_for(M * N, n_threads)
     cdef bint stream = M * N * <Py_ssize_t>isz >= STREAM_MIN_BYTES
     cdef bint want_cols = pgw != NULL or pgb != NULL
-    cdef Py_ssize_t r, rb, nblk, blk, j, j0, j1
+    cdef Py_ssize_t r, rb, nblk, blk
     cdef double* part = NULL
-    cdef double acc1, acc2
     if M == 0 or N == 0:
         return
     if not want_cols:
@@ -195,10 +224,7 @@ def layer_norm_backward(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray mean, cnp.nda
                              N, load_stat(code, pm, r), load_stat(code, pr, r), stream)
         return
     # row blocks fixed by the shape: partial column sums per block
-    nblk = min(max(<Py_ssize_t>1, M // MIN_BLOCK_ROWS),
-               min(<Py_ssize_t>MAX_BLOCKS, max(<Py_ssize_t>1, PARTIAL_BYTES // (16 * N))))
-    rb = (M + nblk - 1) // nblk
-    nblk = (M + rb - 1) // rb
+    nblk = row_blocks(M, N, &rb)
     part = <double*>malloc(2 * nblk * N * sizeof(double))
     if part == NULL:
         raise MemoryError("layer_norm_backward: could not allocate the reduction workspace")
@@ -206,19 +232,7 @@ def layer_norm_backward(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray mean, cnp.nda
         for blk in prange(nblk, schedule='static', num_threads=nt):
             backward_block(code, pdy, px, pgx, pw, pm, pr, part + 2 * blk * N,
                            blk * rb, min(M, blk * rb + rb), N)
-        # blocks merge in block order, columns in parallel
-        for j0 in prange(0, N, MERGE_WIDTH, schedule='static', num_threads=nt):
-            j1 = min(N, j0 + MERGE_WIDTH)
-            for j in range(j0, j1):
-                acc1 = 0.0
-                acc2 = 0.0
-                for blk in range(nblk):
-                    acc1 = acc1 + part[2 * blk * N + j]
-                    acc2 = acc2 + part[(2 * blk + 1) * N + j]
-                if pgb != NULL:
-                    pgb[j] = acc1
-                if pgw != NULL:
-                    pgw[j] = acc2
+        merge_blocks(part, nblk, N, pgb, pgw, nt)
     free(part)
 
 
@@ -303,26 +317,12 @@ cdef void jvp_all(const floating* dy, const floating* x, const floating* rstd,
                   const floating* w, const floating* tdy, const floating* tx, const floating* tw,
                   floating* tgx, double* part, double* tgw, double* tgb, Py_ssize_t M,
                   Py_ssize_t N, Py_ssize_t nblk, Py_ssize_t rb, int nt) noexcept nogil:
-    cdef Py_ssize_t blk, j0, j1, j
-    cdef double acc1, acc2
+    cdef Py_ssize_t blk
     for blk in prange(nblk, schedule='static', num_threads=nt):
         jvp_block(dy, x, rstd, w, tdy, tx, tw, tgx,
                   part + 2 * blk * N if part != NULL else NULL, blk * rb, min(M, blk * rb + rb), N)
-    if part == NULL:
-        return
-    # blocks merge in block order, columns in parallel
-    for j0 in prange(0, N, MERGE_WIDTH, schedule='static', num_threads=nt):
-        j1 = min(N, j0 + MERGE_WIDTH)
-        for j in range(j0, j1):
-            acc1 = 0.0
-            acc2 = 0.0
-            for blk in range(nblk):
-                acc1 = acc1 + part[2 * blk * N + j]
-                acc2 = acc2 + part[(2 * blk + 1) * N + j]
-            if tgw != NULL:
-                tgw[j] = acc1
-            if tgb != NULL:
-                tgb[j] = acc2
+    if part != NULL:
+        merge_blocks(part, nblk, N, tgw, tgb, nt)
 
 
 def layer_norm_backward_jvp(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray rstd, object w,
@@ -340,10 +340,7 @@ def layer_norm_backward_jvp(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray rstd, obj
     cdef Py_ssize_t nblk, rb
     if M == 0 or N == 0:
         return
-    nblk = min(max(<Py_ssize_t>1, M // MIN_BLOCK_ROWS),
-               min(<Py_ssize_t>MAX_BLOCKS, max(<Py_ssize_t>1, PARTIAL_BYTES // (16 * N))))
-    rb = (M + nblk - 1) // nblk
-    nblk = (M + rb - 1) // rb
+    nblk = row_blocks(M, N, &rb)
     if ptgw != NULL or ptgb != NULL:
         part = <double*>malloc(2 * nblk * N * sizeof(double))
         if part == NULL:

@@ -1,0 +1,64 @@
+"""Checks and conversions shared by the nested ops."""
+import operator
+
+import numpy as np
+
+from cynorm._dtypes import is_16bit
+from cynorm.nested.container import NestedArray
+
+
+def check_nested(x, name):
+    if not isinstance(x, NestedArray):
+        raise TypeError(f"{name} must be a cynorm.nested.NestedArray, got {type(x).__name__}")
+    return x
+
+
+def component_dim(x, dim, name="dim"):
+    """Nested dim `dim` (dim 0 = the component index) as a component axis;
+    dim 0 is refused, as PyTorch's nested ops refuse it."""
+    if isinstance(dim, (bool, np.bool_)):
+        raise TypeError(f"{name} must be an int, got {dim!r}")
+    try:
+        d = operator.index(dim)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(dim).__name__}") from None
+    if not -x.ndim <= d < x.ndim:
+        raise ValueError(f"{name}={d} is out of range for a nested array of {x.ndim} dims "
+                         f"(expected {-x.ndim} <= {name} < {x.ndim})")
+    d %= x.ndim
+    if d == 0:
+        raise ValueError(f"{name}=0 indexes the components: this op does not work over dim 0")
+    return d - 1
+
+
+def check_same_structure(a, a_name, b, b_name):
+    if not a.same_structure(b):
+        raise ValueError(f"{a_name} and {b_name} must have the same nested structure (component "
+                         f"shapes), got {a!r} and {b!r}")
+    if a.dtype != b.dtype:
+        raise TypeError(f"{a_name} and {b_name} must have the same dtype, got {a.dtype} and {b.dtype}")
+
+
+def math_buffer(x):
+    """x's buffer in its math dtype (float32 for 16-bit storage)."""
+    b = x.buffer
+    return b.astype(np.float32) if is_16bit(b.dtype) else b
+
+
+def stored(values, dtype):
+    """Math-dtype values as storage dtype (16-bit: rounded from float32)."""
+    if is_16bit(dtype):
+        return np.asarray(values, np.float32).astype(dtype)
+    return np.ascontiguousarray(values, dtype=dtype)
+
+
+def row_lengths(x):
+    """(lengths, starts) of the buffer's last-dim rows: every component of
+    shape (..., L) contributes numel / L rows of length L (none when L = 0)."""
+    if x.ndim == 1:
+        raise ValueError("the components are 0-d: there is no last dim to reduce over")
+    last = x.sizes[:, -1]
+    rows = np.where(last > 0, x.numels // np.maximum(last, 1), 0)
+    lengths = np.repeat(last, rows)
+    starts = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64) if lengths.size else lengths
+    return lengths, starts

@@ -1,0 +1,83 @@
+"""Pointwise activations of nested arrays and their backward (ATen's
+nested relu/threshold/gelu/silu and threshold_backward, gelu_backward,
+silu_backward): one pass over the whole buffer, whatever the shapes."""
+import numpy as np
+
+from cynorm._kernels import activations as _act
+from cynorm._kernels._runtime import get_num_threads
+from cynorm.nested._common import check_nested, check_same_structure, math_buffer, stored
+from cynorm._validation import check_real
+
+APPROXIMATE = ("none", "tanh")
+
+
+def _approximate(approximate):
+    if approximate not in APPROXIMATE:
+        raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+    return approximate == "tanh"
+
+
+GELU, SILU = 0, 1      # the kernels' activation codes
+
+
+def _forward_kernel(x, kind, approx_tanh=False):
+    xb = math_buffer(x)
+    out = np.empty_like(xb)
+    _act.forward(kind, xb, out, approx_tanh, get_num_threads())
+    return x.like(stored(out, x.dtype))
+
+
+def _backward_kernel(grad, x, kind, approx_tanh=False):
+    check_same_structure(grad, "grad", x, "self")
+    gb, xb = math_buffer(grad), math_buffer(x)
+    out = np.empty_like(xb)
+    _act.backward(kind, gb, xb, out, approx_tanh, get_num_threads())
+    return x.like(stored(out, x.dtype))
+
+
+def threshold(x, threshold, value):
+    """y = x where x > threshold, else value."""
+    check_nested(x, "x")
+    t, v = check_real(threshold, "threshold"), check_real(value, "value")
+    xb = x.buffer
+    return x.like(np.where(xb > t, xb, np.asarray(v).astype(x.dtype)).astype(x.dtype, copy=False))
+
+
+def relu(x):
+    """max(x, 0) (NaN stays NaN, as in torch)."""
+    check_nested(x, "x")
+    xb = x.buffer
+    return x.like(np.where(xb > 0, xb, np.where(np.isnan(xb), xb, 0)).astype(x.dtype, copy=False))
+
+
+def threshold_backward(grad, self, threshold):
+    """grad where self > threshold, else 0 (relu's backward at threshold 0)."""
+    check_nested(grad, "grad")
+    check_nested(self, "self")
+    check_same_structure(grad, "grad", self, "self")
+    t = check_real(threshold, "threshold")
+    return self.like(np.where(self.buffer > t, grad.buffer, 0).astype(self.dtype, copy=False))
+
+
+def gelu(x, approximate="none"):
+    """x * Phi(x) (approximate='tanh': the tanh approximation)."""
+    check_nested(x, "x")
+    return _forward_kernel(x, GELU, _approximate(approximate))
+
+
+def gelu_backward(grad, self, approximate="none"):
+    check_nested(grad, "grad")
+    check_nested(self, "self")
+    return _backward_kernel(grad, self, GELU, _approximate(approximate))
+
+
+def silu(x):
+    """x * sigmoid(x)."""
+    check_nested(x, "x")
+    return _forward_kernel(x, SILU)
+
+
+def silu_backward(grad, self):
+    check_nested(grad, "grad")
+    check_nested(self, "self")
+    return _backward_kernel(grad, self, SILU)

@@ -1,0 +1,205 @@
+"""Softmax, sum and select over one component dim of a nested array, and
+their backward (ATen's nested softmax / sum / select and the seed's
+nested_softmax_backward, _nested_sum_backward_cpu,
+_nested_select_backward).
+
+Over the last dim they run segmented over the whole buffer (one row per
+last-dim slice, of the component's length: NumPy's reduceat, no Python loop);
+over another dim each component is reduced on its own (its slices are not
+contiguous runs of the buffer).
+"""
+import operator
+
+import numpy as np
+
+from cynorm.nested._common import (
+    check_nested, check_same_structure, component_dim, math_buffer, row_lengths, stored,
+)
+from cynorm.nested.container import NestedArray, nested_array
+
+
+def _segment_max(values, starts, lengths):
+    if lengths.size and np.all(lengths == lengths[0]):
+        return values.reshape(-1, int(lengths[0])).max(axis=1)
+    return np.maximum.reduceat(values, starts) if starts.size else values[:0]
+
+
+def _segment_sum(values, starts, lengths, dtype=None):
+    if lengths.size and np.all(lengths == lengths[0]):
+        return values.reshape(-1, int(lengths[0])).sum(axis=1, dtype=dtype)
+    return np.add.reduceat(values.astype(dtype or values.dtype, copy=False), starts) \
+        if starts.size else values[:0].astype(dtype or values.dtype)
+
+
+def _per_component(x, fn, dtype):
+    """fn(component) for each component, as a NestedArray of dtype (with x's
+    component ndim minus the dims fn drops when there are no components)."""
+    return nested_array([stored(fn(c), dtype) for c in x.unbind()], dtype=dtype)
+
+
+def softmax(x, dim):
+    """exp(x) / sum(exp(x)) along nested dim `dim` (>= 1) of every component."""
+    check_nested(x, "x")
+    d = component_dim(x, dim)
+    if d == x.ndim - 2:
+        lengths, starts = row_lengths(x)
+        xb = math_buffer(x)
+        with np.errstate(invalid="ignore"):
+            e = np.exp(xb - np.repeat(_segment_max(xb, starts, lengths), lengths))
+        s = _segment_sum(e, starts, lengths, np.float64).astype(e.dtype)
+        return x.like(stored(e / np.repeat(s, lengths), x.dtype))
+
+    def one(c):
+        c = c.astype(np.float32) if c.dtype.itemsize == 2 else c
+        e = np.exp(c - c.max(axis=d, keepdims=True)) if c.size else c
+        return e / e.sum(axis=d, keepdims=True)
+    # another dim: component by component (its slices are strided)
+    return x.like(_concat([one(c) for c in x.unbind()], x.dtype))
+
+
+def _concat(parts, dtype):
+    return stored(np.concatenate([p.reshape(-1) for p in parts]), dtype) if parts else np.empty(0, dtype)
+
+
+def softmax_backward(grad, output, dim):
+    """output * (grad - sum(grad * output)) along `dim`: softmax's backward
+    from its output (the seed's nested_softmax_backward)."""
+    check_nested(grad, "grad")
+    check_nested(output, "output")
+    check_same_structure(grad, "grad", output, "output")
+    d = component_dim(output, dim)
+    if d == output.ndim - 2:
+        lengths, starts = row_lengths(output)
+        g, y = math_buffer(grad), math_buffer(output)
+        s = _segment_sum(g * y, starts, lengths, np.float64).astype(y.dtype)
+        return output.like(stored(y * (g - np.repeat(s, lengths)), output.dtype))
+    parts = []
+    for g, y in zip(grad.unbind(), output.unbind()):   # another dim: per component
+        g, y = g.astype(np.float64), y.astype(np.float64)
+        parts.append(y * (g - (g * y).sum(axis=d, keepdims=True)))
+    return output.like(_concat(parts, output.dtype))
+
+
+def _dims(x, dims):
+    if isinstance(dims, (int, np.integer)) and not isinstance(dims, (bool, np.bool_)):
+        dims = (dims,)
+    if not isinstance(dims, (tuple, list)) or not dims:
+        raise TypeError(f"dims must be an int or a non-empty sequence of ints, got {dims!r}")
+    cd = sorted({component_dim(x, d, "dims") for d in dims})
+    if len(cd) != len(dims):
+        raise ValueError(f"dims has repeated entries: {dims!r}")
+    return tuple(cd)
+
+
+def sum(x, dims, keepdim=False):
+    """Sums over nested dims `dims` (all >= 1) of every component; float64
+    accumulation, x's dtype."""
+    check_nested(x, "x")
+    cd = _dims(x, dims)
+    keepdim = bool(keepdim)
+    if cd == (x.ndim - 2,):
+        lengths, starts = row_lengths(x)
+        sums = _segment_sum(math_buffer(x), starts, lengths, np.float64)
+        sizes = np.array(x.sizes, copy=True)
+        if len(sizes):
+            # components with a zero last dim contribute rows of zeros
+            sizes[:, -1] = 1
+            if np.any(x.sizes[:, -1] == 0):
+                return _sum_per_component(x, cd, keepdim)
+        sizes = sizes if keepdim else sizes[:, :-1]
+        return NestedArray(stored(sums, x.dtype), sizes)
+    return _sum_per_component(x, cd, keepdim)
+
+
+def _sum_per_component(x, cd, keepdim):
+    # dims other than the last alone: component by component
+    if not len(x):
+        nd = x.ndim - 1 - (0 if keepdim else len(cd))
+        return NestedArray(np.empty(0, x.dtype), np.zeros((0, nd), np.int64))
+    return _per_component(x, lambda c: c.sum(axis=cd, keepdims=keepdim, dtype=np.float64), x.dtype)
+
+
+def sum_backward(grad, self, dims, keepdim=False):
+    """grad broadcast back over the summed dims: self's structure."""
+    check_nested(grad, "grad")
+    check_nested(self, "self")
+    cd = _dims(self, dims)
+    if len(grad) != len(self) or grad.dtype != self.dtype:
+        raise ValueError(f"grad must be sum(self, dims)'s result: {len(self)} components of "
+                         f"{self.dtype}, got {grad!r}")
+    parts = []
+    for i, g in enumerate(grad.unbind()):     # per component: a broadcast, no reduction
+        shape = self.component_shape(i)
+        want = tuple(1 if j in cd else s for j, s in enumerate(shape))
+        if not keepdim:
+            g = g.reshape(want) if g.size == int(np.prod(want)) and g.ndim == len(shape) - len(cd) \
+                else _bad_grad(i, g.shape, want, keepdim, cd, shape)
+        elif g.shape != want:
+            _bad_grad(i, g.shape, want, keepdim, cd, shape)
+        parts.append(np.broadcast_to(g, shape))
+    if not self.buffer.size:
+        return self.like(np.zeros(0, self.dtype))
+    return self.like(np.ascontiguousarray(np.concatenate([p.reshape(-1) for p in parts])
+                                          .astype(self.dtype, copy=False)))
+
+
+def _bad_grad(i, got, want, keepdim, cd, shape):
+    exp = want if keepdim else tuple(s for j, s in enumerate(shape) if j not in cd)
+    raise ValueError(f"grad component {i} must have shape {exp}, got {got}")
+
+
+def _index(index, size, i, name="index"):
+    if isinstance(index, (bool, np.bool_)):
+        raise TypeError(f"{name} must be an int, got {index!r}")
+    idx = operator.index(index)
+    if not -size <= idx < size:
+        raise IndexError(f"{name} {idx} is out of range for component {i} of size {size}")
+    return idx % size
+
+
+def select(x, dim, index):
+    """The slice `index` of nested dim `dim` of every component (a nested
+    array one dim smaller).  dim 0 selects component `index` itself, as a
+    view, as PyTorch's select does."""
+    check_nested(x, "x")
+    if _is_dim0(x, dim):
+        return x[_index(index, len(x), "the batch", "index")]
+    d = component_dim(x, dim)
+    parts = []
+    for i, c in enumerate(x.unbind()):       # a gather of strided slices: per component
+        parts.append(np.take(c, _index(index, c.shape[d], i), axis=d))
+    sizes = np.delete(np.asarray(x.sizes), d, axis=1)
+    return NestedArray(_concat(parts, x.dtype) if parts else np.empty(0, x.dtype), sizes)
+
+
+def _is_dim0(x, dim):
+    try:
+        d = operator.index(dim)
+    except TypeError:
+        return False
+    return not isinstance(dim, (bool, np.bool_)) and -x.ndim <= d < x.ndim and d % x.ndim == 0
+
+
+def select_backward(grad, self, dim, index):
+    """Zeros of self's structure with grad written into the selected slices
+    (the seed's _nested_select_backward)."""
+    check_nested(self, "self")
+    out = np.zeros(self.buffer.size, self.dtype)
+    res = self.like(out)
+    if _is_dim0(self, dim):
+        i = _index(index, len(self), "the batch", "index")
+        g = np.asarray(grad)
+        if g.shape != self.component_shape(i):
+            raise ValueError(f"grad must have component {i}'s shape {self.component_shape(i)}, got {g.shape}")
+        res[i][...] = g
+        return res
+    check_nested(grad, "grad")
+    d = component_dim(self, dim)
+    want = np.delete(np.asarray(self.sizes), d, axis=1)
+    if not np.array_equal(grad.sizes, want):
+        raise ValueError(f"grad must have select(self, dim, index)'s structure, got {grad!r}")
+    for i, (g, c) in enumerate(zip(grad.unbind(), res.unbind())):   # per component, as select
+        idx = [slice(None)] * c.ndim
+        idx[d] = _index(index, c.shape[d], i)
+        c[tuple(idx)] = g
+    return res
