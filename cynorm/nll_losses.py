@@ -78,7 +78,7 @@ class _Problem:
     def as_rows(self, a):
         """An array of x's shape as (K, C) rows, classes last."""
         a = np.asarray(a)
-        return (np.moveaxis(a, 1, -1) if a.ndim > 1 else a).reshape(-1, self.C)
+        return (np.moveaxis(a, 1, -1) if a.ndim > 1 else a).reshape(int(np.prod(self.t_shape)), self.C)
 
     def from_rows(self, rows):
         """(K, C) rows back to x's shape (the inverse of as_rows)."""
@@ -89,12 +89,16 @@ class _Problem:
     def picked(self, rows=None):
         """float64 rows[k, target[k]] (0 where ignored)."""
         rows = self.rows if rows is None else rows
+        if self.C == 0:                 # every target is ignored (others were refused)
+            return np.zeros(self.t.size)
         v = rows[np.arange(self.t.size), self.t].astype(np.float64)
         return np.where(self.valid, v, 0.0)
 
     def weights(self, weight=None):
         """float64 weight[target[k]] (0 where ignored)."""
         weight = self.weight if weight is None else weight
+        if self.C == 0:
+            return np.zeros(self.t.size)
         w = np.ones(self.t.size) if weight is None else weight.astype(np.float64)[self.t]
         return np.where(self.valid, w, 0.0)
 
@@ -103,9 +107,10 @@ def _forward(x, target, weight, reduction, ignore_index, two_d):
     p = _Problem(x, target, weight, ignore_index, two_d)
     r = _reduction(reduction)
     w = p.weights()
-    losses = -w * p.picked()
+    losses = np.where(p.valid, -w * p.picked(), 0.0)      # ignored entries: +0, not -0
     dtype = p.x.dtype
-    total = np.asarray(w.sum() if r else 0.0)
+    # ATen reports total_weight for "none" only for a single sample (1-D x)
+    total = np.asarray(w.sum() if r or p.x.ndim == 1 else 0.0)
     if r == 0:
         out = losses.reshape(p.t_shape)
     elif r == 2:
@@ -121,7 +126,8 @@ def nll_loss_forward(x, target, weight=None, reduction="mean", ignore_index=-100
 
     output: -weight[t] * x[t] per sample ("none"), their sum ("sum"), or the
     sum divided by total_weight ("mean"; nan when every target is ignored).
-    total_weight: the sum of weight[t] over non-ignored samples (0 for "none").
+    total_weight: the sum of weight[t] over non-ignored samples (for "none"
+    0, except weight[t] for a single 1-D sample, as ATen reports it).
     Both have x's dtype."""
     return _forward(x, target, weight, reduction, ignore_index, False)
 
@@ -157,7 +163,8 @@ def _backward(grad_output, x, target, weight, reduction, ignore_index, total_wei
         with np.errstate(invalid="ignore", divide="ignore"):
             scale = scale / float(tw)
     rows = np.zeros(p.rows.shape, np.float64)
-    rows[np.arange(p.t.size), p.t] = np.where(p.valid, -scale, 0.0)
+    if p.C:
+        rows[np.arange(p.t.size), p.t] = np.where(p.valid, -scale, 0.0)
     return np.ascontiguousarray(from_float64(p.from_rows(rows), p.x.dtype))
 
 

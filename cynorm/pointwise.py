@@ -11,12 +11,14 @@ def trace(x):
     """Sum of the main diagonal of a 2-D array (torch.trace).
 
     Floating x gives x's dtype (16-bit sums accumulate in float32, then
-    round); integer and bool x give int64, as in PyTorch."""
+    round); integer x gives int64, as in PyTorch."""
     if not isinstance(x, np.ndarray):
         x = np.asarray(x)
     if x.ndim != 2:
         raise ValueError(f"x must be a 2-D array (trace), got shape {x.shape}")
-    if x.dtype.kind in "biu":
+    if x.dtype.kind == "b":
+        raise TypeError("x must be numeric: trace of a bool array is not defined (as in PyTorch)")
+    if x.dtype.kind in "iu":
         return np.asarray(np.trace(x, dtype=np.int64))
     x, _ = as_float_array(x, "x")
     acc = np.float64 if x.dtype == np.float64 else np.float32
@@ -29,7 +31,8 @@ def log_sigmoid_forward(x):
     x, _ = as_float_array(x, "x")
     xm = x.astype(np.float64 if x.dtype == np.float64 else np.float32, copy=False)
     z = np.exp(-np.abs(xm))
-    out = np.minimum(xm, 0) - np.log1p(z)
+    out = np.asarray(np.minimum(xm, 0) - np.log1p(z))
+    z = np.asarray(z)
     dtype = x.dtype
     if is_16bit(dtype):
         return out.astype(dtype), z.astype(dtype)

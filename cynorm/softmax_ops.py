@@ -47,7 +47,7 @@ def softmax(x, dim, half_to_float=False):
     dtype = _out_dtype(x, half_to_float)
     e = np.exp(_shifted(x, d))
     with np.errstate(invalid="ignore", divide="ignore"):
-        return (e / np.sum(e, axis=d, keepdims=True)).astype(dtype)
+        return np.asarray(e / np.sum(e, axis=d, keepdims=True)).astype(dtype)
 
 
 def log_softmax(x, dim, half_to_float=False):
@@ -57,13 +57,15 @@ def log_softmax(x, dim, half_to_float=False):
     dtype = _out_dtype(x, half_to_float)
     s = _shifted(x, d)
     with np.errstate(divide="ignore"):
-        return (s - np.log(np.sum(np.exp(s), axis=d, keepdims=True))).astype(dtype)
+        return np.asarray(s - np.log(np.sum(np.exp(s), axis=d, keepdims=True))).astype(dtype)
 
 
 def _backward_args(grad_output, output, dim, input_dtype):
     output, _ = as_float_array(output, "output")
     grad_output, _ = as_float_array(grad_output, "grad_output")
     check_same(grad_output, "grad_output", output.shape, output.dtype, ref="output")
+    if input_dtype is None:
+        raise TypeError("input_dtype must be a dtype (the forward input's), got None")
     try:
         in_dtype = np.dtype(input_dtype)
     except TypeError:
@@ -82,7 +84,7 @@ def softmax_backward_data(grad_output, output, dim, input_dtype):
     one when the forward ran with half_to_float)."""
     g, y, d, in_dtype = _backward_args(grad_output, output, dim, input_dtype)
     gm, ym = _math(g), _math(y)
-    return (ym * (gm - np.sum(gm * ym, axis=d, keepdims=True))).astype(in_dtype)
+    return np.asarray(ym * (gm - np.sum(gm * ym, axis=d, keepdims=True))).astype(in_dtype)
 
 
 def log_softmax_backward_data(grad_output, output, dim, input_dtype):
@@ -90,4 +92,4 @@ def log_softmax_backward_data(grad_output, output, dim, input_dtype):
     grad_output - exp(output) * sum(grad_output) (torch._log_softmax_backward_data)."""
     g, y, d, in_dtype = _backward_args(grad_output, output, dim, input_dtype)
     gm, ym = _math(g), _math(y)
-    return (gm - np.exp(ym) * np.sum(gm, axis=d, keepdims=True)).astype(in_dtype)
+    return np.asarray(gm - np.exp(ym) * np.sum(gm, axis=d, keepdims=True)).astype(in_dtype)

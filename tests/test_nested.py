@@ -312,3 +312,28 @@ def test_bad_input(rng):
         nt.select(x, 1, 3)
     with pytest.raises(ValueError, match="mean must have 9 entries"):
         nt.layer_norm_backward(x, x, (8,), np.zeros(3), np.ones(9))
+
+
+def test_edge_semantics_found_in_review(rng):
+    # NaN passes threshold / its backward, as ATen's `x <= threshold ? value : x`
+    x = nt.nested_array([np.array([np.nan, -1.0, 2.0])])
+    np.testing.assert_array_equal(nt.threshold(x, 0.0, 5.0).buffer, [np.nan, 5.0, 2.0])
+    np.testing.assert_array_equal(nt.relu(x).buffer, [np.nan, 0.0, 2.0])
+    np.testing.assert_array_equal(nt.threshold_backward(x.like(np.ones(3)), x, 0.0).buffer, [1, 0, 1])
+    a = make(rng, [(2, 3), (4, 3)])
+    b = make(rng, [(3, 5), (3, 5)])
+    with pytest.raises(ValueError, match="as many components"):
+        nt.matmul_backward(make(rng, [(2, 5)]), a, b)
+    with pytest.raises(ValueError, match="grad component 1 has shape"):
+        nt.matmul_backward(make(rng, [(2, 5), (3, 5)]), a, b)
+    with pytest.raises(ValueError, match="grad must have self's structure"):
+        nt.matmul_backward(make(rng, [(3, 5), (3, 5)]), make(rng, [(2, 3), (4, 3)]).like(
+            rng.standard_normal(18)), rng.standard_normal((3, 5)))
+    with pytest.raises(ValueError, match=r"grad component 0 must have shape \(2, 3\)"):
+        nt.sum_backward(make(rng, [(3, 2)]), make(rng, [(2, 3, 4)]), 3)
+    with pytest.raises(ValueError, match="non-negative"):
+        nt.from_padded(np.arange(3.0)[None], [[-1]])
+    with pytest.raises(TypeError, match="integers"):
+        nt.from_padded(np.arange(3.0)[None], [[1.7]])
+    with pytest.raises(IndexError, match=r"index 7 is out of range for the batch \(dim 0\) of size 2"):
+        nt.select(a, 0, 7)

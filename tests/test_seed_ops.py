@@ -214,3 +214,32 @@ def test_against_pytorch(dtype, rng):
     tout, tbuf = aten.log_sigmoid_forward(T(x * 5))
     np.testing.assert_allclose(out, tout, **tol)
     np.testing.assert_allclose(buf, tbuf, **tol)
+
+
+def test_edge_semantics_found_in_review(rng):
+    w = np.array([1.0, 2.0, 3.0, 4.0])
+    x = cn.log_softmax(rng.standard_normal(4), 0)
+    out, total = cn.nll_loss_forward(x, np.array(1), w, "none")
+    assert float(total) == 2.0                       # ATen: weight[target] for one 1-D sample
+    out, _ = cn.nll_loss_forward(cn.log_softmax(rng.standard_normal((3, 4)), 1), np.array([0, -100, 1]),
+                                 None, "none")
+    assert out[1] == 0 and not np.signbit(out[1])    # ignored: +0
+    out, total = cn.nll_loss_forward(np.zeros((2, 0)), np.array([-100, -100]))
+    assert np.isnan(out) and total == 0
+    for res in (cn.softmax(np.array(3.0), 0), cn.log_softmax(np.array(3.0), 0),
+                *cn.log_sigmoid_forward(np.array(0.5))):
+        assert isinstance(res, np.ndarray) and res.shape == ()
+    with pytest.raises(TypeError, match="bool array"):
+        cn.trace(np.ones((2, 2), bool))
+    with pytest.raises(TypeError, match="input_dtype must be a dtype"):
+        cn.softmax_backward_data(np.ones(3), np.ones(3) / 3, 0, None)
+
+
+def test_batch_norm_jvps_of_an_empty_batch(rng):
+    x, tx = np.zeros((0, 3)), np.zeros((0, 3))
+    rm, rv = np.zeros(3), np.ones(3)
+    (y, _, _), (ty, _, _) = cn.jvp(cn.batch_norm, (x, None, None, rm, rv, False), (tx,) + (None,) * 5)
+    assert ty.shape == (0, 3)
+    _, t = cn.jvp(cn.batch_norm_backward, (x, x, None, rm, rv, None, None, False),
+                  (tx, tx, None, None, None, None, None, None))
+    assert t[0].shape == (0, 3) and not np.any(t[1]) and not np.any(t[2])

@@ -111,7 +111,7 @@ def _channels(a, axis, dt):
     """a in dtype dt viewed as (A, C, B) around the channel axis."""
     a = m(a, dt)
     A = int(np.prod(a.shape[:axis], dtype=np.int64))
-    return a.reshape(A, a.shape[axis], -1)
+    return a.reshape(A, a.shape[axis], int(np.prod(a.shape[axis + 1:], dtype=np.int64)))
 
 
 def _vec(a, dt, C, fill=None):

@@ -168,7 +168,8 @@ def _nll_backward_rule(op, two_d):
             if t["total_weight"] is not None and r == 1:
                 t_val += w * g * float(t["total_weight"]) / (tw_total * tw_total)
         rows = np.zeros(p.rows.shape)
-        rows[np.arange(p.t.size), p.t] = np.where(p.valid, t_val, 0.0)
+        if p.C:
+            rows[np.arange(p.t.size), p.t] = np.where(p.valid, t_val, 0.0)
         return gi, cast_like(p.from_rows(rows), gi)
     return rule
 

@@ -36,27 +36,28 @@ def _backward_kernel(grad, x, kind, approx_tanh=False):
 
 
 def threshold(x, threshold, value):
-    """y = x where x > threshold, else value."""
+    """y = value where x <= threshold, else x (NaN stays NaN)."""
     check_nested(x, "x")
     t, v = check_real(threshold, "threshold"), check_real(value, "value")
     xb = x.buffer
-    return x.like(np.where(xb > t, xb, np.asarray(v).astype(x.dtype)).astype(x.dtype, copy=False))
+    # x <= threshold is false for NaN: NaN passes through, as in ATen
+    return x.like(np.where(xb <= t, np.asarray(v).astype(x.dtype), xb).astype(x.dtype, copy=False))
 
 
 def relu(x):
     """max(x, 0) (NaN stays NaN, as in torch)."""
     check_nested(x, "x")
     xb = x.buffer
-    return x.like(np.where(xb > 0, xb, np.where(np.isnan(xb), xb, 0)).astype(x.dtype, copy=False))
+    return threshold(x, 0.0, 0.0)
 
 
 def threshold_backward(grad, self, threshold):
-    """grad where self > threshold, else 0 (relu's backward at threshold 0)."""
+    """0 where self <= threshold, else grad (relu's backward at threshold 0)."""
     check_nested(grad, "grad")
     check_nested(self, "self")
     check_same_structure(grad, "grad", self, "self")
     t = check_real(threshold, "threshold")
-    return self.like(np.where(self.buffer > t, grad.buffer, 0).astype(self.dtype, copy=False))
+    return self.like(np.where(self.buffer <= t, 0, grad.buffer).astype(self.dtype, copy=False))
 
 
 def gelu(x, approximate="none"):

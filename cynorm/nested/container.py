@@ -176,6 +176,10 @@ def from_padded(padded, sizes):
     is padded[i][:sizes[i][0], :sizes[i][1], ...]."""
     padded = np.asarray(padded)
     sizes = np.asarray(sizes)
+    if sizes.size and sizes.dtype.kind not in "iu":
+        raise TypeError(f"sizes must be integers, got dtype {sizes.dtype}")
+    if np.any(sizes < 0):
+        raise ValueError("sizes must be non-negative")
     if sizes.ndim != 2 or sizes.shape[0] != padded.shape[0] or sizes.shape[1] != padded.ndim - 1:
         raise ValueError(f"sizes must have shape ({padded.shape[0]}, {padded.ndim - 1}) for padded of "
                          f"shape {padded.shape}, got {sizes.shape}")

@@ -96,7 +96,19 @@ def matmul_backward(grad, self, other, output_mask=(True, True)):
     check_nested(grad, "grad")
     check_nested(self, "self")
     mask = check_mask(output_mask, n=2)
+    if grad.dtype != self.dtype:
+        raise TypeError(f"grad must have self's dtype {self.dtype}, got {grad.dtype}")
     if isinstance(other, NestedArray):
+        if not (len(grad) == len(self) == len(other)):
+            raise ValueError(f"grad, self and other must have as many components, got {len(grad)}, "
+                             f"{len(self)} and {len(other)}")
+        for i, (g, s_, o) in enumerate(zip(grad.unbind(), self.unbind(), other.unbind())):
+            if o.ndim < 2 or s_.ndim < 2:
+                raise ValueError(f"component {i}: matmul_backward needs matrices (at least 2-D), got "
+                                 f"{s_.shape} @ {o.shape}")
+            if g.shape != np.broadcast_shapes(s_.shape[:-2], o.shape[:-2]) + (s_.shape[-2], o.shape[-1]):
+                raise ValueError(f"grad component {i} has shape {g.shape}, not that of "
+                                 f"{s_.shape} @ {o.shape}")
         # component by component, as in the forward
         gs = _per_component(lambda g, o: _mm(g, np.swapaxes(o, -1, -2)), grad, other, self) \
             if mask[0] else None
@@ -106,6 +118,10 @@ def matmul_backward(grad, self, other, output_mask=(True, True)):
     other_m = _dense(other, "other", self, ("k", "m"))
     k = _uniform_last(self, "self") if len(self) else other_m.shape[0]
     m = other_m.shape[1]
+    if (len(grad) != len(self) or (len(self) and grad.uniform_size(grad.ndim - 2) != m)
+            or not np.array_equal(grad.sizes[:, :-1], self.sizes[:, :-1])):
+        raise ValueError(f"grad must have self's structure with last dim {m} (other's columns), "
+                         f"got {grad!r} for self {self!r}")
     g2 = _rows(grad, m)
     gs = _with_last(self, g2 @ other_m.T, k) if mask[0] else None
     go = None
@@ -139,6 +155,8 @@ def linear_backward(input, grad_output, weight, output_mask=(True, True, True)):
     check_nested(input, "input")
     check_nested(grad_output, "grad_output")
     mask = check_mask(output_mask)
+    if grad_output.dtype != input.dtype:
+        raise TypeError(f"grad_output must have input's dtype {input.dtype}, got {grad_output.dtype}")
     w = _dense(weight, "weight", input, ("out", "in"))
     k = _uniform_last(input, "input") if len(input) else w.shape[1]
     n_out = w.shape[0]

@@ -124,36 +124,35 @@ def sum_backward(grad, self, dims, keepdim=False):
     check_nested(grad, "grad")
     check_nested(self, "self")
     cd = _dims(self, dims)
-    if len(grad) != len(self) or grad.dtype != self.dtype:
-        raise ValueError(f"grad must be sum(self, dims)'s result: {len(self)} components of "
-                         f"{self.dtype}, got {grad!r}")
+    if grad.dtype != self.dtype:
+        raise TypeError(f"grad must have self's dtype {self.dtype}, got {grad.dtype}")
+    if len(grad) != len(self):
+        raise ValueError(f"grad must have self's {len(self)} components, got {len(grad)}")
     parts = []
     for i, g in enumerate(grad.unbind()):     # per component: a broadcast, no reduction
         shape = self.component_shape(i)
-        want = tuple(1 if j in cd else s for j, s in enumerate(shape))
-        if not keepdim:
-            g = g.reshape(want) if g.size == int(np.prod(want)) and g.ndim == len(shape) - len(cd) \
-                else _bad_grad(i, g.shape, want, keepdim, cd, shape)
-        elif g.shape != want:
-            _bad_grad(i, g.shape, want, keepdim, cd, shape)
-        parts.append(np.broadcast_to(g, shape))
+        kept = tuple(1 if j in cd else s for j, s in enumerate(shape))
+        want = kept if keepdim else tuple(s for j, s in enumerate(shape) if j not in cd)
+        if g.shape != want:
+            raise ValueError(f"grad component {i} must have shape {want} (sum of a {shape} "
+                             f"component over component dims {cd}), got {g.shape}")
+        parts.append(np.broadcast_to(g.reshape(kept), shape))
     if not self.buffer.size:
         return self.like(np.zeros(0, self.dtype))
     return self.like(np.ascontiguousarray(np.concatenate([p.reshape(-1) for p in parts])
                                           .astype(self.dtype, copy=False)))
 
 
-def _bad_grad(i, got, want, keepdim, cd, shape):
-    exp = want if keepdim else tuple(s for j, s in enumerate(shape) if j not in cd)
-    raise ValueError(f"grad component {i} must have shape {exp}, got {got}")
-
-
-def _index(index, size, i, name="index"):
+def _index(index, size, where):
+    """index wrapped into [0, size); `where` names what is indexed."""
     if isinstance(index, (bool, np.bool_)):
-        raise TypeError(f"{name} must be an int, got {index!r}")
-    idx = operator.index(index)
+        raise TypeError(f"index must be an int, got {index!r}")
+    try:
+        idx = operator.index(index)
+    except TypeError:
+        raise TypeError(f"index must be an int, got {type(index).__name__}") from None
     if not -size <= idx < size:
-        raise IndexError(f"{name} {idx} is out of range for component {i} of size {size}")
+        raise IndexError(f"index {idx} is out of range for {where} of size {size}")
     return idx % size
 
 
@@ -163,11 +162,11 @@ def select(x, dim, index):
     view, as PyTorch's select does."""
     check_nested(x, "x")
     if _is_dim0(x, dim):
-        return x[_index(index, len(x), "the batch", "index")]
+        return x[_index(index, len(x), "the batch (dim 0)")]
     d = component_dim(x, dim)
     parts = []
     for i, c in enumerate(x.unbind()):       # a gather of strided slices: per component
-        parts.append(np.take(c, _index(index, c.shape[d], i), axis=d))
+        parts.append(np.take(c, _index(index, c.shape[d], f"component {i}"), axis=d))
     sizes = np.delete(np.asarray(x.sizes), d, axis=1)
     return NestedArray(_concat(parts, x.dtype) if parts else np.empty(0, x.dtype), sizes)
 
@@ -187,7 +186,7 @@ def select_backward(grad, self, dim, index):
     out = np.zeros(self.buffer.size, self.dtype)
     res = self.like(out)
     if _is_dim0(self, dim):
-        i = _index(index, len(self), "the batch", "index")
+        i = _index(index, len(self), "the batch (dim 0)")
         g = np.asarray(grad)
         if g.shape != self.component_shape(i):
             raise ValueError(f"grad must have component {i}'s shape {self.component_shape(i)}, got {g.shape}")
@@ -200,6 +199,6 @@ def select_backward(grad, self, dim, index):
         raise ValueError(f"grad must have select(self, dim, index)'s structure, got {grad!r}")
     for i, (g, c) in enumerate(zip(grad.unbind(), res.unbind())):   # per component, as select
         idx = [slice(None)] * c.ndim
-        idx[d] = _index(index, c.shape[d], i)
+        idx[d] = _index(index, c.shape[d], f"component {i}")
         c[tuple(idx)] = g
     return res
