@@ -33,6 +33,13 @@ for dt in (np.float32, np.float64, ml_dtypes.bfloat16, np.float16):
     for k, a in dict(w=w, n=n, gv=gv, gg=gg, y=y, m=m, r=r, lx=lx, by=by, bm=bm, bi=bi, bx=bx,
                      cl=cl).items():
         out[f"{name}-{k}"] = np.asarray(a).view(np.uint8)
+import cynorm.nested as nt
+for dt in (np.float32, np.float64):
+    nx = nt.nested_array([(rng.standard_normal((n, m)) * 3).astype(dt) for n, m in ((3, 40), (5, 7), (2, 300))])
+    ny = nt.softmax(nx, -1)
+    out[f"nested-{np.dtype(dt).name}-softmax"] = ny.buffer.view(np.uint8)
+    out[f"nested-{np.dtype(dt).name}-softmax_bwd"] = nt.softmax_backward(nx, ny, -1).buffer.view(np.uint8)
+    out[f"nested-{np.dtype(dt).name}-sum"] = nt.sum(nx, -1).buffer.view(np.uint8)
 np.savez(sys.argv[1], **out)
 """
 

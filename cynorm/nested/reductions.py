@@ -3,32 +3,29 @@ their backward (ATen's nested softmax / sum / select and the seed's
 nested_softmax_backward, _nested_sum_backward_cpu,
 _nested_select_backward).
 
-Over the last dim they run segmented over the whole buffer (one row per
-last-dim slice, of the component's length: NumPy's reduceat, no Python loop);
-over another dim each component is reduced on its own (its slices are not
-contiguous runs of the buffer).
+Over the last dim they run segmented over the whole buffer: one row per
+last-dim slice, of its component's length, in parallel Cython kernels
+(_kernels/segments.pyx); over another dim each component is reduced on its
+own (its slices are not contiguous runs of the buffer).
 """
 import operator
 
 import numpy as np
 
+from cynorm import _kernels
+from cynorm._kernels._runtime import get_num_threads
 from cynorm.nested._common import (
     check_nested, check_same_structure, component_dim, math_buffer, row_lengths, stored,
 )
 from cynorm.nested.container import NestedArray, nested_array
 
-
-def _segment_max(values, starts, lengths):
-    if lengths.size and np.all(lengths == lengths[0]):
-        return values.reshape(-1, int(lengths[0])).max(axis=1)
-    return np.maximum.reduceat(values, starts) if starts.size else values[:0]
+_seg = _kernels.load("segments")  # the SIMD level chosen at import
 
 
-def _segment_sum(values, starts, lengths, dtype=None):
-    if lengths.size and np.all(lengths == lengths[0]):
-        return values.reshape(-1, int(lengths[0])).sum(axis=1, dtype=dtype)
-    return np.add.reduceat(values.astype(dtype or values.dtype, copy=False), starts) \
-        if starts.size else values[:0].astype(dtype or values.dtype)
+def _rows(x):
+    """(starts, lengths) of x's last-dim rows, int64."""
+    lengths, starts = row_lengths(x)
+    return np.ascontiguousarray(starts, np.int64), np.ascontiguousarray(lengths, np.int64)
 
 
 def _per_component(x, fn, dtype):
@@ -42,12 +39,11 @@ def softmax(x, dim):
     check_nested(x, "x")
     d = component_dim(x, dim)
     if d == x.ndim - 2:
-        lengths, starts = row_lengths(x)
+        starts, lengths = _rows(x)
         xb = math_buffer(x)
-        with np.errstate(invalid="ignore"):
-            e = np.exp(xb - np.repeat(_segment_max(xb, starts, lengths), lengths))
-        s = _segment_sum(e, starts, lengths, np.float64).astype(e.dtype)
-        return x.like(stored(e / np.repeat(s, lengths), x.dtype))
+        y = np.empty_like(xb)
+        _seg.softmax(xb, y, starts, lengths, get_num_threads())
+        return x.like(stored(y, x.dtype))
 
     def one(c):
         c = c.astype(np.float32) if c.dtype.itemsize == 2 else c
@@ -69,10 +65,11 @@ def softmax_backward(grad, output, dim):
     check_same_structure(grad, "grad", output, "output")
     d = component_dim(output, dim)
     if d == output.ndim - 2:
-        lengths, starts = row_lengths(output)
+        starts, lengths = _rows(output)
         g, y = math_buffer(grad), math_buffer(output)
-        s = _segment_sum(g * y, starts, lengths, np.float64).astype(y.dtype)
-        return output.like(stored(y * (g - np.repeat(s, lengths)), output.dtype))
+        out = np.empty_like(y)
+        _seg.softmax_backward(g, y, out, starts, lengths, get_num_threads())
+        return output.like(stored(out, output.dtype))
     parts = []
     for g, y in zip(grad.unbind(), output.unbind()):   # another dim: per component
         g, y = g.astype(np.float64), y.astype(np.float64)
@@ -98,8 +95,9 @@ def sum(x, dims, keepdim=False):
     cd = _dims(x, dims)
     keepdim = bool(keepdim)
     if cd == (x.ndim - 2,):
-        lengths, starts = row_lengths(x)
-        sums = _segment_sum(math_buffer(x), starts, lengths, np.float64)
+        starts, lengths = _rows(x)
+        sums = np.empty(lengths.size)
+        _seg.row_sums(math_buffer(x), sums, starts, lengths, get_num_threads())
         sizes = np.array(x.sizes, copy=True)
         if len(sizes):
             # components with a zero last dim contribute rows of zeros
