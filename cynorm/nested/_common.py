@@ -53,12 +53,14 @@ def stored(values, dtype):
 
 
 def row_lengths(x):
-    """(lengths, starts) of the buffer's last-dim rows: every component of
-    shape (..., L) contributes numel / L rows of length L (none when L = 0)."""
+    """(starts, lengths), int64, of the buffer's last-dim rows: every
+    component of shape (..., L) contributes numel / L rows of length L (none
+    when L = 0)."""
     if x.ndim == 1:
         raise ValueError("the components are 0-d: there is no last dim to reduce over")
     last = x.sizes[:, -1]
     rows = np.where(last > 0, x.numels // np.maximum(last, 1), 0)
-    lengths = np.repeat(last, rows)
-    starts = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64) if lengths.size else lengths
-    return lengths, starts
+    lengths = np.repeat(last, rows).astype(np.int64)
+    starts = np.zeros(lengths.size, np.int64)
+    np.cumsum(lengths[:-1], out=starts[1:])
+    return starts, lengths

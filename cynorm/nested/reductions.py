@@ -22,24 +22,12 @@ from cynorm.nested.container import NestedArray, nested_array
 _seg = _kernels.load("segments")  # the SIMD level chosen at import
 
 
-def _rows(x):
-    """(starts, lengths) of x's last-dim rows, int64."""
-    lengths, starts = row_lengths(x)
-    return np.ascontiguousarray(starts, np.int64), np.ascontiguousarray(lengths, np.int64)
-
-
-def _per_component(x, fn, dtype):
-    """fn(component) for each component, as a NestedArray of dtype (with x's
-    component ndim minus the dims fn drops when there are no components)."""
-    return nested_array([stored(fn(c), dtype) for c in x.unbind()], dtype=dtype)
-
-
 def softmax(x, dim):
     """exp(x) / sum(exp(x)) along nested dim `dim` (>= 1) of every component."""
     check_nested(x, "x")
     d = component_dim(x, dim)
     if d == x.ndim - 2:
-        starts, lengths = _rows(x)
+        starts, lengths = row_lengths(x)
         xb = math_buffer(x)
         y = np.empty_like(xb)
         _seg.softmax(xb, y, starts, lengths, get_num_threads())
@@ -65,7 +53,7 @@ def softmax_backward(grad, output, dim):
     check_same_structure(grad, "grad", output, "output")
     d = component_dim(output, dim)
     if d == output.ndim - 2:
-        starts, lengths = _rows(output)
+        starts, lengths = row_lengths(output)
         g, y = math_buffer(grad), math_buffer(output)
         out = np.empty_like(y)
         _seg.softmax_backward(g, y, out, starts, lengths, get_num_threads())
@@ -94,18 +82,15 @@ def sum(x, dims, keepdim=False):
     check_nested(x, "x")
     cd = _dims(x, dims)
     keepdim = bool(keepdim)
-    if cd == (x.ndim - 2,):
-        starts, lengths = _rows(x)
+    # over the last dim alone, segmented over the buffer; a zero-length last
+    # dim has no rows but sums to zeros, so it goes component by component
+    if cd == (x.ndim - 2,) and not np.any(x.sizes[:, -1] == 0):
+        starts, lengths = row_lengths(x)
         sums = np.empty(lengths.size)
         _seg.row_sums(math_buffer(x), sums, starts, lengths, get_num_threads())
         sizes = np.array(x.sizes, copy=True)
-        if len(sizes):
-            # components with a zero last dim contribute rows of zeros
-            sizes[:, -1] = 1
-            if np.any(x.sizes[:, -1] == 0):
-                return _sum_per_component(x, cd, keepdim)
-        sizes = sizes if keepdim else sizes[:, :-1]
-        return NestedArray(stored(sums, x.dtype), sizes)
+        sizes[:, -1] = 1
+        return NestedArray(stored(sums, x.dtype), sizes if keepdim else sizes[:, :-1])
     return _sum_per_component(x, cd, keepdim)
 
 
@@ -114,7 +99,8 @@ def _sum_per_component(x, cd, keepdim):
     if not len(x):
         nd = x.ndim - 1 - (0 if keepdim else len(cd))
         return NestedArray(np.empty(0, x.dtype), np.zeros((0, nd), np.int64))
-    return _per_component(x, lambda c: c.sum(axis=cd, keepdims=keepdim, dtype=np.float64), x.dtype)
+    return nested_array([stored(c.sum(axis=cd, keepdims=keepdim, dtype=np.float64), x.dtype)
+                         for c in x.unbind()], dtype=x.dtype)
 
 
 def sum_backward(grad, self, dims, keepdim=False):
