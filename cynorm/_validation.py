@@ -32,16 +32,21 @@ def as_float_array(x, name):
     return x, policy
 
 
+def check_int(value, name, what="an int"):
+    """value as a Python int: integers and 0-d integer arrays, never bools."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be {what}, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be {what}, got {type(value).__name__}") from None
+
+
 def normalize_dim(dim, ndim, name="dim"):
     """dim wrapped into [0, ndim), or None (meaning: every axis)."""
     if dim is None:
         return None
-    if isinstance(dim, (bool, np.bool_)):
-        raise TypeError(f"{name} must be an int or None, got {dim!r}")
-    try:
-        d = operator.index(dim)
-    except TypeError:
-        raise TypeError(f"{name} must be an int or None, got {type(dim).__name__}") from None
+    d = check_int(dim, name, "an int or None")
     if not -ndim <= d < ndim:
         raise AxisError(
             f"{name}={d} is out of range for an array of {ndim} dimension"

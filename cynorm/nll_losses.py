@@ -12,7 +12,7 @@ import operator
 import numpy as np
 
 from cynorm._dtypes import from_float64
-from cynorm._validation import as_float_array, check_same
+from cynorm._validation import as_float_array, check_int, check_same
 
 REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
 
@@ -29,15 +29,6 @@ def _reduction(reduction):
         if r in (0, 1, 2):
             return r
     raise ValueError(f"reduction must be 'none', 'mean' or 'sum' (or 0, 1, 2), got {reduction!r}")
-
-
-def _ignore_index(ignore_index):
-    if isinstance(ignore_index, (bool, np.bool_)):
-        raise TypeError(f"ignore_index must be an int, got {ignore_index!r}")
-    try:
-        return operator.index(ignore_index)
-    except TypeError:
-        raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__}") from None
 
 
 class _Problem:
@@ -60,7 +51,7 @@ class _Problem:
             raise ValueError(f"target must have shape {t_shape} for {x_name} of shape {x.shape}, "
                              f"got {target.shape}")
         C = x.shape[1] if x.ndim > 1 else x.shape[0]
-        self.ignore = _ignore_index(ignore_index)
+        self.ignore = check_int(ignore_index, "ignore_index")
         self.x, self.C, self.t_shape = x, C, t_shape
         self.rows = self.as_rows(x)
         t = target.reshape(-1).astype(np.int64)

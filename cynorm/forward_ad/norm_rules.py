@@ -128,8 +128,6 @@ def _batch_norm_jvp(primals, tangents, kwargs):
     training = bool(args["training"])
     rm, rv = args["running_mean"], args["running_var"]
     dt = math_dtype(x.dtype)
-    if not training:          # the running stats are read before batch_norm returns
-        rm0, rv0 = m(rm, np.float64).copy(), m(rv, np.float64).copy()
     outs = _bn.batch_norm(*primals, **kwargs)
     y, save_mean, save_invstd = outs
     C = x.shape[axis]
@@ -160,8 +158,9 @@ def _batch_norm_jvp(primals, tangents, kwargs):
                 for name, arr in (("running_mean", rm), ("running_var", rv)):
                     _update_in_place(t[name], arr, float(args["momentum"]), 0.0)
         else:
-            mu = m(rm0, dt).reshape(1, C, 1)
-            inv = m(1.0 / np.sqrt(rv0 + float(args["eps"])), dt).reshape(1, C, 1)
+            # eval leaves the running statistics as they were
+            mu = m(rm, dt).reshape(1, C, 1)
+            inv = m(1.0 / np.sqrt(m(rv, np.float64) + float(args["eps"])), dt).reshape(1, C, 1)
             xhat = (X - mu) * inv
             ty = np.zeros_like(X)
             if TX is not None:

@@ -1,9 +1,8 @@
 """Checks and conversions shared by the nested ops."""
-import operator
-
 import numpy as np
 
 from cynorm._dtypes import is_16bit
+from cynorm._validation import check_int
 from cynorm.nested.container import NestedArray
 
 
@@ -16,12 +15,7 @@ def check_nested(x, name):
 def component_dim(x, dim, name="dim"):
     """Nested dim `dim` (dim 0 = the component index) as a component axis;
     dim 0 is refused, as PyTorch's nested ops refuse it."""
-    if isinstance(dim, (bool, np.bool_)):
-        raise TypeError(f"{name} must be an int, got {dim!r}")
-    try:
-        d = operator.index(dim)
-    except TypeError:
-        raise TypeError(f"{name} must be an int, got {type(dim).__name__}") from None
+    d = check_int(dim, name)
     if not -x.ndim <= d < x.ndim:
         raise ValueError(f"{name}={d} is out of range for a nested array of {x.ndim} dims "
                          f"(expected {-x.ndim} <= {name} < {x.ndim})")

@@ -17,6 +17,7 @@ from cynorm._kernels._runtime import get_num_threads
 from cynorm.nested._common import (
     check_nested, check_same_structure, component_dim, math_buffer, row_lengths, stored,
 )
+from cynorm._validation import check_int
 from cynorm.nested.container import NestedArray, nested_array
 
 _seg = _kernels.load("segments")  # the SIMD level chosen at import
@@ -129,12 +130,7 @@ def sum_backward(grad, self, dims, keepdim=False):
 
 def _index(index, size, where):
     """index wrapped into [0, size); `where` names what is indexed."""
-    if isinstance(index, (bool, np.bool_)):
-        raise TypeError(f"index must be an int, got {index!r}")
-    try:
-        idx = operator.index(index)
-    except TypeError:
-        raise TypeError(f"index must be an int, got {type(index).__name__}") from None
+    idx = check_int(index, "index")
     if not -size <= idx < size:
         raise IndexError(f"index {idx} is out of range for {where} of size {size}")
     return idx % size
