@@ -14,6 +14,8 @@ Cython + OpenMP kernels behind a NumPy API, with PyTorch's semantics:
 * forward-mode derivatives: `jvp(op, primals, tangents)`, `jvp_rules`,
   `register_jvp`, with rules for every op here
 * nested (jagged) arrays and their ops: `cynorm.nested`
+* synchronized batch norm across MPI processes: `cynorm.distributed`
+  (`sync_batch_norm`, `sync_batch_norm_backward`; needs the mpi extra)
 * the other ops of PyTorch's forward-mode decomposition table: `softmax`,
   `log_softmax`, `softmax_backward_data`, `log_softmax_backward_data`,
   `nll_loss`, `nll_loss2d`, `nll_loss_forward`, `nll_loss2d_forward`,
@@ -73,6 +75,7 @@ from cynorm import aten  # noqa: E402
 from cynorm.aten import cudnn_batch_norm_backward, miopen_batch_norm_backward  # noqa: E402
 from cynorm.forward_ad import jvp, jvp_rules, register_jvp  # noqa: E402
 from cynorm import nested  # noqa: E402
+from cynorm import distributed  # noqa: E402  (imports mpi4py only when used)
 
 __all__ = [
     "__version__",
@@ -86,6 +89,7 @@ __all__ = [
     "batch_norm_stats",
     "aten",
     "cudnn_batch_norm_backward",
+    "distributed",
     "jvp",
     "jvp_rules",
     "log_sigmoid_forward",

@@ -17,6 +17,7 @@ MARKERS = [
     "cudnn: cudnn_bind tests (real libcudnn from the nvidia wheels, or the host stand-in; "
     "skipped without them unless CUDNN_BIND_REQUIRE_LIBRARY=1)",
     "gpu: need a CUDA GPU (skipped here, with the reason)",
+    "mpi: cynorm.distributed (multi-process runs need mpi4py and mpiexec: the mpi extra)",
 ]
 
 

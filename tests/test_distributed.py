@@ -1,0 +1,302 @@
+"""cynorm.distributed: synchronized batch norm over MPI.
+
+The multi-process tests launch ``mpiexec -n 2`` and ``-n 3`` runs of
+tests/mpi_sync_bn_worker.py, which compare each rank's results with
+single-process cynorm.batch_norm on the whole batch.  The rest runs in this
+process on MPI.COMM_SELF (mpi4py initializes MPI as a singleton).
+"""
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import cynorm
+from cynorm import distributed
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+try:
+    from mpi4py import MPI
+except (ImportError, RuntimeError, OSError):    # pragma: no cover - without the mpi extra
+    MPI = None
+
+needs_mpi = pytest.mark.skipif(MPI is None, reason="mpi4py is not installed "
+                               "(pip install 'cynorm[mpi]', or the test extra)")
+pytestmark = pytest.mark.mpi
+
+
+def mpiexec():
+    bin_dir = os.path.dirname(sys.executable)
+    return shutil.which("mpiexec", path=bin_dir + os.pathsep + os.environ.get("PATH", ""))
+
+
+TOL = {"float64": 1e-12, "float32": 1e-5, "bfloat16": 1e-5, "float16": 1e-5}
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["np2", "np3"])
+def mpi_run(request, tmp_path_factory):
+    if MPI is None:
+        pytest.skip("mpi4py is not installed (pip install 'cynorm[mpi]')")
+    launcher = mpiexec()
+    if launcher is None:
+        pytest.skip("no mpiexec next to this Python or on PATH (pip install 'cynorm[mpi]')")
+    out = tmp_path_factory.mktemp("mpi") / "results.json"
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               # the worker imports the cynorm these tests import
+               PYTHONPATH=os.pathsep.join([str(pathlib.Path(cynorm.__file__).parents[1]),
+                                           os.environ.get("PYTHONPATH", "")]))
+    cmd = [launcher, "-n", str(request.param), sys.executable,
+           str(HERE / "mpi_sync_bn_worker.py"), str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}"
+    return request.param, json.loads(out.read_text())
+
+
+CASES = ["even-float64", "even-float32", "uneven-float64", "uneven-float32",
+         "zero-row-rank-float64", "zero-row-last-rank-float32", "channels-last-float64",
+         "channels-last-float32", "2d-float64", "no-affine-no-running-float64", "bfloat16",
+         "float16", "no-grad-x-float64", "subcomm-group0", "subcomm-group1"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_matches_single_process_batch_norm(mpi_run, case):
+    size, results = mpi_run
+    r = results[case]
+    tol = TOL[r["dtype"]]
+    for name, err in r["errors"].items():
+        if err is not None:
+            assert err <= tol, f"{case} at -n {size}: {name} off by {err:.3g} (tolerance {tol})"
+    facts = r["facts"]
+    assert facts["count"] == facts["expected_count"]
+    assert facts["dtypes_ok"] and facts["input_unchanged"]
+    # running statistics, save_mean and save_invstd: the same bits on every rank
+    assert facts["stats_same_on_all_ranks"] and facts["count_same_on_all_ranks"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_one_fixed_size_collective_each_way(mpi_run, case):
+    size, results = mpi_run
+    r = results[case]
+    C = {"even": 6, "uneven-float64": 3, "uneven-float32": 5, "zero-row": 4,
+         "channels-last": 5, "2d": 7, "no-affine": 4, "bfloat16": 3, "float16": 3,
+         "no-grad-x": 4, "subcomm": 4}
+    channels = next(v for k, v in C.items() if case.startswith(k))
+    s = 8 if r["dtype"] == "float64" else 4
+    facts = r["facts"]
+    # counts, means and squared deviations; then sum dy and sum dy * (x - mean)
+    assert facts["forward_calls"] == [8 + 2 * channels * s]
+    want_backward = [] if case.startswith("no-grad-x") else [2 * channels * s]
+    assert facts["backward_calls"] == want_backward
+
+
+def test_large_mean_keeps_the_variance(mpi_run):
+    """Data at 1e6 +- 2: a merge of raw sums of squares would lose ~1e-5 of
+    the variance to cancellation; Chan's merge keeps it to ~1e-12."""
+    size, results = mpi_run
+    errors = results["large-mean-float64"]["errors"]
+    assert errors["save_invstd"] <= 1e-10 and errors["running_var"] <= 1e-10
+    assert errors["save_mean"] <= 1e-12
+    # y and the gradients carry the mean's own rounding, ulp(1e6) / 2 = 6e-11
+    for name in ("y", "grad_x", "grad_weight", "grad_bias"):
+        assert errors[name] <= 1e-9, (name, errors[name])
+
+
+def test_empty_global_batch(mpi_run):
+    _, results = mpi_run
+    assert results["all-empty"]["ok"]
+    assert results["all-empty"]["calls"] == 2
+
+
+def test_one_value_per_channel_fails_on_every_rank(mpi_run):
+    size, results = mpi_run
+    messages = results["one-value-in-all"]["messages"]
+    assert len(messages) == size
+    assert all(m is not None and "more than 1 value per channel" in m for m in messages)
+
+
+def test_eval_uses_running_stats_without_communicating(mpi_run):
+    _, results = mpi_run
+    r = results["eval"]
+    assert r["error"] == 0.0 and r["count"] is None and r["calls"] == 0
+
+
+# ---- in this process, on MPI.COMM_SELF -----------------------------------------
+
+@needs_mpi
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_comm_self_is_batch_norm(rng, dtype):
+    x = rng.normal(2.0, 3.0, (5, 4, 3)).astype(dtype)
+    dy = rng.normal(size=x.shape).astype(dtype)
+    w, b = rng.normal(size=4).astype(dtype), rng.normal(size=4).astype(dtype)
+    rm, rv = np.zeros(4, dtype), np.ones(4, dtype)
+    rm2, rv2 = rm.copy(), rv.copy()
+    y, mean, inv, count = distributed.sync_batch_norm(x, w, b, rm, rv, comm=MPI.COMM_SELF)
+    ry, rmean, rinv = cynorm.batch_norm(x, w, b, rm2, rv2)
+    tol = TOL[np.dtype(dtype).name]
+    assert count == 15
+    for a, r in ((y, ry), (mean, rmean), (inv, rinv), (rm, rm2), (rv, rv2)):
+        np.testing.assert_allclose(a, r, rtol=tol, atol=tol)
+    got = distributed.sync_batch_norm_backward(dy, x, w, mean, inv, count, comm=MPI.COMM_SELF)
+    want = cynorm.batch_norm_backward(dy, x, w, None, None, rmean, rinv, True)
+    for a, r in zip(got, want):
+        np.testing.assert_allclose(a, r, rtol=tol, atol=tol)
+
+
+def float64_reference(x, dy, w, b, eps=1e-5):
+    """Batch norm and its gradient over axis 1, written out in float64."""
+    axes = (0,) + tuple(range(2, x.ndim))
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    n = x.size // x.shape[1]
+    mean = x.mean(axis=axes)
+    var = ((x - mean.reshape(shape)) ** 2).mean(axis=axes)
+    inv = 1 / np.sqrt(var + eps)
+    xhat = (x - mean.reshape(shape)) * inv.reshape(shape)
+    y = xhat * w.reshape(shape) + b.reshape(shape)
+    gb = dy.sum(axis=axes)
+    gw = (dy * xhat).sum(axis=axes)
+    gx = (w * inv).reshape(shape) / n * (n * dy - gb.reshape(shape) - xhat * gw.reshape(shape))
+    return y, gx, gw, gb
+
+
+@needs_mpi
+def test_comm_self_against_float64_formulas(rng):
+    x = rng.normal(-1.0, 0.5, (6, 3, 4))
+    dy = rng.normal(size=x.shape)
+    w, b = rng.normal(size=3), rng.normal(size=3)
+    y, mean, inv, count = distributed.sync_batch_norm(x, w, b, comm=MPI.COMM_SELF)
+    gx, gw, gb = distributed.sync_batch_norm_backward(dy, x, w, mean, inv, count,
+                                                      comm=MPI.COMM_SELF)
+    for a, r in zip((y, gx, gw, gb), float64_reference(x, dy, w, b)):
+        np.testing.assert_allclose(a, r, rtol=1e-12, atol=1e-12)
+
+
+@needs_mpi
+def test_gradients_match_finite_differences(rng):
+    """grad_x of sum(y * g) by central differences, through the communicator path."""
+    x = rng.normal(size=(3, 2, 2))
+    g = rng.normal(size=x.shape)
+    w, b = rng.normal(size=2), rng.normal(size=2)
+
+    def loss(xv):
+        return float(np.sum(distributed.sync_batch_norm(xv, w, b, comm=MPI.COMM_SELF)[0] * g))
+
+    _, mean, inv, count = distributed.sync_batch_norm(x, w, b, comm=MPI.COMM_SELF)
+    gx, _, _ = distributed.sync_batch_norm_backward(g, x, w, mean, inv, count,
+                                                    comm=MPI.COMM_SELF)
+    h = 1e-6
+    numeric = np.empty_like(x)
+    for i in np.ndindex(x.shape):
+        xp, xm = x.copy(), x.copy()
+        xp[i] += h
+        xm[i] -= h
+        numeric[i] = (loss(xp) - loss(xm)) / (2 * h)
+    np.testing.assert_allclose(gx, numeric, rtol=1e-6, atol=1e-7)
+
+
+def packed(n, mean, m2, stat):
+    C = len(mean)
+    buf = np.zeros(8 + 2 * C * np.dtype(stat).itemsize, np.uint8)
+    buf[:8].view(np.float64)[0] = n
+    buf[8:].view(stat).reshape(2, C)[:] = [mean, m2]
+    return buf
+
+
+@pytest.mark.parametrize("stat", [np.float64, np.float32])
+def test_merge_is_symmetric_and_exact(rng, stat):
+    """merge(a, b) and merge(b, a) give the same bits (so every rank ends with
+    the same statistics), and equal the statistics of the joined samples."""
+    xa = rng.normal(5.0, 2.0, (7, 3))
+    xb = rng.normal(4.0, 1.0, (4, 3))
+    a = packed(7, xa.mean(0), ((xa - xa.mean(0)) ** 2).sum(0), stat)
+    b = packed(4, xb.mean(0), ((xb - xb.mean(0)) ** 2).sum(0), stat)
+    ab, ba = b.copy(), a.copy()
+    distributed._merge_moments(a, ab, np.dtype(stat))
+    distributed._merge_moments(b, ba, np.dtype(stat))
+    assert np.array_equal(ab, ba)
+    joined = np.concatenate([xa, xb])
+    assert ab[:8].view(np.float64)[0] == 11
+    mean, m2 = ab[8:].view(stat).reshape(2, 3)
+    tol = 1e-13 if stat == np.float64 else 1e-6
+    np.testing.assert_allclose(mean, joined.mean(0), rtol=tol)
+    np.testing.assert_allclose(m2, ((joined - joined.mean(0)) ** 2).sum(0), rtol=tol)
+    # an empty record is the identity, on either side
+    empty = packed(0, np.zeros(3), np.zeros(3), stat)
+    left, right = a.copy(), empty.copy()
+    distributed._merge_moments(empty, left, np.dtype(stat))
+    distributed._merge_moments(a, right, np.dtype(stat))
+    assert np.array_equal(left, a) and np.array_equal(right, a)
+
+
+@needs_mpi
+def test_bad_comm():
+    x = np.ones((2, 3))
+    with pytest.raises(TypeError, match="comm must be an mpi4py intracommunicator"):
+        distributed.sync_batch_norm(x, comm="world")
+    with pytest.raises(ValueError, match="COMM_NULL"):
+        distributed.sync_batch_norm(x, comm=MPI.COMM_NULL)
+    with pytest.raises(TypeError, match="comm must be an mpi4py"):
+        distributed.sync_batch_norm_backward(x, x, None, np.zeros(3), np.ones(3), 2,
+                                             comm=object())
+    # inference does not communicate, but a wrong comm is still an error
+    with pytest.raises(TypeError, match="comm must be an mpi4py"):
+        distributed.sync_batch_norm(x, None, None, np.zeros(3), np.ones(3), training=False,
+                                    comm=1)
+
+
+@needs_mpi
+def test_bad_arguments():
+    x = np.ones((2, 3))
+    self = MPI.COMM_SELF
+    with pytest.raises(ValueError, match="at least 2 dimensions"):
+        distributed.sync_batch_norm(np.ones(3), comm=self)
+    with pytest.raises(TypeError, match="x must"):
+        distributed.sync_batch_norm(np.ones((2, 3), np.int64), comm=self)
+    with pytest.raises(ValueError, match="weight"):
+        distributed.sync_batch_norm(x, np.ones(4), comm=self)
+    with pytest.raises(ValueError, match="required when training=False"):
+        distributed.sync_batch_norm(x, training=False, comm=self)
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        distributed.sync_batch_norm(np.ones((1, 3)), comm=self)
+    _, mean, inv, count = distributed.sync_batch_norm(x, comm=self)
+    with pytest.raises(TypeError, match="count must be an int"):
+        distributed.sync_batch_norm_backward(x, x, None, mean, inv, 2.0, comm=self)
+    with pytest.raises(ValueError, match="count must be the global batch's"):
+        distributed.sync_batch_norm_backward(x, x, None, mean, inv, 1, comm=self)
+    with pytest.raises(ValueError, match="grad_out"):
+        distributed.sync_batch_norm_backward(np.ones((2, 4)), x, None, mean, inv, count,
+                                             comm=self)
+    with pytest.raises(ValueError, match="save_mean must have shape"):
+        distributed.sync_batch_norm_backward(x, x, None, mean[:2], inv, count, comm=self)
+    with pytest.raises(ValueError, match="output_mask"):
+        distributed.sync_batch_norm_backward(x, x, None, mean, inv, count, comm=self,
+                                             output_mask=(True,))
+
+
+@needs_mpi
+def test_running_stats_must_be_writable():
+    rm = np.zeros(3)
+    rm.flags.writeable = False
+    with pytest.raises(ValueError, match="running_mean"):
+        distributed.sync_batch_norm(np.ones((2, 3)), None, None, rm, np.ones(3),
+                                    comm=MPI.COMM_SELF)
+
+
+def test_cynorm_imports_without_mpi4py_and_says_what_to_install():
+    code = (
+        "import sys; sys.modules['mpi4py'] = None\n"    # as if not installed
+        "import numpy as np, cynorm, cynorm.distributed as d\n"
+        "y = d.sync_batch_norm(np.ones((2, 3)), None, None, np.zeros(3), np.ones(3),"
+        " training=False)[0]\n"                         # inference needs no MPI
+        "try:\n"
+        "    d.sync_batch_norm(np.ones((2, 3)))\n"
+        "except ImportError as e:\n"
+        "    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=str(HERE.parent))
+    assert out.returncode == 0, out.stderr
+    assert "pip install 'cynorm[mpi]'" in out.stdout
