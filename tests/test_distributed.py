@@ -25,9 +25,16 @@ try:
 except (ImportError, RuntimeError, OSError):    # pragma: no cover - without the mpi extra
     MPI = None
 
-needs_mpi = pytest.mark.skipif(MPI is None, reason="mpi4py is not installed "
-                               "(pip install 'cynorm[mpi]', or the test extra)")
+REQUIRE_MPI = os.environ.get("CYNORM_REQUIRE_MPI") == "1"   # CI: missing MPI is a failure
+needs_mpi = pytest.mark.skipif(MPI is None and not REQUIRE_MPI, reason="mpi4py is not "
+                               "installed (pip install 'cynorm[mpi]')")
 pytestmark = pytest.mark.mpi
+
+
+def skip_or_fail(reason):
+    if REQUIRE_MPI:
+        pytest.fail(f"CYNORM_REQUIRE_MPI=1 but {reason}")
+    pytest.skip(reason)
 
 
 def mpiexec():
@@ -41,10 +48,10 @@ TOL = {"float64": 1e-12, "float32": 1e-5, "bfloat16": 1e-5, "float16": 1e-5}
 @pytest.fixture(scope="module", params=[2, 3], ids=["np2", "np3"])
 def mpi_run(request, tmp_path_factory):
     if MPI is None:
-        pytest.skip("mpi4py is not installed (pip install 'cynorm[mpi]')")
+        skip_or_fail("mpi4py is not installed (pip install 'cynorm[mpi]')")
     launcher = mpiexec()
     if launcher is None:
-        pytest.skip("no mpiexec next to this Python or on PATH (pip install 'cynorm[mpi]')")
+        skip_or_fail("no mpiexec next to this Python or on PATH (pip install 'cynorm[mpi]')")
     out = tmp_path_factory.mktemp("mpi") / "results.json"
     env = dict(os.environ, OMP_NUM_THREADS="1",
                # the worker imports the cynorm these tests import

@@ -54,6 +54,9 @@ def test_cibuildwheel_builds_cpython_310_to_313_portably_and_tests_each_wheel():
     assert cfg["build"].split() == ["cp310-*", "cp311-*", "cp312-*", "cp313-*"]
     assert "pytest" in cfg["test-command"] and "{project}/tests" in cfg["test-command"]
     assert cfg["test-extras"] == ["test"]
+    # where PyPI has an MPI runtime, the wheel's MPI tests run too
+    (mpi,) = [o for o in cfg["overrides"] if "mpi" in o.get("test-extras", [])]
+    assert "manylinux" in mpi["select"] and "test" in mpi["test-extras"]
     # a wheel must run on any CPU of its architecture
     assert cfg["environment"]["CYNORM_MARCH"] == "none"
     assert "delocate-wheel" in cfg["macos"]["repair-wheel-command"]
