@@ -23,7 +23,9 @@ Shards may differ in size, and a rank may hold no rows at all (it still takes
 part in both collectives).  The running statistics are updated from the
 reduced values, so they are identical on every rank.  ``grad_weight`` and
 ``grad_bias`` are this rank's contributions, as in PyTorch's SyncBatchNorm:
-the data-parallel all-reduce of the parameters' gradients sums them.
+the data-parallel all-reduce of the parameters' gradients sums them.  With
+``reduce_param_grads=True`` they come back already summed over the ranks,
+from the backward's one Allreduce, which saves that all-reduce of 2*C values.
 Inference (``training=False``) uses the running statistics and communicates
 nothing.
 
@@ -219,26 +221,36 @@ def sync_batch_norm(x, weight=None, bias=None, running_mean=None, running_var=No
 
 
 def sync_batch_norm_backward(grad_out, x, weight, save_mean, save_invstd, count, axis=1, *,
-                             comm=None, output_mask=(True, True, True)):
-    """Gradients of sync_batch_norm for this rank's shard (collective when
-    grad_x is asked for in training: every rank calls it).
+                             comm=None, output_mask=(True, True, True), reduce_param_grads=False):
+    """Gradients of sync_batch_norm for this rank's shard (collective when it
+    communicates, see below: then every rank calls it).
 
     With N = count values per channel over all ranks, and sum_dy, dotp the
     sums of dy and dy * (x - mean) over the global batch:
 
         grad_x = (dy - sum_dy / N - (x - mean) * invstd**2 * dotp / N) * invstd * weight
-                 (inference, count None: dy * invstd * weight; no communication)
+                 (inference, count None: dy * invstd * weight)
         grad_weight, grad_bias = this rank's dotp * invstd and sum_dy
 
     save_mean, save_invstd and count are what sync_batch_norm returned;
     output_mask selects (grad_x, grad_weight, grad_bias), the others are None.
     grad_weight and grad_bias have weight's dtype (the statistics' dtype
     without weight).
+
+    reduce_param_grads=True returns grad_weight and grad_bias summed over the
+    ranks instead (the whole batch's, identical on every rank), from the same
+    Allreduce that grad_x needs: leave weight and bias out of your own
+    gradient all-reduce then (divide by comm's size if you average gradients).
+
+    It communicates (one Allreduce of 2*C statistics-dtype values) when
+    training with grad_x asked for, or with reduce_param_grads and grad_weight
+    or grad_bias asked for; otherwise it is local.
     """
     x, policy, axis, C, n = channel_input(x, axis)
     grad_out, _ = as_float_array(grad_out, "grad_out")
     check_same(grad_out, "grad_out", x.shape, x.dtype, ref="x")
     mask = check_mask(output_mask)
+    reduce_params = check_bool(reduce_param_grads, "reduce_param_grads")
     weight = channel_vector(weight, "weight", C, policy)
     mean = channel_stat(save_mean, "save_mean", C)
     inv = channel_stat(save_invstd, "save_invstd", C)
@@ -248,30 +260,38 @@ def sync_batch_norm_backward(grad_out, x, weight, save_mean, save_invstd, count,
         if count < n or (n > 0 and count < 2):
             raise ValueError(f"count must be the global batch's values per channel that "
                              f"sync_batch_norm returned, got {count} with {n} on this rank")
+    communicate = (training and mask[0]) or (reduce_params and (mask[1] or mask[2]))
+    if communicate:
+        MPI, comm = _communicator(comm)
     elif comm is not None:
         _communicator(comm)
     stat = np.dtype(policy.stat)
     gdtype = weight.dtype if weight is not None else stat
     (kdy, kx), transposed, dims = prepare([grad_out, x], axis, ())
-    if n > 0 and (mask[1] or mask[2] or (training and mask[0])):
+    if n > 0 and (communicate or mask[1] or mask[2]):
         sum_dy, dotp = grad_sums(kdy, kx, mean, dims, policy)
     else:
-        sum_dy = dotp = np.zeros(C)
+        sum_dy, dotp = np.zeros(C), np.zeros(C)
+    if communicate:
+        sums = np.concatenate([sum_dy, dotp]).astype(stat)
+        comm.Allreduce(MPI.IN_PLACE, sums, op=MPI.SUM)
+        total_dy, total_dotp = sums.astype(np.float64).reshape(2, C)
     grad_x = None
     if mask[0]:
         kgx, grad_x = big_out(None, x.shape, x.dtype, transposed)
         a, zero = affine(inv, weight, None, C)
-        if training:
-            MPI, comm = _communicator(comm)
-            sums = np.concatenate([sum_dy, dotp]).astype(stat)
-            comm.Allreduce(MPI.IN_PLACE, sums, op=MPI.SUM)
-            total_dy, total_dotp = sums.astype(np.float64).reshape(2, C)
-            if n > 0:
-                grad_input_into(kdy, kx, kgx, total_dy / count, mean,
-                                total_dotp / count * inv * inv, a, dims, policy)
+        if n > 0 and training:
+            grad_input_into(kdy, kx, kgx, total_dy / count, mean, total_dotp / count * inv * inv,
+                            a, dims, policy)
         elif n > 0:
             normalize_into(kdy, kgx, zero, a, zero, dims, policy)
+    if reduce_params and communicate:
+        sum_dy, dotp = total_dy, total_dotp
+        empty = count == 0
+    else:
+        empty = n == 0
     with np.errstate(over="ignore", invalid="ignore"):   # float16 sums above 65504: inf
-        grad_weight = from_float64(dotp * inv if n else np.zeros(C), gdtype) if mask[1] else None
+        grad_weight = (from_float64(np.zeros(C) if empty else dotp * inv, gdtype)
+                       if mask[1] else None)
         grad_bias = from_float64(sum_dy, gdtype) if mask[2] else None
     return grad_x, grad_weight, grad_bias

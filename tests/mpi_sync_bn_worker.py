@@ -58,7 +58,7 @@ def shard_bounds(rows, rank):
 
 
 def run_case(comm, rows, shape_tail, dtype, axis=1, offset=0.0, affine=True, running=True,
-             mask=(True, True, True), seed=0):
+             mask=(True, True, True), seed=0, reduce=False):
     """One sync batch-norm step on comm (rows[r] rows on its rank r)."""
     rank, size = comm.Get_rank(), comm.Get_size()
     rng = np.random.default_rng(seed)
@@ -88,12 +88,16 @@ def run_case(comm, rows, shape_tail, dtype, axis=1, offset=0.0, affine=True, run
                                           comm=counting)
     forward_calls = counting.take()
     gx, gw, gb = sync_batch_norm_backward(dys, xs, w, mean, inv, count, axis=axis,
-                                          comm=counting, output_mask=mask)
+                                          comm=counting, output_mask=mask,
+                                          reduce_param_grads=reduce)
     backward_calls = counting.take()
 
     # the parameters' gradients are per-rank contributions: their sum is the whole batch's
+    # (reduce_param_grads: already summed, and the same on every rank)
     def summed(g):
-        return None if g is None else comm.allreduce(g.astype(np.float64), op=MPI.SUM)
+        if g is None or reduce:
+            return g
+        return comm.allreduce(g.astype(np.float64), op=MPI.SUM)
 
     errors = {
         "y": scaled_error(y, ref_y[lo:hi]),
@@ -115,7 +119,8 @@ def run_case(comm, rows, shape_tail, dtype, axis=1, offset=0.0, affine=True, run
                           and (gx is None or (gx.dtype == x.dtype and gx.shape == xs.shape))),
         "input_unchanged": bool(np.array_equal(xs.view(np.uint8), x_before.view(np.uint8))),
     }
-    stats_bytes = b"".join(a.tobytes() for a in (mean, inv) + ((rm, rv) if running else ()))
+    shared = (mean, inv) + ((rm, rv) if running else ()) + ((gw, gb) if reduce else ())
+    stats_bytes = b"".join(a.tobytes() for a in shared if a is not None)
     facts["stats_same_on_all_ranks"] = len(set(comm.allgather(stats_bytes))) == 1
     # worst over ranks
     merged = {}
@@ -160,6 +165,11 @@ def main(out_path):
         "float16": dict(rows=uneven(size, [4, 2]), shape_tail=(3, 5), dtype=np.float16),
         "no-grad-x-float64": dict(rows=[3] * size, shape_tail=(4, 5), dtype=np.float64,
                                   mask=(False, True, True)),
+        "reduced-param-grads-float32": dict(rows=uneven(size, [4, 0, 2]), shape_tail=(5, 3),
+                                            dtype=np.float32, reduce=True),
+        "reduced-param-grads-no-grad-x-float64": dict(rows=uneven(size, [3, 2]),
+                                                      shape_tail=(4, 5), dtype=np.float64,
+                                                      mask=(False, True, True), reduce=True),
     }
     for name, kw in cases.items():
         results[name] = run_case(WORLD, **kw)
@@ -210,19 +220,28 @@ def one_value_case(comm):
 def eval_case(comm):
     """Inference: running statistics, no collective, gradients local."""
     rank = comm.Get_rank()
-    rng = np.random.default_rng(100 + rank)   # every rank its own data: nothing is shared
+    shared = np.random.default_rng(100)          # parameters and running stats: replicated
+    w, b = shared.normal(size=4), shared.normal(size=4)
+    rm, rv = shared.normal(size=4), shared.uniform(0.5, 2, 4)
+    rng = np.random.default_rng(101 + rank)      # data: each rank its own
     x = rng.normal(size=(2 + rank, 4, 3))
     dy = rng.normal(size=x.shape)
-    w, b = rng.normal(size=4), rng.normal(size=4)
-    rm, rv = rng.normal(size=4), rng.uniform(0.5, 2, 4)
     counting = CountingComm(comm)
     y, mean, inv, count = sync_batch_norm(x, w, b, rm, rv, training=False, comm=counting)
     gx, gw, gb = sync_batch_norm_backward(dy, x, w, mean, inv, count, comm=counting)
+    calls = comm.allreduce(len(counting.take()), op=MPI.SUM)
     ry, _, _ = cynorm.batch_norm(x, w, b, rm, rv, training=False)
     rgx, rgw, rgb = cynorm.batch_norm_backward(dy, x, w, rm, rv, None, None, False)
     err = max(scaled_error(a, r) for a, r in ((y, ry), (gx, rgx), (gw, rgw), (gb, rgb)))
-    return {"error": comm.allreduce(err, op=MPI.MAX), "count": count,
-            "calls": comm.allreduce(len(counting.calls), op=MPI.SUM)}
+    # with reduce_param_grads: one Allreduce, the ranks' summed parameter gradients
+    _, sgw, sgb = sync_batch_norm_backward(dy, x, w, mean, inv, count, comm=counting,
+                                           reduce_param_grads=True)
+    reduced_calls = counting.take()
+    err_sum = max(scaled_error(sgw, comm.allreduce(rgw, op=MPI.SUM)),
+                  scaled_error(sgb, comm.allreduce(rgb, op=MPI.SUM)))
+    return {"error": comm.allreduce(err, op=MPI.MAX), "count": count, "calls": calls,
+            "reduced_error": comm.allreduce(err_sum, op=MPI.MAX),
+            "reduced_calls": reduced_calls}
 
 
 if __name__ == "__main__":

@@ -67,7 +67,8 @@ def mpi_run(request, tmp_path_factory):
 CASES = ["even-float64", "even-float32", "uneven-float64", "uneven-float32",
          "zero-row-rank-float64", "zero-row-last-rank-float32", "channels-last-float64",
          "channels-last-float32", "2d-float64", "no-affine-no-running-float64", "bfloat16",
-         "float16", "no-grad-x-float64", "subcomm-group0", "subcomm-group1"]
+         "float16", "no-grad-x-float64", "reduced-param-grads-float32",
+         "reduced-param-grads-no-grad-x-float64", "subcomm-group0", "subcomm-group1"]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -91,7 +92,8 @@ def test_one_fixed_size_collective_each_way(mpi_run, case):
     r = results[case]
     C = {"even": 6, "uneven-float64": 3, "uneven-float32": 5, "zero-row": 4,
          "channels-last": 5, "2d": 7, "no-affine": 4, "bfloat16": 3, "float16": 3,
-         "no-grad-x": 4, "subcomm": 4}
+         "no-grad-x": 4, "reduced-param-grads-float32": 5, "reduced-param-grads-no": 4,
+         "subcomm": 4}
     channels = next(v for k, v in C.items() if case.startswith(k))
     s = 8 if r["dtype"] == "float64" else 4
     facts = r["facts"]
@@ -130,6 +132,8 @@ def test_eval_uses_running_stats_without_communicating(mpi_run):
     _, results = mpi_run
     r = results["eval"]
     assert r["error"] == 0.0 and r["count"] is None and r["calls"] == 0
+    # reduce_param_grads needs the one backward Allreduce, even in inference
+    assert r["reduced_error"] <= 1e-12 and r["reduced_calls"] == [2 * 4 * 8]
 
 
 # ---- in this process, on MPI.COMM_SELF -----------------------------------------
@@ -282,6 +286,9 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="output_mask"):
         distributed.sync_batch_norm_backward(x, x, None, mean, inv, count, comm=self,
                                              output_mask=(True,))
+    with pytest.raises(TypeError, match="reduce_param_grads"):
+        distributed.sync_batch_norm_backward(x, x, None, mean, inv, count, comm=self,
+                                             reduce_param_grads="yes")
 
 
 @needs_mpi
