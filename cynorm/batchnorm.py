@@ -26,6 +26,7 @@ Conventions:
   statistics and zero grad_weight/grad_bias.  A NaN or inf makes only its own
   channel non-finite.  Results are bitwise identical at any thread count.
 """
+import collections
 import math
 
 import numpy as np
@@ -169,6 +170,25 @@ def _running(a, name, C, policy, training):
     return channel_vector(a, name, C, policy)
 
 
+BatchNormArgs = collections.namedtuple(
+    "BatchNormArgs", "x policy axis C n training momentum eps weight bias rm rv")
+
+
+def batch_norm_args(x, weight, bias, running_mean, running_var, training, momentum, eps, axis):
+    """The argument checks batch_norm and cynorm.distributed's sync_batch_norm share."""
+    x, policy, axis, C, n = channel_input(x, axis)
+    training = check_bool(training, "training")
+    momentum = check_real(momentum, "momentum")
+    eps = check_eps(eps)
+    weight = channel_vector(weight, "weight", C, policy)
+    bias = channel_vector(bias, "bias", C, policy)
+    rm = _running(running_mean, "running_mean", C, policy, training)
+    rv = _running(running_var, "running_var", C, policy, training)
+    if not training and (rm is None or rv is None):
+        raise ValueError("running_mean and running_var are required when training=False")
+    return BatchNormArgs(x, policy, axis, C, n, training, momentum, eps, weight, bias, rm, rv)
+
+
 def batch_norm(x, weight=None, bias=None, running_mean=None, running_var=None, training=True,
                momentum=0.1, eps=1e-5, axis=1, *, out=None):
     """Batch normalization (torch.native_batch_norm).
@@ -193,19 +213,11 @@ def batch_norm(x, weight=None, bias=None, running_mean=None, running_var=None, t
     save_mean, save_invstd : ndarray (C,) in training, (0,) in inference;
         float64 for float64 x, float32 otherwise.
     """
-    x, policy, axis, C, n = channel_input(x, axis)
-    training = check_bool(training, "training")
-    momentum = check_real(momentum, "momentum")
-    eps = check_eps(eps)
-    weight = channel_vector(weight, "weight", C, policy)
-    bias = channel_vector(bias, "bias", C, policy)
-    rm = _running(running_mean, "running_mean", C, policy, training)
-    rv = _running(running_var, "running_var", C, policy, training)
+    (x, policy, axis, C, n, training, momentum, eps, weight, bias, rm, rv) = batch_norm_args(
+        x, weight, bias, running_mean, running_var, training, momentum, eps, axis)
     if training and n == 1:
         raise ValueError(f"Expected more than 1 value per channel when training, got x of "
                          f"shape {x.shape} with channel axis {axis}")
-    if not training and (rm is None or rv is None):
-        raise ValueError("running_mean and running_var are required when training=False")
     y_out, mean_out, invstd_out = split_out(out, ("y", "save_mean", "save_invstd"))
     y_out = check_big_out(y_out, "out[0] (y)", x.shape, x.dtype)
     stat_shape = (C,) if training else (0,)

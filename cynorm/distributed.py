@@ -42,12 +42,10 @@ import numpy as np
 
 from cynorm._arrays import big_out
 from cynorm._dtypes import from_float64
-from cynorm._validation import (
-    as_float_array, check_bool, check_eps, check_int, check_mask, check_real, check_same,
-)
+from cynorm._validation import as_float_array, check_bool, check_int, check_mask, check_same
 from cynorm.batchnorm import (
-    _running, affine, channel_input, channel_stat, channel_vector, grad_input_into, grad_sums, invstd_of,
-    moments, normalize_into, prepare, update_running,
+    affine, batch_norm_args, channel_input, channel_stat, channel_vector, grad_input_into,
+    grad_sums, invstd_of, moments, normalize_into, prepare, update_running,
 )
 
 __all__ = ["sync_batch_norm", "sync_batch_norm_backward"]
@@ -183,16 +181,8 @@ def sync_batch_norm(x, weight=None, bias=None, running_mean=None, running_var=No
     count : int, values per channel in the global batch; None in inference.
         Pass all four to sync_batch_norm_backward.
     """
-    x, policy, axis, C, n = channel_input(x, axis)
-    training = check_bool(training, "training")
-    momentum = check_real(momentum, "momentum")
-    eps = check_eps(eps)
-    weight = channel_vector(weight, "weight", C, policy)
-    bias = channel_vector(bias, "bias", C, policy)
-    rm = _running(running_mean, "running_mean", C, policy, training)
-    rv = _running(running_var, "running_var", C, policy, training)
-    if not training and (rm is None or rv is None):
-        raise ValueError("running_mean and running_var are required when training=False")
+    (x, policy, axis, C, n, training, momentum, eps, weight, bias, rm, rv) = batch_norm_args(
+        x, weight, bias, running_mean, running_var, training, momentum, eps, axis)
     stat = np.dtype(policy.stat)
     (kx,), transposed, dims = prepare([x], axis, ())
     ky, y = big_out(None, x.shape, x.dtype, transposed)
