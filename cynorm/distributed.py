@@ -14,10 +14,13 @@ A training step costs exactly two collectives on ``comm``, each one
 
 * forward: each rank's (count, mean, sum of squared deviations) per channel,
   merged with Chan et al.'s pairwise update (a user-defined MPI reduction),
-  so the variance stays accurate when the mean is large against the spread;
-  8 + 2*C*s bytes, s = 4 for 32- and 16-bit x, 8 for float64;
-* backward: (sum dy, sum dy * (x - mean)) per channel, summed: 2*C*s bytes;
-  skipped when grad_x is not asked for.
+  all in float64 so the variance keeps single-process accuracy when the mean
+  is large against the spread: 16 + 16*C bytes;
+* backward: (sum dy, sum dy * (x - mean)) per channel, summed in the
+  statistics' dtype (float32, float64 for float64 x), behind a flag:
+  (1 + 2*C) * s bytes, s = 4 or 8.  It runs when grad_x is asked for in
+  training, or when reduce_param_grads=True asks for summed grad_weight or
+  grad_bias; otherwise the backward is local.
 
 Shards may differ in size, and a rank may hold no rows at all (it still takes
 part in both collectives).  The running statistics are updated from the
@@ -30,9 +33,12 @@ Inference (``training=False``) uses the running statistics and communicates
 nothing.
 
 Every rank of ``comm`` must make the same calls with the same channel
-count, x dtype, eps, momentum and output_mask[0], as with any MPI
-collective; a mismatch is an MPI error or a hang, not something one rank
-can detect alone.
+count, ``training`` (and count None or not), eps, momentum, output_mask and
+reduce_param_grads, as with any MPI collective.  A rank that rejects its
+other arguments (a weight of the wrong shape, a read-only running_mean, ...)
+still takes part in the collective, marked, and then every rank raises
+ValueError; so do ranks whose x dtypes disagree.  Errors in x itself, axis,
+training or comm are raised before the collective, on that rank only.
 
 mpi4py is imported on first use (cynorm itself never needs it); install it
 with ``pip install 'cynorm[mpi]'`` and start the processes with
@@ -53,7 +59,6 @@ __all__ = ["sync_batch_norm", "sync_batch_norm_backward"]
 _INSTALL_HINT = ("cynorm.distributed needs mpi4py and an MPI library: pip install 'cynorm[mpi]' "
                  "(mpi4py and MPICH from PyPI), or pip install mpi4py built against your "
                  "system's MPI")
-_COUNT_BYTES = 8      # the packed statistics start with the count, as a float64
 
 
 def _mpi():
@@ -80,79 +85,124 @@ def _communicator(comm):
 
 
 # ---- the forward reduction: Chan's merge of per-rank moments ----------------
+#
+# One record per rank, all float64 (so float32 x keeps the accuracy of
+# single-process batch_norm, whose statistics are float64 sums too):
+#   [count, dtype code, mean (C), M2 = sum of squared deviations (C)]
+# count -1 marks a rank that rejected its arguments; dtype code 0 marks ranks
+# that disagree on the statistics' dtype.  Both markers survive every merge,
+# so all ranks learn of a failure from the one collective and raise together.
 
-def _merge_moments(a, b, stat):
-    """b <- the merge of packed (count, mean, M2) records a and b.
+_HEADER = 2
+_REJECTED = -1.0
+_DTYPE_CODES = {np.dtype(np.float32): 1.0, np.dtype(np.float64): 2.0}
+
+
+def _merge_records(a, b):
+    """b <- the merge of records a and b (float64 arrays).
 
     Written symmetrically in a and b, so merge(a, b) and merge(b, a) give the
     same bits: every rank then ends with the same statistics whatever side of
     each pairwise exchange MPI put it on."""
-    na = float(a[:_COUNT_BYTES].view(np.float64)[0])
-    nb = float(b[:_COUNT_BYTES].view(np.float64)[0])
+    na, nb = a[0], b[0]
+    if a[1] != b[1]:
+        b[1] = 0.0
+    if na < 0 or nb < 0:
+        b[0] = _REJECTED
+        return
     if na == 0:
         return
     if nb == 0:
-        b[:] = a
+        b[2:] = a[2:]
+        b[0] = na
         return
-    sa = a[_COUNT_BYTES:].view(stat).reshape(2, -1).astype(np.float64)
-    sb = b[_COUNT_BYTES:].view(stat).reshape(2, -1)
-    mb, m2b = sb.astype(np.float64)
+    C = (len(b) - _HEADER) // 2
+    ma, m2a = a[2:2 + C], a[2 + C:]
+    mb, m2b = b[2:2 + C], b[2 + C:]
     n = na + nb
-    d = mb - sa[0]
-    mean = sa[0] * (na / n) + mb * (nb / n)
-    m2 = (sa[1] + m2b) + d * d * (na * nb / n)
-    b[:_COUNT_BYTES].view(np.float64)[0] = n
-    sb[0] = mean
-    sb[1] = m2
+    d = mb - ma
+    m2 = (m2a + m2b) + d * d * (na * nb / n)
+    mb[:] = ma * (na / n) + mb * (nb / n)
+    m2b[:] = m2
+    b[0] = n
 
 
-def _merge_op_for(stat):
-    def merge(inbuf, inoutbuf, datatype):
-        size = datatype.Get_size()
-        a = np.frombuffer(inbuf, np.uint8)
-        b = np.frombuffer(inoutbuf, np.uint8)
-        for start in range(0, b.nbytes, size):
-            _merge_moments(a[start:start + size], b[start:start + size], stat)
-    return merge
+def _merge_op(inbuf, inoutbuf, datatype):
+    # an exception escaping a user-defined MPI op aborts the whole job, and
+    # np.seterr(all="raise") would turn an inf - inf of a non-finite channel
+    # into one: compute quietly, and mark the result rejected if all else fails
+    size = datatype.Get_size() // 8
+    b = np.frombuffer(inoutbuf, np.float64)
+    try:
+        a = np.frombuffer(inbuf, np.float64)
+        with np.errstate(all="ignore"):
+            for start in range(0, len(b), size):
+                _merge_records(a[start:start + size], b[start:start + size])
+    except Exception:   # noqa: BLE001 - nothing may propagate into MPI
+        b[::size] = _REJECTED
 
 
-_ops = {}           # stat dtype -> MPI.Op
-_datatypes = {}     # (C, stat dtype) -> committed MPI datatype
+_op = None
+_datatypes = {}     # C -> committed MPI datatype of one record
 
 
-def _moments_reduction(MPI, C, stat):
-    """(MPI datatype of one packed record, the merge op) for C channels.
+def _moments_reduction(MPI, C):
+    """(MPI datatype of one record, the merge op) for C channels.
 
     One record is one MPI element, so no MPI algorithm can split it into
     pieces that the merge would misread."""
-    stat = np.dtype(stat)
-    if stat not in _ops:
-        _ops[stat] = MPI.Op.Create(_merge_op_for(stat), commute=True)
-    key = (C, stat)
-    if key not in _datatypes:
-        element = MPI.DOUBLE if stat == np.float64 else MPI.FLOAT
-        _datatypes[key] = MPI.Datatype.Create_struct(
-            [1, 2 * C], [0, _COUNT_BYTES], [MPI.DOUBLE, element]).Commit()
-    return _datatypes[key], _ops[stat]
+    global _op
+    if _op is None:
+        _op = MPI.Op.Create(_merge_op, commute=True)
+    if C not in _datatypes:
+        _datatypes[C] = MPI.DOUBLE.Create_contiguous(_HEADER + 2 * C).Commit()
+    return _datatypes[C], _op
 
 
-def _global_moments(MPI, comm, n, mean, var, stat):
-    """Allreduce of this rank's (n, mean, biased var): the global
-    (count, mean, biased var), mean and var in float64 (rounded through stat)."""
-    C = mean.shape[0]
-    buf = np.zeros(_COUNT_BYTES + 2 * C * stat.itemsize, np.uint8)
-    if n > 0:
-        buf[:_COUNT_BYTES].view(np.float64)[0] = n
-        stats = buf[_COUNT_BYTES:].view(stat).reshape(2, C)
-        stats[0] = mean
-        stats[1] = var * n
-    datatype, op = _moments_reduction(MPI, C, stat)
-    comm.Allreduce(MPI.IN_PLACE, [buf, 1, datatype], op=op)
-    total = float(buf[:_COUNT_BYTES].view(np.float64)[0])
-    mean, m2 = buf[_COUNT_BYTES:].view(stat).reshape(2, C).astype(np.float64)
+def _global_moments(MPI, comm, C, local, stat):
+    """Allreduce of this rank's (n, mean, biased var), or of a rejection
+    (local None): the global (count, mean, biased var) in float64."""
+    record = np.zeros(_HEADER + 2 * C)
+    record[1] = _DTYPE_CODES[stat]
+    if local is None:
+        record[0] = _REJECTED
+    elif local[0] > 0:
+        n, mean, var = local
+        record[0] = n
+        record[2:2 + C] = mean
+        record[2 + C:] = var * n
+    datatype, op = _moments_reduction(MPI, C)
+    comm.Allreduce(MPI.IN_PLACE, [record, 1, datatype], op=op)
+    if local is None:
+        return None
+    if record[0] < 0:
+        raise ValueError("sync_batch_norm: another rank of comm rejected its arguments (its "
+                         "own error says why); nothing was computed")
+    if record[1] == 0:
+        raise ValueError("sync_batch_norm: the ranks of comm passed x of different dtypes "
+                         "(statistics in float32 on some, float64 on others); every shard, "
+                         "an empty one too, must have the same dtype")
+    total = record[0]
     if total == 0:
         return 0, np.full(C, np.nan), np.full(C, np.nan)
-    return int(total), mean, np.maximum(m2 / total, 0.0)
+    return int(total), record[2:2 + C], np.maximum(record[2 + C:] / total, 0.0)
+
+
+def _global_sums(MPI, comm, C, local, stat):
+    """Allreduce (sum) of this rank's (sum_dy, dotp) in the statistics' dtype,
+    or of a rejection (local None), behind a count of rejecting ranks."""
+    buf = np.zeros(1 + 2 * C, stat)
+    if local is None:
+        buf[0] = 1
+    else:
+        buf[1:1 + C], buf[1 + C:] = local
+    comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+    if local is None:
+        return None
+    if buf[0] != 0:
+        raise ValueError("sync_batch_norm_backward: another rank of comm rejected its "
+                         "arguments (its own error says why); nothing was computed")
+    return buf[1:1 + C].astype(np.float64), buf[1 + C:].astype(np.float64)
 
 
 # ---- the public ops ----------------------------------------------------------
@@ -181,33 +231,52 @@ def sync_batch_norm(x, weight=None, bias=None, running_mean=None, running_var=No
     count : int, values per channel in the global batch; None in inference.
         Pass all four to sync_batch_norm_backward.
     """
-    (x, policy, axis, C, n, training, momentum, eps, weight, bias, rm, rv) = batch_norm_args(
-        x, weight, bias, running_mean, running_var, training, momentum, eps, axis)
+    # What decides the collective (x's channel count, training, comm) is
+    # checked first; an error there is raised on this rank alone.  Any later
+    # rejection still takes part in the Allreduce, marked, so every rank raises.
+    _, policy, _, C, _ = channel_input(x, axis)
+    if not check_bool(training, "training"):
+        return _inference(x, weight, bias, running_mean, running_var, momentum, eps, axis, comm)
+    MPI, comm = _communicator(comm)
     stat = np.dtype(policy.stat)
+    try:
+        (x, policy, axis, C, n, _, momentum, eps, weight, bias, rm, rv) = batch_norm_args(
+            x, weight, bias, running_mean, running_var, True, momentum, eps, axis)
+    except (TypeError, ValueError):
+        _global_moments(MPI, comm, C, None, stat)
+        raise
     (kx,), transposed, dims = prepare([x], axis, ())
+    local_mean, local_var = moments(kx, dims, policy) if n else (np.zeros(C), np.zeros(C))
+    count, mean, var = _global_moments(MPI, comm, C, (n, local_mean, local_var), stat)
+    if count == 1:
+        raise ValueError("Expected more than 1 value per channel when training, got 1 "
+                         f"value per channel over the {comm.Get_size()} ranks of comm")
+    save_mean = from_float64(mean, stat)
+    save_invstd = from_float64(invstd_of(var, eps), stat)
     ky, y = big_out(None, x.shape, x.dtype, transposed)
-    if training:
-        MPI, comm = _communicator(comm)
-        local_mean, local_var = moments(kx, dims, policy) if n else (np.zeros(C), np.zeros(C))
-        count, mean, var = _global_moments(MPI, comm, n, local_mean, local_var, stat)
-        if count == 1:
-            raise ValueError("Expected more than 1 value per channel when training, got 1 "
-                             f"value per channel over the {comm.Get_size()} ranks of comm")
-        save_mean = from_float64(mean, stat)
-        save_invstd = from_float64(invstd_of(var, eps), stat)
-    else:
-        if comm is not None:
-            _communicator(comm)
-        count = None
-        save_mean = from_float64(rm.astype(np.float64), stat)
-        save_invstd = from_float64(invstd_of(rv.astype(np.float64), eps), stat)
     if n > 0:
         inv = save_invstd.astype(np.float64)
         normalize_into(kx, ky, save_mean.astype(np.float64), *affine(inv, weight, bias, C),
                        dims, policy)
-    if training and count > 0:
+    if count > 0:
         update_running(rm, rv, mean, var, count, momentum)
     return y, save_mean, save_invstd, count
+
+
+def _inference(x, weight, bias, running_mean, running_var, momentum, eps, axis, comm):
+    """sync_batch_norm with training=False: local, with the running statistics."""
+    (x, policy, axis, C, n, _, momentum, eps, weight, bias, rm, rv) = batch_norm_args(
+        x, weight, bias, running_mean, running_var, False, momentum, eps, axis)
+    if comm is not None:
+        _communicator(comm)
+    stat = np.dtype(policy.stat)
+    mean = rm.astype(np.float64)
+    inv = invstd_of(rv.astype(np.float64), eps)
+    (kx,), transposed, dims = prepare([x], axis, ())
+    ky, y = big_out(None, x.shape, x.dtype, transposed)
+    if n > 0:
+        normalize_into(kx, ky, mean, *affine(inv, weight, bias, C), dims, policy)
+    return y, from_float64(mean, stat), from_float64(inv, stat), None
 
 
 def sync_batch_norm_backward(grad_out, x, weight, save_mean, save_invstd, count, axis=1, *,
@@ -236,26 +305,34 @@ def sync_batch_norm_backward(grad_out, x, weight, save_mean, save_invstd, count,
     training with grad_x asked for, or with reduce_param_grads and grad_weight
     or grad_bias asked for; otherwise it is local.
     """
+    # as in sync_batch_norm: what decides the collective is checked first, a
+    # later rejection still takes part in it, marked, so every rank raises
     x, policy, axis, C, n = channel_input(x, axis)
-    grad_out, _ = as_float_array(grad_out, "grad_out")
-    check_same(grad_out, "grad_out", x.shape, x.dtype, ref="x")
     mask = check_mask(output_mask)
     reduce_params = check_bool(reduce_param_grads, "reduce_param_grads")
-    weight = channel_vector(weight, "weight", C, policy)
-    mean = channel_stat(save_mean, "save_mean", C)
-    inv = channel_stat(save_invstd, "save_invstd", C)
     training = count is not None
-    if training:
-        count = check_int(count, "count", "an int (the count sync_batch_norm returned) or None")
-        if count < n or (n > 0 and count < 2):
-            raise ValueError(f"count must be the global batch's values per channel that "
-                             f"sync_batch_norm returned, got {count} with {n} on this rank")
     communicate = (training and mask[0]) or (reduce_params and (mask[1] or mask[2]))
     if communicate:
         MPI, comm = _communicator(comm)
     elif comm is not None:
         _communicator(comm)
     stat = np.dtype(policy.stat)
+    try:
+        grad_out, _ = as_float_array(grad_out, "grad_out")
+        check_same(grad_out, "grad_out", x.shape, x.dtype, ref="x")
+        weight = channel_vector(weight, "weight", C, policy)
+        mean = channel_stat(save_mean, "save_mean", C)
+        inv = channel_stat(save_invstd, "save_invstd", C)
+        if training:
+            count = check_int(count, "count",
+                              "an int (the count sync_batch_norm returned) or None")
+            if count < n or (n > 0 and count < 2):
+                raise ValueError(f"count must be the global batch's values per channel that "
+                                 f"sync_batch_norm returned, got {count} with {n} on this rank")
+    except (TypeError, ValueError):
+        if communicate:
+            _global_sums(MPI, comm, C, None, stat)
+        raise
     gdtype = weight.dtype if weight is not None else stat
     (kdy, kx), transposed, dims = prepare([grad_out, x], axis, ())
     if n > 0 and (communicate or mask[1] or mask[2]):
@@ -263,16 +340,15 @@ def sync_batch_norm_backward(grad_out, x, weight, save_mean, save_invstd, count,
     else:
         sum_dy, dotp = np.zeros(C), np.zeros(C)
     if communicate:
-        sums = np.concatenate([sum_dy, dotp]).astype(stat)
-        comm.Allreduce(MPI.IN_PLACE, sums, op=MPI.SUM)
-        total_dy, total_dotp = sums.astype(np.float64).reshape(2, C)
+        total_dy, total_dotp = _global_sums(MPI, comm, C, (sum_dy, dotp), stat)
     grad_x = None
     if mask[0]:
         kgx, grad_x = big_out(None, x.shape, x.dtype, transposed)
         a, zero = affine(inv, weight, None, C)
         if n > 0 and training:
-            grad_input_into(kdy, kx, kgx, total_dy / count, mean, total_dotp / count * inv * inv,
-                            a, dims, policy)
+            with np.errstate(divide="ignore", invalid="ignore"):   # eps = 0, constant channel
+                grad_input_into(kdy, kx, kgx, total_dy / count, mean,
+                                total_dotp / count * inv * inv, a, dims, policy)
         elif n > 0:
             normalize_into(kdy, kgx, zero, a, zero, dims, policy)
     if reduce_params and communicate:

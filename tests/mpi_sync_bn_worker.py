@@ -161,6 +161,8 @@ def main(out_path):
                                              dtype=np.float64, affine=False, running=False),
         "large-mean-float64": dict(rows=uneven(size, [4, 6]), shape_tail=(3, 8),
                                    dtype=np.float64, offset=1e6),
+        "large-mean-float32": dict(rows=uneven(size, [4, 6, 5]), shape_tail=(3, 8),
+                                   dtype=np.float32, offset=1e4),
         "bfloat16": dict(rows=uneven(size, [4, 2]), shape_tail=(3, 5), dtype=bf16),
         "float16": dict(rows=uneven(size, [4, 2]), shape_tail=(3, 5), dtype=np.float16),
         "no-grad-x-float64": dict(rows=[3] * size, shape_tail=(4, 5), dtype=np.float64,
@@ -187,6 +189,8 @@ def main(out_path):
     results["all-empty"] = all_empty_case(WORLD)
     results["one-value-in-all"] = one_value_case(WORLD)
     results["eval"] = eval_case(WORLD)
+    results["rejection"] = rejection_case(WORLD)
+    results["dtype-mismatch"] = dtype_mismatch_case(WORLD)
     if rank == 0:
         with open(out_path, "w") as f:
             json.dump(results, f)
@@ -215,6 +219,39 @@ def one_value_case(comm):
     except ValueError as e:
         message = str(e)
     return {"messages": comm.allgather(message)}
+
+
+def outcome(fn):
+    try:
+        fn()
+        return None
+    except ValueError as e:
+        return str(e)
+
+
+def rejection_case(comm):
+    """One rank rejects its arguments: every rank raises (none hangs), and
+    the next collective calls still work."""
+    rank, last = comm.Get_rank(), comm.Get_size() - 1
+    x = np.random.default_rng(rank).normal(size=(3, 4))
+    rm, rv = np.zeros(4), np.ones(4)
+    if rank == last:
+        rm.flags.writeable = False
+    forward = comm.allgather(outcome(lambda: sync_batch_norm(x, None, None, rm, rv, comm=comm)))
+    _, mean, inv, count = sync_batch_norm(x, comm=comm)
+    dy = np.ones((3, 5)) if rank == last else np.ones_like(x)       # wrong shape on one rank
+    backward = comm.allgather(outcome(
+        lambda: sync_batch_norm_backward(dy, x, None, mean, inv, count, comm=comm)))
+    after = sync_batch_norm_backward(np.ones_like(x), x, None, mean, inv, count, comm=comm)
+    return {"forward": forward, "backward": backward,
+            "then_ok": comm.allreduce(after[0].shape == x.shape, op=MPI.LAND)}
+
+
+def dtype_mismatch_case(comm):
+    """An empty shard made as float64 in a float32 job: every rank raises."""
+    rank = comm.Get_rank()
+    x = np.zeros((0, 3)) if rank == 0 else np.ones((2, 3), np.float32)
+    return {"messages": comm.allgather(outcome(lambda: sync_batch_norm(x, comm=comm)))}
 
 
 def eval_case(comm):

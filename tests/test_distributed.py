@@ -97,9 +97,10 @@ def test_one_fixed_size_collective_each_way(mpi_run, case):
     channels = next(v for k, v in C.items() if case.startswith(k))
     s = 8 if r["dtype"] == "float64" else 4
     facts = r["facts"]
-    # counts, means and squared deviations; then sum dy and sum dy * (x - mean)
-    assert facts["forward_calls"] == [8 + 2 * channels * s]
-    want_backward = [] if case.startswith("no-grad-x") else [2 * channels * s]
+    # float64 (count, dtype code, means, squared deviations); then a rejection
+    # flag, sum dy and sum dy * (x - mean) in the statistics' dtype
+    assert facts["forward_calls"] == [16 + 16 * channels]
+    want_backward = [] if case.startswith("no-grad-x") else [(1 + 2 * channels) * s]
     assert facts["backward_calls"] == want_backward
 
 
@@ -113,6 +114,32 @@ def test_large_mean_keeps_the_variance(mpi_run):
     # y and the gradients carry the mean's own rounding, ulp(1e6) / 2 = 6e-11
     for name in ("y", "grad_x", "grad_weight", "grad_bias"):
         assert errors[name] <= 1e-9, (name, errors[name])
+
+
+def test_large_mean_float32_keeps_the_variance(mpi_run):
+    """float32 data at 1e4 +- 2: the float64 record keeps the variance as
+    single-process batch_norm does (a float32 exchange loses ~1e-5)."""
+    _, results = mpi_run
+    errors = results["large-mean-float32"]["errors"]
+    assert errors["save_invstd"] <= 2e-7 and errors["running_var"] <= 2e-7
+    assert errors["save_mean"] <= 1e-7
+    # y: at most a flip of save_mean's float32 rounding, ulp(1e4) / 2 * invstd
+    assert errors["y"] <= 5e-4
+
+
+def test_a_rejecting_rank_makes_every_rank_raise(mpi_run):
+    size, results = mpi_run
+    r = results["rejection"]
+    for messages, own in ((r["forward"], "running_mean"), (r["backward"], "grad_out")):
+        assert own in messages[-1]
+        assert all("another rank of comm rejected its arguments" in m for m in messages[:-1])
+    assert r["then_ok"]
+
+
+def test_ranks_with_different_dtypes_all_raise(mpi_run):
+    _, results = mpi_run
+    assert all(m is not None and "different dtypes" in m
+               for m in results["dtype-mismatch"]["messages"])
 
 
 def test_empty_global_batch(mpi_run):
@@ -133,7 +160,7 @@ def test_eval_uses_running_stats_without_communicating(mpi_run):
     r = results["eval"]
     assert r["error"] == 0.0 and r["count"] is None and r["calls"] == 0
     # reduce_param_grads needs the one backward Allreduce, even in inference
-    assert r["reduced_error"] <= 1e-12 and r["reduced_calls"] == [2 * 4 * 8]
+    assert r["reduced_error"] <= 1e-12 and r["reduced_calls"] == [(1 + 2 * 4) * 8]
 
 
 # ---- in this process, on MPI.COMM_SELF -----------------------------------------
@@ -209,38 +236,61 @@ def test_gradients_match_finite_differences(rng):
     np.testing.assert_allclose(gx, numeric, rtol=1e-6, atol=1e-7)
 
 
-def packed(n, mean, m2, stat):
-    C = len(mean)
-    buf = np.zeros(8 + 2 * C * np.dtype(stat).itemsize, np.uint8)
-    buf[:8].view(np.float64)[0] = n
-    buf[8:].view(stat).reshape(2, C)[:] = [mean, m2]
-    return buf
+def record(n, mean, m2, code=1.0):
+    return np.concatenate([[n, code], mean, m2])
 
 
-@pytest.mark.parametrize("stat", [np.float64, np.float32])
-def test_merge_is_symmetric_and_exact(rng, stat):
+def test_merge_is_symmetric_and_exact(rng):
     """merge(a, b) and merge(b, a) give the same bits (so every rank ends with
     the same statistics), and equal the statistics of the joined samples."""
     xa = rng.normal(5.0, 2.0, (7, 3))
     xb = rng.normal(4.0, 1.0, (4, 3))
-    a = packed(7, xa.mean(0), ((xa - xa.mean(0)) ** 2).sum(0), stat)
-    b = packed(4, xb.mean(0), ((xb - xb.mean(0)) ** 2).sum(0), stat)
+    a = record(7, xa.mean(0), ((xa - xa.mean(0)) ** 2).sum(0))
+    b = record(4, xb.mean(0), ((xb - xb.mean(0)) ** 2).sum(0))
     ab, ba = b.copy(), a.copy()
-    distributed._merge_moments(a, ab, np.dtype(stat))
-    distributed._merge_moments(b, ba, np.dtype(stat))
+    distributed._merge_records(a, ab)
+    distributed._merge_records(b, ba)
     assert np.array_equal(ab, ba)
     joined = np.concatenate([xa, xb])
-    assert ab[:8].view(np.float64)[0] == 11
-    mean, m2 = ab[8:].view(stat).reshape(2, 3)
-    tol = 1e-13 if stat == np.float64 else 1e-6
-    np.testing.assert_allclose(mean, joined.mean(0), rtol=tol)
-    np.testing.assert_allclose(m2, ((joined - joined.mean(0)) ** 2).sum(0), rtol=tol)
+    assert ab[0] == 11 and ab[1] == 1.0
+    np.testing.assert_allclose(ab[2:5], joined.mean(0), rtol=1e-14)
+    np.testing.assert_allclose(ab[5:], ((joined - joined.mean(0)) ** 2).sum(0), rtol=1e-13)
     # an empty record is the identity, on either side
-    empty = packed(0, np.zeros(3), np.zeros(3), stat)
+    empty = record(0, np.zeros(3), np.zeros(3))
     left, right = a.copy(), empty.copy()
-    distributed._merge_moments(empty, left, np.dtype(stat))
-    distributed._merge_moments(a, right, np.dtype(stat))
+    distributed._merge_records(empty, left)
+    distributed._merge_records(a, right)
     assert np.array_equal(left, a) and np.array_equal(right, a)
+
+
+def test_merge_carries_rejections_and_dtype_disagreement(rng):
+    a = record(3, np.ones(2), np.ones(2))
+    rejected = record(-1, np.zeros(2), np.zeros(2))
+    for x, y in ((a, rejected), (rejected, a)):
+        out = y.copy()
+        distributed._merge_records(x, out)
+        assert out[0] == -1
+    other_dtype = record(5, np.ones(2), np.ones(2), code=2.0)
+    out = other_dtype.copy()
+    distributed._merge_records(a, out)
+    assert out[1] == 0
+    out2 = a.copy()
+    distributed._merge_records(out, out2)      # the marker survives later merges
+    assert out2[1] == 0
+
+
+def test_merge_op_never_raises_into_mpi():
+    """inf - inf in a non-finite channel under np.seterr(all='raise') must not
+    escape the MPI callback (that aborts the job): it stays in its channel."""
+    class Datatype:
+        def Get_size(self):
+            return 8 * 6
+
+    a = record(2, [np.inf, 1.0], [0.0, 1.0])
+    b = record(3, [np.inf, 2.0], [0.0, 2.0])
+    with np.errstate(all="raise"):
+        distributed._merge_op(a.tobytes(), memoryview(b), Datatype())
+    assert b[0] == 5 and np.isfinite(b[3]) and np.isfinite(b[5]) and not np.isfinite(b[4])
 
 
 @needs_mpi
