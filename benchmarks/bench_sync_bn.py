@@ -15,9 +15,10 @@ along N), with both libraries timed in the same processes, interleaved:
   the five split-statistics ops it calls (batch_norm_stats, ..._elemt, ...:
   CUDA only, and nn.SyncBatchNorm refuses CPU tensors), so this script gives
   it CPU stand-ins built from torch's own CPU kernels (see torch_cpu_split_ops):
-  torch.var_mean, native_batch_norm in inference form for elemt,
-  native_batch_norm_backward for backward_reduce, and tensor arithmetic for
-  backward_elemt.  Its Python code, collectives and autograd run unchanged.
+  batch_norm_update_stats for the statistics, native_batch_norm in inference
+  form for elemt, native_batch_norm_backward for backward_reduce, and
+  native_batch_norm + addcmul_ for backward_elemt (two passes).  Its Python
+  code, collectives and autograd run unchanged.
 
 A step's time is the slowest rank's, from a barrier to the end of the
 backward; the table gives medians.  The last column times torch's fused
@@ -74,7 +75,8 @@ def torch_cpu_split_ops(torch):
         return v.view((1, -1) + (1,) * (ref.dim() - 2))
 
     def stats(x, eps):
-        var, mean = torch.var_mean(x, dim=[0] + list(range(2, x.dim())), correction=0)
+        # batch_norm_update_stats has a CPU kernel: mean and biased var, one pass
+        mean, var = torch.batch_norm_update_stats(x, None, None, 0.0)
         return mean, torch.rsqrt(var + eps)
 
     def gather_stats_with_counts(x, mean_all, invstd_all, rm, rv, momentum, eps, counts):
@@ -99,12 +101,17 @@ def torch_cpu_split_ops(torch):
         return (gb, gw / invstd, gw if weight_g else None, gb if bias_g else None)
 
     def backward_elemt(dy, x, mean, invstd, weight, sum_dy, sum_dy_xmu, count):
+        # grad_x = a * dy - a * q * (x - mean) - a * p with a = invstd * weight,
+        # p = sum_dy / n, q = invstd^2 * sum_dy_xmu / n: the last two terms are
+        # one per-channel affine map of x (native_batch_norm in inference
+        # form, unit variance), then one addcmul_ adds a * dy: two passes
         n = count.sum().item()
-        scale = invstd if weight is None else invstd * weight
-        g = dy - bcast(sum_dy / n, dy)
-        t = x - bcast(mean, x)
-        t.mul_(bcast(invstd * invstd * sum_dy_xmu / n, x))
-        return g.sub_(t).mul_(bcast(scale, dy))
+        a = invstd if weight is None else invstd * weight
+        q = invstd * invstd * sum_dy_xmu / n
+        unit = torch.full_like(mean, 1.0 - 1e-5)
+        g = torch.native_batch_norm(x, -a * q, -a * sum_dy / n, mean, unit, False, 0.0,
+                                    1e-5)[0]
+        return g.addcmul_(dy, bcast(a, dy))
 
     torch.batch_norm_stats = stats
     torch.batch_norm_gather_stats_with_counts = gather_stats_with_counts
