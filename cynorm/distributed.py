@@ -50,7 +50,7 @@ from cynorm._arrays import big_out
 from cynorm._dtypes import from_float64
 from cynorm._validation import as_float_array, check_bool, check_int, check_mask, check_same
 from cynorm.batchnorm import (
-    affine, batch_norm_args, channel_input, channel_stat, channel_vector, grad_input_into,
+    affine, batch_norm, batch_norm_args, channel_input, channel_stat, channel_vector, grad_input_into,
     grad_sums, invstd_of, moments, normalize_into, prepare, update_running,
 )
 
@@ -264,19 +264,14 @@ def sync_batch_norm(x, weight=None, bias=None, running_mean=None, running_var=No
 
 
 def _inference(x, weight, bias, running_mean, running_var, momentum, eps, axis, comm):
-    """sync_batch_norm with training=False: local, with the running statistics."""
-    (x, policy, axis, C, n, _, momentum, eps, weight, bias, rm, rv) = batch_norm_args(
-        x, weight, bias, running_mean, running_var, False, momentum, eps, axis)
+    """sync_batch_norm with training=False: batch_norm's inference, local."""
+    y, _, _ = batch_norm(x, weight, bias, running_mean, running_var, False, momentum, eps,
+                         axis=axis)
     if comm is not None:
         _communicator(comm)
-    stat = np.dtype(policy.stat)
-    mean = rm.astype(np.float64)
-    inv = invstd_of(rv.astype(np.float64), eps)
-    (kx,), transposed, dims = prepare([x], axis, ())
-    ky, y = big_out(None, x.shape, x.dtype, transposed)
-    if n > 0:
-        normalize_into(kx, ky, mean, *affine(inv, weight, bias, C), dims, policy)
-    return y, from_float64(mean, stat), from_float64(inv, stat), None
+    stat = np.dtype(channel_input(x, axis)[1].stat)
+    return (y, from_float64(np.asarray(running_mean, np.float64), stat),
+            from_float64(invstd_of(np.asarray(running_var, np.float64), eps), stat), None)
 
 
 def sync_batch_norm_backward(grad_out, x, weight, save_mean, save_invstd, count, axis=1, *,
