@@ -61,6 +61,18 @@ def _counts(counts, name, W=None):
     return c
 
 
+def chan_merge(na, ma, m2a, nb, mb, m2b):
+    """Chan et al.'s merge of two groups' (count, mean, sum of squared
+    deviations), counts > 0 or one of them 0, in float64: (n, mean, M2).
+
+    Written symmetrically in a and b, so merging either way round gives the
+    same bits (cynorm.distributed relies on it: every rank of an MPI
+    reduction must end with the same statistics)."""
+    n = na + nb
+    d = mb - ma
+    return n, ma * (na / n) + mb * (nb / n), (m2a + m2b) + d * d * (na * nb / n)
+
+
 def batch_norm_gather_stats(mean, invstd, counts, running_mean=None, running_var=None,
                             momentum=0.1, eps=1e-5):
     """Combine per-shard statistics into the whole batch's
@@ -112,11 +124,7 @@ def batch_norm_gather_stats(mean, invstd, counts, running_mean=None, running_var
         if nk == 0:
             continue
         var_k = 1.0 / (s64[k] * s64[k]) - eps
-        delta = m64[k] - mu
-        new_total = total + nk
-        mu = mu + delta * (nk / new_total)
-        m2 = m2 + var_k * nk + delta * delta * (total * nk / new_total)
-        total = new_total
+        total, mu, m2 = chan_merge(total, mu, m2, nk, m64[k], var_k * nk)
     if total == 0:
         nan = np.full(C, np.nan)
         return nan.astype(out_dtype), nan.astype(out_dtype)

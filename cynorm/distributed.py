@@ -53,6 +53,7 @@ from cynorm.batchnorm import (
     affine, batch_norm, batch_norm_args, channel_input, channel_stat, channel_vector, grad_input_into,
     grad_sums, invstd_of, moments, normalize_into, prepare, update_running,
 )
+from cynorm.batchnorm_stats import chan_merge
 
 __all__ = ["sync_batch_norm", "sync_batch_norm_backward"]
 
@@ -113,18 +114,13 @@ def _merge_records(a, b):
     if na == 0:
         return
     if nb == 0:
-        b[2:] = a[2:]
+        b[_HEADER:] = a[_HEADER:]
         b[0] = na
         return
     C = (len(b) - _HEADER) // 2
-    ma, m2a = a[2:2 + C], a[2 + C:]
-    mb, m2b = b[2:2 + C], b[2 + C:]
-    n = na + nb
-    d = mb - ma
-    m2 = (m2a + m2b) + d * d * (na * nb / n)
-    mb[:] = ma * (na / n) + mb * (nb / n)
-    m2b[:] = m2
-    b[0] = n
+    stats_a, stats_b = a[_HEADER:].reshape(2, C), b[_HEADER:].reshape(2, C)
+    b[0], stats_b[0], stats_b[1] = chan_merge(na, stats_a[0], stats_a[1], nb, stats_b[0],
+                                              stats_b[1])
 
 
 def _merge_op(inbuf, inoutbuf, datatype):
@@ -169,8 +165,8 @@ def _global_moments(MPI, comm, C, local, stat):
     elif local[0] > 0:
         n, mean, var = local
         record[0] = n
-        record[2:2 + C] = mean
-        record[2 + C:] = var * n
+        record[_HEADER:_HEADER + C] = mean
+        record[_HEADER + C:] = var * n
     datatype, op = _moments_reduction(MPI, C)
     comm.Allreduce(MPI.IN_PLACE, [record, 1, datatype], op=op)
     if local is None:
@@ -185,7 +181,8 @@ def _global_moments(MPI, comm, C, local, stat):
     total = record[0]
     if total == 0:
         return 0, np.full(C, np.nan), np.full(C, np.nan)
-    return int(total), record[2:2 + C], np.maximum(record[2 + C:] / total, 0.0)
+    mean, m2 = record[_HEADER:].reshape(2, C)
+    return int(total), mean, np.maximum(m2 / total, 0.0)
 
 
 def _global_sums(MPI, comm, C, local, stat):
@@ -234,11 +231,12 @@ def sync_batch_norm(x, weight=None, bias=None, running_mean=None, running_var=No
     # What decides the collective (x's channel count, training, comm) is
     # checked first; an error there is raised on this rank alone.  Any later
     # rejection still takes part in the Allreduce, marked, so every rank raises.
-    _, policy, _, C, _ = channel_input(x, axis)
-    if not check_bool(training, "training"):
-        return _inference(x, weight, bias, running_mean, running_var, momentum, eps, axis, comm)
-    MPI, comm = _communicator(comm)
+    x, policy, _, C, _ = channel_input(x, axis)
     stat = np.dtype(policy.stat)
+    if not check_bool(training, "training"):
+        return _inference(x, weight, bias, running_mean, running_var, momentum, eps, axis, comm,
+                          stat)
+    MPI, comm = _communicator(comm)
     try:
         (x, policy, axis, C, n, _, momentum, eps, weight, bias, rm, rv) = batch_norm_args(
             x, weight, bias, running_mean, running_var, True, momentum, eps, axis)
@@ -263,13 +261,12 @@ def sync_batch_norm(x, weight=None, bias=None, running_mean=None, running_var=No
     return y, save_mean, save_invstd, count
 
 
-def _inference(x, weight, bias, running_mean, running_var, momentum, eps, axis, comm):
+def _inference(x, weight, bias, running_mean, running_var, momentum, eps, axis, comm, stat):
     """sync_batch_norm with training=False: batch_norm's inference, local."""
     y, _, _ = batch_norm(x, weight, bias, running_mean, running_var, False, momentum, eps,
                          axis=axis)
     if comm is not None:
         _communicator(comm)
-    stat = np.dtype(channel_input(x, axis)[1].stat)
     return (y, from_float64(np.asarray(running_mean, np.float64), stat),
             from_float64(invstd_of(np.asarray(running_var, np.float64), eps), stat), None)
 
