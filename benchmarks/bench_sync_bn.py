@@ -9,7 +9,9 @@ It launches ``mpiexec -n P`` of itself.  Every process joins both MPI
 rank's shard of the global batch (the batch-norm benchmark's shapes, split
 along N), with both libraries timed in the same processes, interleaved:
 
-* cynorm: sync_batch_norm + sync_batch_norm_backward;
+* cynorm: sync_batch_norm + sync_batch_norm_backward, with the default
+  float64 statistics record and with compact_stats=True (variances in
+  float32: 8 + 12*C bytes instead of 16 + 16*C);
 * torch:  torch.nn.modules._functions.SyncBatchNorm (what nn.SyncBatchNorm
   runs) forward + autograd backward, on gloo.  PyTorch has no CPU kernels for
   the five split-statistics ops it calls (batch_norm_stats, ..._elemt, ...:
@@ -186,9 +188,9 @@ def worker(args):
         tb = torch.from_numpy(b.copy()).requires_grad_(True)
         trm, trv = torch.zeros(C), torch.ones(C)
 
-        def cynorm_step(reduce_params):
+        def cynorm_step(reduce_params, compact=False):
             y, mean, inv, count = sync_batch_norm(x, w, b, rm, rv, True, MOMENTUM, EPS, axis,
-                                                  comm=comm)
+                                                  comm=comm, compact_stats=compact)
             return (y,) + sync_batch_norm_backward(dy, x, w, mean, inv, count, axis, comm=comm,
                                                    reduce_param_grads=reduce_params)
 
@@ -224,9 +226,11 @@ def worker(args):
         err = world.allreduce(err, op=MPI.MAX)
 
         # payload per rank per step: cynorm's as recorded, torch's from its code
-        comm.sent.clear()
-        cynorm_step(False)
-        cn_calls = list(comm.sent)
+        calls = {}
+        for key, compact in (("cynorm", False), ("cynorm_compact", True)):
+            comm.sent.clear()
+            cynorm_step(False, compact)
+            calls[key] = list(comm.sent)
         comm.sent.clear()
         s = 4
         torch_calls = [("allgather", (2 * C + 1) * s), ("allreduce", 2 * C * s)]
@@ -234,7 +238,9 @@ def worker(args):
         reps = 5 if args.quick else args.reps
         row = {"shape": list(shape), "layout": layout, "C": C, "rel_err": err}
         for setting, flag in (("step", False), ("step+params", True)):
-            fns = {"cynorm": lambda: cynorm_step(flag), "torch": lambda: torch_step(flag)}
+            fns = {"cynorm": lambda: cynorm_step(flag),
+                   "cynorm_compact": lambda: cynorm_step(flag, True),
+                   "torch": lambda: torch_step(flag)}
             if not flag:
                 fns["torch_local"] = torch_local_step
             times = {k: [] for k in fns}
@@ -255,9 +261,9 @@ def worker(args):
                 k: [float(np.percentile(v, 25)) * 1e3, float(np.percentile(v, 75)) * 1e3]
                 for k, v in times.items()}
         param_sync = ("allreduce", 2 * C * s)
-        row["bytes"] = {
-            "cynorm": cn_calls, "torch": torch_calls,
-            "cynorm+params": cn_calls, "torch+params": torch_calls + [param_sync]}
+        # cynorm's parameter gradients come summed from the backward's Allreduce
+        row["bytes"] = {"step": dict(calls, torch=torch_calls),
+                        "step+params": dict(calls, torch=torch_calls + [param_sync])}
         results.append(row)
     dist.destroy_process_group()
     if rank == 0:
@@ -282,23 +288,24 @@ def sent_bytes(calls, P):
 
 def table(data):
     P = data["procs"]
+    libs = ("cynorm", "cynorm_compact", "torch")
     lines = [f"{P} processes x {data['threads']} thread(s); {data['mpi']}; torch "
-             f"{data['torch']} gloo.  Medians of the slowest rank's step time (ms).", "",
-             "| global batch | layout | setting | cynorm ms | torch ms | speed-up | "
-             "payload B/rank cynorm | torch | sent B/rank cynorm | torch | max rel diff | "
-             "torch unsynced BN ms |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"{data['torch']} gloo.  Medians of the slowest rank's step time (ms); "
+             "\"compact\": compact_stats=True.", "",
+             "| global batch | layout | setting | cynorm ms | compact ms | torch ms | "
+             "speed-up | payload B/rank cynorm | compact | torch | sent B/rank cynorm | "
+             "compact | torch | max rel diff | torch unsynced BN ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in data["results"]:
-        for setting, label, bkeys in (("step", "BN step", ("cynorm", "torch")),
-                                      ("step+params", "BN step + param-grad sync",
-                                       ("cynorm+params", "torch+params"))):
-            t = r[setting]
-            cb, tb = (r["bytes"][k] for k in bkeys)
+        for setting, label in (("step", "BN step"), ("step+params", "BN step + param-grad sync")):
+            t, calls = r[setting], r["bytes"][setting]
+            speedup = "/".join(f"{t['torch'] / t[k]:.2f}" for k in libs[:2])
             lines.append(
-                f"| {tuple(r['shape'])} | {r['layout']} | {label} | {t['cynorm']:.2f} | "
-                f"{t['torch']:.2f} | **{t['torch'] / t['cynorm']:.2f}x** | "
-                f"{sum(s for _, s in cb)} | {sum(s for _, s in tb)} | "
-                f"{sent_bytes(cb, P):.0f} | {sent_bytes(tb, P):.0f} | {r['rel_err']:.1e} | "
+                f"| {tuple(r['shape'])} | {r['layout']} | {label} | "
+                + " | ".join(f"{t[k]:.2f}" for k in libs) + f" | **{speedup}x** | "
+                + " | ".join(str(sum(s for _, s in calls[k])) for k in libs) + " | "
+                + " | ".join(f"{sent_bytes(calls[k], P):.0f}" for k in libs)
+                + f" | {r['rel_err']:.1e} | "
                 + (f"{t['torch_local']:.2f} |" if "torch_local" in t else "|"))
     return "\n".join(lines)
 

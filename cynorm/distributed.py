@@ -12,10 +12,11 @@ Every rank calls these functions with its own shard, collectively:
 A training step costs exactly two collectives on ``comm``, each one
 ``Allreduce`` of a buffer whose size depends only on the channel count:
 
-* forward: each rank's (count, mean, sum of squared deviations) per channel,
-  merged with Chan et al.'s pairwise update (a user-defined MPI reduction),
-  all in float64 so the variance keeps single-process accuracy when the mean
-  is large against the spread: 16 + 16*C bytes;
+* forward: each rank's (count, mean, spread) per channel, merged with Chan
+  et al.'s pairwise update (a user-defined MPI reduction).  By default all in
+  float64, so the variance keeps single-process accuracy when the mean is
+  large against the spread: 16 + 16*C bytes; compact_stats=True sends the
+  variance in float32, 8 + 12*C bytes (see cynorm._sync_records);
 * backward: (sum dy, sum dy * (x - mean)) per channel, summed in the
   statistics' dtype (float32, float64 for float64 x), behind a flag:
   (1 + 2*C) * s bytes, s = 4 or 8.  It runs when grad_x is asked for in
@@ -33,8 +34,8 @@ Inference (``training=False``) uses the running statistics and communicates
 nothing.
 
 Every rank of ``comm`` must make the same calls with the same channel
-count, ``training`` (and count None or not), eps, momentum, output_mask and
-reduce_param_grads, as with any MPI collective.  A rank that rejects its
+count, ``training`` (and count None or not), eps, momentum, compact_stats,
+output_mask and reduce_param_grads, as with any MPI collective.  A rank that rejects its
 other arguments (a weight of the wrong shape, a read-only running_mean, ...)
 still takes part in the collective, marked, and then every rank raises
 ValueError; so do ranks whose x dtypes disagree.  Errors in x itself, axis,
@@ -53,7 +54,7 @@ from cynorm.batchnorm import (
     affine, batch_norm, batch_norm_args, channel_input, channel_stat, channel_vector, grad_input_into,
     grad_sums, invstd_of, moments, normalize_into, prepare, update_running,
 )
-from cynorm.batchnorm_stats import chan_merge
+from cynorm import _sync_records as records
 
 __all__ = ["sync_batch_norm", "sync_batch_norm_backward"]
 
@@ -85,104 +86,28 @@ def _communicator(comm):
     return MPI, comm
 
 
-# ---- the forward reduction: Chan's merge of per-rank moments ----------------
-#
-# One record per rank, all float64 (so float32 x keeps the accuracy of
-# single-process batch_norm, whose statistics are float64 sums too):
-#   [count, dtype code, mean (C), M2 = sum of squared deviations (C)]
-# count -1 marks a rank that rejected its arguments; dtype code 0 marks ranks
-# that disagree on the statistics' dtype.  Both markers survive every merge,
-# so all ranks learn of a failure from the one collective and raise together.
+# ---- the two collectives -------------------------------------------------------
 
-_HEADER = 2
-_REJECTED = -1.0
-_DTYPE_CODES = {np.dtype(np.float32): 1.0, np.dtype(np.float64): 2.0}
-
-
-def _merge_records(a, b):
-    """b <- the merge of records a and b (float64 arrays).
-
-    Written symmetrically in a and b, so merge(a, b) and merge(b, a) give the
-    same bits: every rank then ends with the same statistics whatever side of
-    each pairwise exchange MPI put it on."""
-    na, nb = a[0], b[0]
-    if a[1] != b[1]:
-        b[1] = 0.0
-    if na < 0 or nb < 0:
-        b[0] = _REJECTED
-        return
-    if na == 0:
-        return
-    if nb == 0:
-        b[_HEADER:] = a[_HEADER:]
-        b[0] = na
-        return
-    C = (len(b) - _HEADER) // 2
-    stats_a, stats_b = a[_HEADER:].reshape(2, C), b[_HEADER:].reshape(2, C)
-    b[0], stats_b[0], stats_b[1] = chan_merge(na, stats_a[0], stats_a[1], nb, stats_b[0],
-                                              stats_b[1])
-
-
-def _merge_op(inbuf, inoutbuf, datatype):
-    # an exception escaping a user-defined MPI op aborts the whole job, and
-    # np.seterr(all="raise") would turn an inf - inf of a non-finite channel
-    # into one: compute quietly, and mark the result rejected if all else fails
-    size = datatype.Get_size() // 8
-    b = np.frombuffer(inoutbuf, np.float64)
-    try:
-        a = np.frombuffer(inbuf, np.float64)
-        with np.errstate(all="ignore"):
-            for start in range(0, len(b), size):
-                _merge_records(a[start:start + size], b[start:start + size])
-    except Exception:   # noqa: BLE001 - nothing may propagate into MPI
-        b[::size] = _REJECTED
-
-
-_op = None
-_datatypes = {}     # C -> committed MPI datatype of one record
-
-
-def _moments_reduction(MPI, C):
-    """(MPI datatype of one record, the merge op) for C channels.
-
-    One record is one MPI element, so no MPI algorithm can split it into
-    pieces that the merge would misread."""
-    global _op
-    if _op is None:
-        _op = MPI.Op.Create(_merge_op, commute=True)
-    if C not in _datatypes:
-        _datatypes[C] = MPI.DOUBLE.Create_contiguous(_HEADER + 2 * C).Commit()
-    return _datatypes[C], _op
-
-
-def _global_moments(MPI, comm, C, local, stat):
+def _global_moments(MPI, comm, fmt, C, local, stat):
     """Allreduce of this rank's (n, mean, biased var), or of a rejection
-    (local None): the global (count, mean, biased var) in float64."""
-    record = np.zeros(_HEADER + 2 * C)
-    record[1] = _DTYPE_CODES[stat]
-    if local is None:
-        record[0] = _REJECTED
-    elif local[0] > 0:
-        n, mean, var = local
-        record[0] = n
-        record[_HEADER:_HEADER + C] = mean
-        record[_HEADER + C:] = var * n
-    datatype, op = _moments_reduction(MPI, C)
+    (local None), in record format fmt: the global (count, mean, biased var)
+    in float64."""
+    record = fmt.pack(C, local, records.DTYPE_CODES[stat])
+    datatype, op = records.reduction(MPI, fmt, C)
     comm.Allreduce(MPI.IN_PLACE, [record, 1, datatype], op=op)
     if local is None:
         return None
-    if record[0] < 0:
+    total, code, mean, var = fmt.unpack(record, C)
+    if total < 0:
         raise ValueError("sync_batch_norm: another rank of comm rejected its arguments (its "
                          "own error says why); nothing was computed")
-    if record[1] == 0:
+    if code == records.MISMATCH:
         raise ValueError("sync_batch_norm: the ranks of comm passed x of different dtypes "
                          "(statistics in float32 on some, float64 on others); every shard, "
                          "an empty one too, must have the same dtype")
-    total = record[0]
     if total == 0:
         return 0, np.full(C, np.nan), np.full(C, np.nan)
-    mean, m2 = record[_HEADER:].reshape(2, C)
-    return int(total), mean, np.maximum(m2 / total, 0.0)
+    return total, mean, var
 
 
 def _global_sums(MPI, comm, C, local, stat):
@@ -205,7 +130,8 @@ def _global_sums(MPI, comm, C, local, stat):
 # ---- the public ops ----------------------------------------------------------
 
 def sync_batch_norm(x, weight=None, bias=None, running_mean=None, running_var=None,
-                    training=True, momentum=0.1, eps=1e-5, axis=1, *, comm=None):
+                    training=True, momentum=0.1, eps=1e-5, axis=1, *, comm=None,
+                    compact_stats=False):
     """Batch norm of this rank's shard with the statistics of the whole
     batch across the ranks of ``comm`` (collective: every rank calls it).
 
@@ -218,6 +144,13 @@ def sync_batch_norm(x, weight=None, bias=None, running_mean=None, running_var=No
         as in cynorm.batch_norm.  The running statistics are updated in place
         with the global batch's mean and unbiased variance.
     comm : mpi4py intracommunicator, default MPI.COMM_WORLD
+    compact_stats : bool, default False; the same on every rank
+        Exchange each channel's variance in float32 (its mean stays float64):
+        8 + 12*C bytes instead of 16 + 16*C.  The variance then carries
+        ~6e-8 of relative rounding per merge (log2 of the ranks' count merges
+        on most MPI libraries), whatever the mean: a float32 x gets the
+        statistics of single-process batch_norm to an ulp or two; a float64 x
+        gets float32 accuracy in the variance.  See cynorm._sync_records.
 
     Returns
     -------
@@ -233,6 +166,7 @@ def sync_batch_norm(x, weight=None, bias=None, running_mean=None, running_var=No
     # rejection still takes part in the Allreduce, marked, so every rank raises.
     x, policy, _, C, _ = channel_input(x, axis)
     stat = np.dtype(policy.stat)
+    fmt = records.FORMATS[check_bool(compact_stats, "compact_stats")]
     if not check_bool(training, "training"):
         return _inference(x, weight, bias, running_mean, running_var, momentum, eps, axis, comm,
                           stat)
@@ -241,11 +175,11 @@ def sync_batch_norm(x, weight=None, bias=None, running_mean=None, running_var=No
         (x, policy, axis, C, n, _, momentum, eps, weight, bias, rm, rv) = batch_norm_args(
             x, weight, bias, running_mean, running_var, True, momentum, eps, axis)
     except (TypeError, ValueError):
-        _global_moments(MPI, comm, C, None, stat)
+        _global_moments(MPI, comm, fmt, C, None, stat)
         raise
     (kx,), transposed, dims = prepare([x], axis, ())
     local_mean, local_var = moments(kx, dims, policy) if n else (np.zeros(C), np.zeros(C))
-    count, mean, var = _global_moments(MPI, comm, C, (n, local_mean, local_var), stat)
+    count, mean, var = _global_moments(MPI, comm, fmt, C, (n, local_mean, local_var), stat)
     if count == 1:
         raise ValueError("Expected more than 1 value per channel when training, got 1 "
                          f"value per channel over the {comm.Get_size()} ranks of comm")

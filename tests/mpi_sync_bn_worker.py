@@ -58,13 +58,14 @@ def shard_bounds(rows, rank):
 
 
 def run_case(comm, rows, shape_tail, dtype, axis=1, offset=0.0, affine=True, running=True,
-             mask=(True, True, True), seed=0, reduce=False):
+             mask=(True, True, True), seed=0, reduce=False, compact=False, drift=0.0):
     """One sync batch-norm step on comm (rows[r] rows on its rank r)."""
     rank, size = comm.Get_rank(), comm.Get_size()
     rng = np.random.default_rng(seed)
     N = sum(rows)
     C = shape_tail[0] if axis == 1 else shape_tail[-1]
     x64 = rng.normal(offset, 2.0, (N,) + tuple(shape_tail))
+    x64 += drift * np.arange(N).reshape((N,) + (1,) * len(shape_tail))   # shards differ
     dy64 = rng.normal(0.0, 1.0, x64.shape)
     coef = np.float32 if np.dtype(dtype).itemsize == 2 else dtype
     w = rng.normal(1.0, 0.5, C).astype(coef) if affine else None
@@ -85,7 +86,7 @@ def run_case(comm, rows, shape_tail, dtype, axis=1, offset=0.0, affine=True, run
     rm, rv = (rm0.copy(), rv0.copy()) if running else (None, None)
     counting = CountingComm(comm)
     y, mean, inv, count = sync_batch_norm(xs, w, b, rm, rv, True, 0.1, 1e-5, axis=axis,
-                                          comm=counting)
+                                          comm=counting, compact_stats=compact)
     forward_calls = counting.take()
     gx, gw, gb = sync_batch_norm_backward(dys, xs, w, mean, inv, count, axis=axis,
                                           comm=counting, output_mask=mask,
@@ -130,7 +131,7 @@ def run_case(comm, rows, shape_tail, dtype, axis=1, offset=0.0, affine=True, run
         facts[k] = comm.allreduce(facts[k], op=MPI.LAND)
     facts["count_same_on_all_ranks"] = len(set(comm.allgather(count))) == 1
     return {"errors": merged, "facts": facts, "size": size,
-            "dtype": np.dtype(dtype).name}
+            "dtype": np.dtype(dtype).name, "compact": compact}
 
 
 def uneven(size, base):
@@ -172,6 +173,20 @@ def main(out_path):
         "reduced-param-grads-no-grad-x-float64": dict(rows=uneven(size, [3, 2]),
                                                       shape_tail=(4, 5), dtype=np.float64,
                                                       mask=(False, True, True), reduce=True),
+        # the compact record (compact_stats=True)
+        "compact-uneven-float32": dict(rows=uneven(size, [7, 2, 3]), shape_tail=(5, 3, 3),
+                                       dtype=np.float32, compact=True),
+        "compact-zero-row-rank-float64": dict(rows=[0] + [3] * (size - 1), shape_tail=(4, 3),
+                                              dtype=np.float64, compact=True),
+        "compact-channels-last-bfloat16": dict(rows=uneven(size, [2, 3]), shape_tail=(3, 4, 5),
+                                               dtype=bf16, axis=-1, compact=True),
+        "compact-reduced-param-grads-float32": dict(rows=uneven(size, [4, 0, 2]),
+                                                    shape_tail=(5, 3), dtype=np.float32,
+                                                    reduce=True, compact=True),
+        # at 1e4, the ranks' means several std apart: where float32 means would fail
+        "compact-large-mean-float32": dict(rows=uneven(size, [4, 6, 5]), shape_tail=(3, 8),
+                                           dtype=np.float32, offset=1e4, drift=1.0,
+                                           compact=True),
     }
     for name, kw in cases.items():
         results[name] = run_case(WORLD, **kw)
@@ -191,6 +206,8 @@ def main(out_path):
     results["eval"] = eval_case(WORLD)
     results["rejection"] = rejection_case(WORLD)
     results["dtype-mismatch"] = dtype_mismatch_case(WORLD)
+    results["dtype-mismatch-compact"] = dtype_mismatch_case(WORLD, True)
+    results["rejection-compact"] = rejection_case(WORLD, True)
     if rank == 0:
         with open(out_path, "w") as f:
             json.dump(results, f)
@@ -229,7 +246,7 @@ def outcome(fn):
         return str(e)
 
 
-def rejection_case(comm):
+def rejection_case(comm, compact=False):
     """One rank rejects its arguments: every rank raises (none hangs), and
     the next collective calls still work."""
     rank, last = comm.Get_rank(), comm.Get_size() - 1
@@ -237,8 +254,9 @@ def rejection_case(comm):
     rm, rv = np.zeros(4), np.ones(4)
     if rank == last:
         rm.flags.writeable = False
-    forward = comm.allgather(outcome(lambda: sync_batch_norm(x, None, None, rm, rv, comm=comm)))
-    _, mean, inv, count = sync_batch_norm(x, comm=comm)
+    forward = comm.allgather(outcome(lambda: sync_batch_norm(x, None, None, rm, rv, comm=comm,
+                                                             compact_stats=compact)))
+    _, mean, inv, count = sync_batch_norm(x, comm=comm, compact_stats=compact)
     dy = np.ones((3, 5)) if rank == last else np.ones_like(x)       # wrong shape on one rank
     backward = comm.allgather(outcome(
         lambda: sync_batch_norm_backward(dy, x, None, mean, inv, count, comm=comm)))
@@ -247,11 +265,12 @@ def rejection_case(comm):
             "then_ok": comm.allreduce(after[0].shape == x.shape, op=MPI.LAND)}
 
 
-def dtype_mismatch_case(comm):
+def dtype_mismatch_case(comm, compact=False):
     """An empty shard made as float64 in a float32 job: every rank raises."""
     rank = comm.Get_rank()
     x = np.zeros((0, 3)) if rank == 0 else np.ones((2, 3), np.float32)
-    return {"messages": comm.allgather(outcome(lambda: sync_batch_norm(x, comm=comm)))}
+    return {"messages": comm.allgather(outcome(
+        lambda: sync_batch_norm(x, comm=comm, compact_stats=compact)))}
 
 
 def eval_case(comm):

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import cynorm
+from cynorm import _sync_records as records
 from cynorm import distributed
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -68,14 +69,21 @@ CASES = ["even-float64", "even-float32", "uneven-float64", "uneven-float32",
          "zero-row-rank-float64", "zero-row-last-rank-float32", "channels-last-float64",
          "channels-last-float32", "2d-float64", "no-affine-no-running-float64", "bfloat16",
          "float16", "no-grad-x-float64", "reduced-param-grads-float32",
-         "reduced-param-grads-no-grad-x-float64", "subcomm-group0", "subcomm-group1"]
+         "reduced-param-grads-no-grad-x-float64", "subcomm-group0", "subcomm-group1",
+         "compact-uneven-float32", "compact-zero-row-rank-float64",
+         "compact-channels-last-bfloat16", "compact-reduced-param-grads-float32"]
+
+
+def tolerance(r):
+    # the compact record rounds the variance to float32 also for float64 x
+    return max(TOL[r["dtype"]], 1e-6) if r["compact"] else TOL[r["dtype"]]
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_matches_single_process_batch_norm(mpi_run, case):
     size, results = mpi_run
     r = results[case]
-    tol = TOL[r["dtype"]]
+    tol = tolerance(r)
     for name, err in r["errors"].items():
         if err is not None:
             assert err <= tol, f"{case} at -n {size}: {name} off by {err:.3g} (tolerance {tol})"
@@ -90,16 +98,19 @@ def test_matches_single_process_batch_norm(mpi_run, case):
 def test_one_fixed_size_collective_each_way(mpi_run, case):
     size, results = mpi_run
     r = results[case]
-    C = {"even": 6, "uneven-float64": 3, "uneven-float32": 5, "zero-row": 4,
+    C = {"compact-uneven": 5, "compact-zero-row": 4, "compact-channels-last": 5,
+         "compact-reduced": 5, "even": 6, "uneven-float64": 3, "uneven-float32": 5, "zero-row": 4,
          "channels-last": 5, "2d": 7, "no-affine": 4, "bfloat16": 3, "float16": 3,
          "no-grad-x": 4, "reduced-param-grads-float32": 5, "reduced-param-grads-no": 4,
          "subcomm": 4}
     channels = next(v for k, v in C.items() if case.startswith(k))
     s = 8 if r["dtype"] == "float64" else 4
     facts = r["facts"]
-    # float64 (count, dtype code, means, squared deviations); then a rejection
-    # flag, sum dy and sum dy * (x - mean) in the statistics' dtype
-    assert facts["forward_calls"] == [16 + 16 * channels]
+    # (count, dtype code, means, squared deviations) in 16 + 16 C bytes, or
+    # 8 + 12 C for the compact record; then a rejection flag, sum dy and
+    # sum dy * (x - mean) in the statistics' dtype
+    forward = 8 + 12 * channels if r["compact"] else 16 + 16 * channels
+    assert facts["forward_calls"] == [forward]
     want_backward = [] if case.startswith("no-grad-x") else [(1 + 2 * channels) * s]
     assert facts["backward_calls"] == want_backward
 
@@ -127,19 +138,32 @@ def test_large_mean_float32_keeps_the_variance(mpi_run):
     assert errors["y"] <= 5e-4
 
 
-def test_a_rejecting_rank_makes_every_rank_raise(mpi_run):
+def test_compact_record_large_mean_keeps_the_variance(mpi_run):
+    """float32 data at 1e4 +- 2, the ranks' means several std apart, through
+    the compact record: float64 means, so only float32 rounding of the
+    variance is lost (float32 means would cost it ~1e-3)."""
+    _, results = mpi_run
+    errors = results["compact-large-mean-float32"]["errors"]
+    assert errors["save_invstd"] <= 2e-7 and errors["running_var"] <= 2e-7
+    assert errors["save_mean"] == 0.0                   # the means travel in float64
+    assert errors["y"] <= 1e-6
+
+
+@pytest.mark.parametrize("case", ["rejection", "rejection-compact"])
+def test_a_rejecting_rank_makes_every_rank_raise(mpi_run, case):
     size, results = mpi_run
-    r = results["rejection"]
+    r = results[case]
     for messages, own in ((r["forward"], "running_mean"), (r["backward"], "grad_out")):
         assert own in messages[-1]
         assert all("another rank of comm rejected its arguments" in m for m in messages[:-1])
     assert r["then_ok"]
 
 
-def test_ranks_with_different_dtypes_all_raise(mpi_run):
+@pytest.mark.parametrize("case", ["dtype-mismatch", "dtype-mismatch-compact"])
+def test_ranks_with_different_dtypes_all_raise(mpi_run, case):
     _, results = mpi_run
     assert all(m is not None and "different dtypes" in m
-               for m in results["dtype-mismatch"]["messages"])
+               for m in results[case]["messages"])
 
 
 def test_empty_global_batch(mpi_run):
@@ -248,8 +272,8 @@ def test_merge_is_symmetric_and_exact(rng):
     a = record(7, xa.mean(0), ((xa - xa.mean(0)) ** 2).sum(0))
     b = record(4, xb.mean(0), ((xb - xb.mean(0)) ** 2).sum(0))
     ab, ba = b.copy(), a.copy()
-    distributed._merge_records(a, ab)
-    distributed._merge_records(b, ba)
+    records.Float64Record.merge(a, ab)
+    records.Float64Record.merge(b, ba)
     assert np.array_equal(ab, ba)
     joined = np.concatenate([xa, xb])
     assert ab[0] == 11 and ab[1] == 1.0
@@ -258,8 +282,8 @@ def test_merge_is_symmetric_and_exact(rng):
     # an empty record is the identity, on either side
     empty = record(0, np.zeros(3), np.zeros(3))
     left, right = a.copy(), empty.copy()
-    distributed._merge_records(empty, left)
-    distributed._merge_records(a, right)
+    records.Float64Record.merge(empty, left)
+    records.Float64Record.merge(a, right)
     assert np.array_equal(left, a) and np.array_equal(right, a)
 
 
@@ -268,14 +292,14 @@ def test_merge_carries_rejections_and_dtype_disagreement(rng):
     rejected = record(-1, np.zeros(2), np.zeros(2))
     for x, y in ((a, rejected), (rejected, a)):
         out = y.copy()
-        distributed._merge_records(x, out)
+        records.Float64Record.merge(x, out)
         assert out[0] == -1
     other_dtype = record(5, np.ones(2), np.ones(2), code=2.0)
     out = other_dtype.copy()
-    distributed._merge_records(a, out)
+    records.Float64Record.merge(a, out)
     assert out[1] == 0
     out2 = a.copy()
-    distributed._merge_records(out, out2)      # the marker survives later merges
+    records.Float64Record.merge(out, out2)      # the marker survives later merges
     assert out2[1] == 0
 
 
@@ -289,8 +313,87 @@ def test_merge_op_never_raises_into_mpi():
     a = record(2, [np.inf, 1.0], [0.0, 1.0])
     b = record(3, [np.inf, 2.0], [0.0, 2.0])
     with np.errstate(all="raise"):
-        distributed._merge_op(a.tobytes(), memoryview(b), Datatype())
+        records._merge_op(records.Float64Record)(a.tobytes(), memoryview(b), Datatype())
     assert b[0] == 5 and np.isfinite(b[3]) and np.isfinite(b[5]) and not np.isfinite(b[4])
+
+
+def compact(n, mean, var, code=1):
+    local = (n, np.asarray(mean, np.float64), np.asarray(var, np.float64))
+    return records.CompactRecord.pack(len(local[1]), local, code)
+
+
+def test_compact_merge_is_symmetric_and_keeps_the_spread(rng):
+    """The compact record: merge(a, b) == merge(b, a) bitwise, and the merged
+    variance is the joined data's to float32 rounding, even at mean = 1e4 *
+    std with the two groups' means 3 std apart."""
+    xa = rng.normal(1e4, 1.0, (700, 3))
+    xb = rng.normal(1e4 + 3.0, 1.0, (400, 3))
+    a = compact(700, xa.mean(0), xa.var(0))
+    b = compact(400, xb.mean(0), xb.var(0))
+    ab, ba = b.copy(), a.copy()
+    records.CompactRecord.merge(a, ab)
+    records.CompactRecord.merge(b, ba)
+    assert np.array_equal(ab, ba)
+    n, code, mean, var = records.CompactRecord.unpack(ab, 3)
+    joined = np.concatenate([xa, xb])
+    assert n == 1100 and code == 1
+    np.testing.assert_allclose(mean, joined.mean(0), rtol=1e-15)
+    np.testing.assert_allclose(var, joined.var(0), rtol=2e-7)     # two float32 roundings
+    assert records.CompactRecord.nbytes(3) == ab.nbytes == 8 + 12 * 3
+    empty = compact(0, np.zeros(3), np.zeros(3))
+    left, right = a.copy(), empty.copy()
+    records.CompactRecord.merge(empty, left)
+    records.CompactRecord.merge(a, right)
+    assert np.array_equal(left, a) and np.array_equal(right, a)
+
+
+def test_compact_record_carries_counts_rejections_and_dtype_disagreement():
+    big = compact(3 * 10**9, np.ones(2), np.ones(2))      # beyond int32, exact
+    out = compact(5, np.ones(2), np.ones(2))
+    records.CompactRecord.merge(big, out)
+    assert records.CompactRecord.unpack(out, 2)[:2] == (3 * 10**9 + 5, 1)
+    rejected = records.CompactRecord.pack(2, None, 1)
+    for x, y in ((out, rejected), (rejected, out)):
+        got = y.copy()
+        records.CompactRecord.merge(x, got)
+        assert records.CompactRecord.unpack(got, 2)[0] < 0
+    other = compact(4, np.ones(2), np.ones(2), code=2)
+    got = other.copy()
+    records.CompactRecord.merge(out, got)
+    again = out.copy()
+    records.CompactRecord.merge(got, again)                 # the marker survives
+    assert records.CompactRecord.unpack(again, 2)[1] == records.MISMATCH
+
+
+def test_compact_op_never_raises_into_mpi():
+    class Datatype:
+        def Get_size(self):
+            return records.CompactRecord.nbytes(2)
+
+    a = compact(2, [np.inf, 1.0], [0.0, 1.0])
+    b = compact(3, [np.inf, 2.0], [0.0, 2.0])
+    with np.errstate(all="raise"):
+        records._merge_op(records.CompactRecord)(a.tobytes(), memoryview(b), Datatype())
+    n, _, mean, var = records.CompactRecord.unpack(b, 2)
+    assert n == 5 and np.isfinite(mean[1]) and np.isfinite(var[1]) and not np.isfinite(var[0])
+
+
+@needs_mpi
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_comm_self_compact_is_batch_norm_to_float32_rounding(rng, dtype):
+    x = rng.normal(3.0, 2.0, (6, 4, 5)).astype(dtype)
+    w, b = rng.normal(size=4).astype(dtype), rng.normal(size=4).astype(dtype)
+    rm, rv = np.zeros(4, dtype), np.ones(4, dtype)
+    rm2, rv2 = rm.copy(), rv.copy()
+    y, mean, inv, count = distributed.sync_batch_norm(x, w, b, rm, rv, comm=MPI.COMM_SELF,
+                                                      compact_stats=True)
+    ry, rmean, rinv = cynorm.batch_norm(x, w, b, rm2, rv2)
+    assert count == 30 and mean.dtype == rmean.dtype
+    np.testing.assert_array_equal(mean, rmean)                    # means travel in float64
+    for a, r in ((y, ry), (inv, rinv), (rm, rm2), (rv, rv2)):
+        np.testing.assert_allclose(a, r, rtol=1e-6, atol=1e-6)
+    with pytest.raises(TypeError, match="compact_stats"):
+        distributed.sync_batch_norm(x, comm=MPI.COMM_SELF, compact_stats="yes")
 
 
 @needs_mpi
