@@ -12,12 +12,14 @@ every rank, as the record's size depends on it):
 * compact, 8 + 12*C bytes:
       [int64 4*count + dtype code, mean (C) float64, biased var (C) float32]
   The means stay float64 because the merge subtracts them: rounded to float32
-  they would cost the variance a relative ~1e-7 * |mean| / std * (spread of
-  the ranks' means) / std, 1e-3 at mean = 1e4 * std on unevenly distributed
-  shards.  The variance only enters sums of non-negative terms, so float32
-  costs it no more than a float32 rounding (~6e-8) per merge, whatever the
-  mean, and float32 x gets the statistics of single-process batch_norm to an
-  ulp or two.
+  they would cost the variance up to ~1e-7 * |mean| / std * (spread of the
+  ranks' means) / std (measured: 1.6e-4 at mean = 1e4 * std with shard means
+  3 std apart, 1e-3 at 1e5).  The variance only enters sums of non-negative
+  terms, so float32 costs it no more than a float32 rounding (~6e-8) when
+  packed and per merge, whatever the mean, and float32 x gets the statistics
+  of single-process batch_norm to an ulp or two.  Its range is float32's:
+  sync_batch_norm raises for variances beyond it (above 3.4e38, or below
+  1.2e-38 with eps < 1e-30) rather than return a flushed invstd.
 
 A count < 0 marks a rank that rejected its arguments and a dtype code 0
 ranks that disagree on the statistics' dtype (which sizes the backward's
@@ -29,8 +31,14 @@ import numpy as np
 from cynorm.batchnorm_stats import chan_merge
 
 REJECTED = -1
+MALFORMED = -2      # a record this format cannot have come from: ranks disagree on C or compact_stats
 DTYPE_CODES = {np.dtype(np.float32): 1, np.dtype(np.float64): 2}
 MISMATCH = 0
+
+
+def _worst(a, b):
+    """The marker of a merge of two marked counts (symmetric)."""
+    return min(a, b) if min(a, b) in (REJECTED, MALFORMED) else REJECTED
 
 
 class Float64Record:
@@ -60,6 +68,14 @@ class Float64Record:
     def reject(record):
         record[0] = REJECTED
 
+    @staticmethod
+    def _valid(record):
+        # a compact record read as float64 has a subnormal or huge count and
+        # a mean in the dtype code's place: catch what can be caught cheaply
+        n = record[0]
+        return (n in (REJECTED, MALFORMED) or (n >= 0 and n == np.floor(n))) and \
+            record[1] in (MISMATCH, 1.0, 2.0)
+
     @classmethod
     def merge(cls, a, b):
         """b <- the merge of records a and b (float64 arrays).
@@ -68,10 +84,13 @@ class Float64Record:
         the same bits: every rank then ends with the same statistics whatever
         side of each pairwise exchange MPI put it on."""
         na, nb = a[0], b[0]
+        if not (cls._valid(a) and cls._valid(b)):
+            b[0] = MALFORMED
+            return
         if a[1] != b[1]:
             b[1] = MISMATCH
         if na < 0 or nb < 0:
-            b[0] = REJECTED
+            b[0] = _worst(na, nb)
             return
         if na == 0:
             return
@@ -120,7 +139,8 @@ class CompactRecord:
         head[0] = 4 * n + code
         if n > 0:
             m[:] = mean
-            with np.errstate(over="ignore"):
+            # over float32's range: inf, which unpack reports; under it: subnormal
+            with np.errstate(all="ignore"):
                 v[:] = var
         return record
 
@@ -132,7 +152,7 @@ class CompactRecord:
     def merge(cls, a, b):
         (ha, ma, va), (hb, mb, vb) = cls._parts(a), cls._parts(b)
         if ha[0] < 0 or hb[0] < 0:
-            hb[0] = REJECTED
+            hb[0] = _worst(int(ha[0]), int(hb[0]))
             return
         (na, ca), (nb, cb) = divmod(int(ha[0]), 4), divmod(int(hb[0]), 4)
         hb[0] = 4 * (na + nb) + (ca if ca == cb else MISMATCH)
@@ -164,16 +184,22 @@ def _merge_op(fmt):
         # an exception escaping a user-defined MPI op aborts the whole job, and
         # np.seterr(all="raise") would turn an inf - inf of a non-finite channel
         # into one: compute quietly, and mark the result rejected if all else fails
-        size = datatype.Get_size() // fmt.dtype.itemsize     # one record's elements
-        b = np.frombuffer(inoutbuf, fmt.dtype)
+        try:
+            size = datatype.Get_size() // fmt.dtype.itemsize     # one record's elements
+            b = np.frombuffer(inoutbuf, fmt.dtype)
+        except BaseException:   # noqa: BLE001 - nothing to mark, and nothing may propagate
+            return
         try:
             a = np.frombuffer(inbuf, fmt.dtype)
             with np.errstate(all="ignore"):
                 for start in range(0, len(b), size):
                     fmt.merge(a[start:start + size], b[start:start + size])
-        except Exception:   # noqa: BLE001 - nothing may propagate into MPI
-            for start in range(0, len(b), size):
-                fmt.reject(b[start:start + size])
+        except BaseException:   # noqa: BLE001 - nothing may propagate into MPI
+            try:
+                for start in range(0, len(b), size):
+                    fmt.reject(b[start:start + size])
+            except BaseException:   # noqa: BLE001
+                pass
     return op
 
 

@@ -88,6 +88,16 @@ def _communicator(comm):
 
 # ---- the two collectives -------------------------------------------------------
 
+def _check_float32_range(var, eps):
+    """compact_stats: a variance float32 would flush below its normal range
+    matters only when eps does not dwarf it."""
+    tiny = np.finfo(np.float32).tiny
+    if eps < 1e-30 and np.any((var > 0) & (var < tiny)):
+        raise ValueError(f"compact_stats=True exchanges variances in float32, and this rank's "
+                         f"shard has a channel variance below its normal range ({tiny:.3g}) "
+                         f"with eps={eps}; pass compact_stats=False (or eps >= 1e-30)")
+
+
 def _global_moments(MPI, comm, fmt, C, local, stat):
     """Allreduce of this rank's (n, mean, biased var), or of a rejection
     (local None), in record format fmt: the global (count, mean, biased var)
@@ -98,6 +108,10 @@ def _global_moments(MPI, comm, fmt, C, local, stat):
     if local is None:
         return None
     total, code, mean, var = fmt.unpack(record, C)
+    if total == records.MALFORMED:
+        raise ValueError("sync_batch_norm: the ranks of comm sent statistics of different "
+                         "formats or sizes; every rank must pass the same channel count and "
+                         "compact_stats")
     if total < 0:
         raise ValueError("sync_batch_norm: another rank of comm rejected its arguments (its "
                          "own error says why); nothing was computed")
@@ -107,6 +121,12 @@ def _global_moments(MPI, comm, fmt, C, local, stat):
                          "an empty one too, must have the same dtype")
     if total == 0:
         return 0, np.full(C, np.nan), np.full(C, np.nan)
+    beyond = np.flatnonzero(np.isposinf(var) & np.isfinite(mean))
+    if fmt is records.CompactRecord and beyond.size:
+        # every rank holds the same record, so every rank raises here
+        raise ValueError(f"sync_batch_norm: compact_stats=True exchanges variances in float32, "
+                         f"and channel(s) {beyond[:8].tolist()} have a variance beyond its "
+                         f"range (3.4e38); pass compact_stats=False")
     return total, mean, var
 
 
@@ -147,10 +167,12 @@ def sync_batch_norm(x, weight=None, bias=None, running_mean=None, running_var=No
     compact_stats : bool, default False; the same on every rank
         Exchange each channel's variance in float32 (its mean stays float64):
         8 + 12*C bytes instead of 16 + 16*C.  The variance then carries
-        ~6e-8 of relative rounding per merge (log2 of the ranks' count merges
-        on most MPI libraries), whatever the mean: a float32 x gets the
+        ~6e-8 of relative rounding when packed and per merge (about log2 of
+        the ranks' count merges), whatever the mean: a float32 x gets the
         statistics of single-process batch_norm to an ulp or two; a float64 x
-        gets float32 accuracy in the variance.  See cynorm._sync_records.
+        gets float32 accuracy in the variance.  float32's range applies too:
+        a variance above 3.4e38 raises ValueError on every rank, and so does a
+        nonzero one below 1.2e-38 when eps < 1e-30.  See cynorm._sync_records.
 
     Returns
     -------
@@ -174,11 +196,13 @@ def sync_batch_norm(x, weight=None, bias=None, running_mean=None, running_var=No
     try:
         (x, policy, axis, C, n, _, momentum, eps, weight, bias, rm, rv) = batch_norm_args(
             x, weight, bias, running_mean, running_var, True, momentum, eps, axis)
-    except (TypeError, ValueError):
+        (kx,), transposed, dims = prepare([x], axis, ())
+        local_mean, local_var = moments(kx, dims, policy) if n else (np.zeros(C), np.zeros(C))
+        if fmt is records.CompactRecord:
+            _check_float32_range(local_var, eps)
+    except Exception:   # noqa: BLE001 - np.seterr(all="raise") in moments too: never hang
         _global_moments(MPI, comm, fmt, C, None, stat)
         raise
-    (kx,), transposed, dims = prepare([x], axis, ())
-    local_mean, local_var = moments(kx, dims, policy) if n else (np.zeros(C), np.zeros(C))
     count, mean, var = _global_moments(MPI, comm, fmt, C, (n, local_mean, local_var), stat)
     if count == 1:
         raise ValueError("Expected more than 1 value per channel when training, got 1 "
@@ -255,16 +279,16 @@ def sync_batch_norm_backward(grad_out, x, weight, save_mean, save_invstd, count,
             if count < n or (n > 0 and count < 2):
                 raise ValueError(f"count must be the global batch's values per channel that "
                                  f"sync_batch_norm returned, got {count} with {n} on this rank")
-    except (TypeError, ValueError):
+        (kdy, kx), transposed, dims = prepare([grad_out, x], axis, ())
+        if n > 0 and (communicate or mask[1] or mask[2]):
+            sum_dy, dotp = grad_sums(kdy, kx, mean, dims, policy)
+        else:
+            sum_dy, dotp = np.zeros(C), np.zeros(C)
+    except Exception:   # noqa: BLE001 - as in sync_batch_norm: never leave the others hanging
         if communicate:
             _global_sums(MPI, comm, C, None, stat)
         raise
     gdtype = weight.dtype if weight is not None else stat
-    (kdy, kx), transposed, dims = prepare([grad_out, x], axis, ())
-    if n > 0 and (communicate or mask[1] or mask[2]):
-        sum_dy, dotp = grad_sums(kdy, kx, mean, dims, policy)
-    else:
-        sum_dy, dotp = np.zeros(C), np.zeros(C)
     if communicate:
         total_dy, total_dotp = _global_sums(MPI, comm, C, (sum_dy, dotp), stat)
     grad_x = None

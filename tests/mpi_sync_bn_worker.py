@@ -208,6 +208,7 @@ def main(out_path):
     results["dtype-mismatch"] = dtype_mismatch_case(WORLD)
     results["dtype-mismatch-compact"] = dtype_mismatch_case(WORLD, True)
     results["rejection-compact"] = rejection_case(WORLD, True)
+    results["errstate-raise"] = errstate_case(WORLD)
     if rank == 0:
         with open(out_path, "w") as f:
             json.dump(results, f)
@@ -238,12 +239,12 @@ def one_value_case(comm):
     return {"messages": comm.allgather(message)}
 
 
-def outcome(fn):
+def outcome(fn, errors=(ValueError,)):
     try:
         fn()
         return None
-    except ValueError as e:
-        return str(e)
+    except errors as e:
+        return f"{type(e).__name__}: {e}"
 
 
 def rejection_case(comm, compact=False):
@@ -263,6 +264,25 @@ def rejection_case(comm, compact=False):
     after = sync_batch_norm_backward(np.ones_like(x), x, None, mean, inv, count, comm=comm)
     return {"forward": forward, "backward": backward,
             "then_ok": comm.allreduce(after[0].shape == x.shape, op=MPI.LAND)}
+
+
+def errstate_case(comm):
+    """np.seterr(all="raise") and an inf in the last rank's shard: its
+    statistics raise FloatingPointError before the collective, yet it still
+    joins it, so the others raise too instead of hanging."""
+    rank, last = comm.Get_rank(), comm.Get_size() - 1
+    x = np.random.default_rng(rank).normal(size=(3, 4)).astype(np.float32)
+    if rank == last:
+        x[1, 1] = np.inf
+
+    def step():
+        with np.errstate(all="raise"):
+            sync_batch_norm(x, comm=comm, compact_stats=True)
+
+    messages = comm.allgather(outcome(step, (ValueError, FloatingPointError)))
+    after = sync_batch_norm(np.ones((2, 4)) * rank, comm=comm)
+    return {"messages": messages, "then_ok": comm.allreduce(after[3] == 2 * comm.Get_size(),
+                                                            op=MPI.LAND)}
 
 
 def dtype_mismatch_case(comm, compact=False):

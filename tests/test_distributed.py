@@ -71,7 +71,8 @@ CASES = ["even-float64", "even-float32", "uneven-float64", "uneven-float32",
          "float16", "no-grad-x-float64", "reduced-param-grads-float32",
          "reduced-param-grads-no-grad-x-float64", "subcomm-group0", "subcomm-group1",
          "compact-uneven-float32", "compact-zero-row-rank-float64",
-         "compact-channels-last-bfloat16", "compact-reduced-param-grads-float32"]
+         "compact-channels-last-bfloat16", "compact-reduced-param-grads-float32",
+         "compact-large-mean-float32"]
 
 
 def tolerance(r):
@@ -98,7 +99,7 @@ def test_matches_single_process_batch_norm(mpi_run, case):
 def test_one_fixed_size_collective_each_way(mpi_run, case):
     size, results = mpi_run
     r = results[case]
-    C = {"compact-uneven": 5, "compact-zero-row": 4, "compact-channels-last": 5,
+    C = {"compact-large-mean": 3, "compact-uneven": 5, "compact-zero-row": 4, "compact-channels-last": 5,
          "compact-reduced": 5, "even": 6, "uneven-float64": 3, "uneven-float32": 5, "zero-row": 4,
          "channels-last": 5, "2d": 7, "no-affine": 4, "bfloat16": 3, "float16": 3,
          "no-grad-x": 4, "reduced-param-grads-float32": 5, "reduced-param-grads-no": 4,
@@ -156,6 +157,14 @@ def test_a_rejecting_rank_makes_every_rank_raise(mpi_run, case):
     for messages, own in ((r["forward"], "running_mean"), (r["backward"], "grad_out")):
         assert own in messages[-1]
         assert all("another rank of comm rejected its arguments" in m for m in messages[:-1])
+    assert r["then_ok"]
+
+
+def test_a_rank_failing_in_its_statistics_does_not_hang_the_others(mpi_run):
+    size, results = mpi_run
+    r = results["errstate-raise"]
+    assert r["messages"][-1].startswith("FloatingPointError")
+    assert all("another rank of comm rejected its arguments" in m for m in r["messages"][:-1])
     assert r["then_ok"]
 
 
@@ -394,6 +403,54 @@ def test_comm_self_compact_is_batch_norm_to_float32_rounding(rng, dtype):
         np.testing.assert_allclose(a, r, rtol=1e-6, atol=1e-6)
     with pytest.raises(TypeError, match="compact_stats"):
         distributed.sync_batch_norm(x, comm=MPI.COMM_SELF, compact_stats="yes")
+
+
+def test_a_compact_record_read_as_float64_is_malformed():
+    """Ranks that disagree on compact_stats: the float64 side cannot read the
+    compact record, and says so instead of merging garbage."""
+    for n in (0, 5, -1):
+        rec = compact(n, np.ones(2), np.ones(2)) if n >= 0 else \
+            records.CompactRecord.pack(2, None, 1)
+        as64 = np.frombuffer(np.concatenate([rec, np.zeros(48 - rec.size, np.uint8)]).tobytes(),
+                             np.float64).copy()
+        for a, b in ((as64, record(3, np.ones(2), np.ones(2))),
+                     (record(3, np.ones(2), np.ones(2)), as64.copy())):
+            out = b.copy()
+            records.Float64Record.merge(a, out)
+            assert out[0] == records.MALFORMED
+    # and the malformed marker outranks a rejection, either way round
+    bad, rej = record(records.MALFORMED, np.ones(2), np.ones(2)), record(-1, np.ones(2),
+                                                                        np.ones(2))
+    for a, b in ((bad, rej), (rej, bad)):
+        out = b.copy()
+        records.Float64Record.merge(a, out)
+        assert out[0] == records.MALFORMED
+
+
+def test_merge_op_marks_what_it_cannot_merge():
+    class Datatype:
+        def Get_size(self):
+            return records.CompactRecord.nbytes(2)
+
+    b = compact(3, [1.0, 2.0], [1.0, 2.0])
+    records._merge_op(records.CompactRecord)(b.tobytes()[:5], memoryview(b), Datatype())
+    assert records.CompactRecord.unpack(b, 2)[0] == records.REJECTED
+
+
+@needs_mpi
+def test_compact_range_errors_instead_of_flushed_statistics(rng):
+    x = rng.normal(0.0, 1e20, (4, 3))      # float64 variance 1e40: beyond float32
+    with pytest.raises(ValueError, match="beyond its range"):
+        distributed.sync_batch_norm(x, comm=MPI.COMM_SELF, compact_stats=True)
+    _, _, inv, _ = distributed.sync_batch_norm(x, comm=MPI.COMM_SELF)
+    np.testing.assert_allclose(inv, cynorm.batch_norm(x)[2], rtol=1e-12)
+    tiny = rng.normal(0.0, 1e-25, (4, 3))  # variance 1e-50: below float32's normal range
+    with pytest.raises(ValueError, match="below its normal range"):
+        distributed.sync_batch_norm(tiny, comm=MPI.COMM_SELF, compact_stats=True, eps=0.0)
+    with np.errstate(all="raise"):          # with eps it does not matter, and does not raise
+        _, _, inv, _ = distributed.sync_batch_norm(tiny, comm=MPI.COMM_SELF,
+                                                   compact_stats=True)
+    np.testing.assert_allclose(inv, 1 / np.sqrt(1e-5), rtol=1e-7)
 
 
 @needs_mpi

@@ -15,9 +15,9 @@
  * Differences and products are formed in the math type (float32 for
  * float32/16-bit storage) and added four at a time in it, elements
  * CN_LANES apart, before each float64 accumulation: the conversion to
- * float64 and its add bounded the 16-bit loops, and a four-term float32 sum
- * costs a relative 2^-23, as a pair's did (pairs: bfloat16 statistics
- * passes 4-13 % slower).  The float64 sums run in CN_LANES lanes merged by a
+ * float64 and its add bounded the 16-bit loops (pairs: bfloat16 statistics
+ * passes 4-13 % slower), and a four-term float32 sum is off by at most
+ * ~2^-23 of its terms' magnitude (a pair's 2^-24).  The float64 sums run in CN_LANES lanes merged by a
  * fixed tree, as in cn_rows.h, so a result never depends on how rows were
  * spread over threads.
  */
