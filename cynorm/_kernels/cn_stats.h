@@ -50,111 +50,67 @@ static inline void cn_lanes_add(const double *L, double *s) {
     s[1] += cn_merge_lanes(L + CN_LANES) + L[2 * CN_LANES + 1];
 }
 
-/* One row's share of the two row reductions, in lanes a1/a2 (CN_LANES each)
- * and tail sums t1/t2: the same loop for a call over many rows (lanes in
- * registers from zero) and for lanes carried in memory between calls. */
-#define CN_MOM_ROW(SFX, IO, M, x, n, k, a1, a2, t1, t2)                              \
+/* Terms of the row sums below, named so that one loop serves them all:
+ * (x - shift), dy, dy * w[j]. */
+#define CN_TERM_SHIFTED(SFX, p, s, w, j) (cn_load_##SFX((p)[j]) - (s))
+#define CN_TERM_PLAIN(SFX, p, s, w, j) cn_load_##SFX((p)[j])
+#define CN_TERM_WEIGHTED(SFX, p, s, w, j) (cn_load_##SFX((p)[j]) * (w)[j])
+
+/* Lanes a1 += G(j), a2 += G(j) * C(j) over a row of n elements, C(j) =
+ * (cp[j] - s): four terms per lane per float64 add, then pairs, then a
+ * scalar tail into t1/t2.  G is one of the CN_TERM_ macros, over gp. */
+#define CN_SUMS_ROW(SFX, IO, M, G, gp, cp, s, w, n, a1, a2, t1, t2)                  \
     do {                                                                             \
         ptrdiff_t m4_ = (n) - (n) % (4 * CN_LANES), m_ = (n) - (n) % (2 * CN_LANES);  \
         ptrdiff_t i = 0;                                                             \
         for (; i < m4_; i += 4 * CN_LANES) {                                         \
-            CN_PREFETCH_BLOCK(IO, x + i);                                            \
+            CN_PREFETCH_BLOCK(IO, (cp) + i);                                         \
+            if ((const void *)(gp) != (const void *)(cp))                            \
+                CN_PREFETCH_BLOCK(IO, (gp) + i);                                     \
             for (int l = 0; l < CN_LANES; l++) {                                     \
-                M d0 = cn_load_##SFX(x[i + l]) - k;                                  \
-                M d1 = cn_load_##SFX(x[i + CN_LANES + l]) - k;                       \
-                M d2 = cn_load_##SFX(x[i + 2 * CN_LANES + l]) - k;                   \
-                M d3 = cn_load_##SFX(x[i + 3 * CN_LANES + l]) - k;                   \
-                a1[l] += (double)((d0 + d1) + (d2 + d3));                            \
-                a2[l] += (double)((d0 * d0 + d1 * d1) + (d2 * d2 + d3 * d3));        \
+                M g0 = G(SFX, gp, s, w, i + l);                                      \
+                M g1 = G(SFX, gp, s, w, i + CN_LANES + l);                           \
+                M g2 = G(SFX, gp, s, w, i + 2 * CN_LANES + l);                       \
+                M g3 = G(SFX, gp, s, w, i + 3 * CN_LANES + l);                       \
+                M c0 = CN_TERM_SHIFTED(SFX, cp, s, w, i + l);                        \
+                M c1 = CN_TERM_SHIFTED(SFX, cp, s, w, i + CN_LANES + l);             \
+                M c2 = CN_TERM_SHIFTED(SFX, cp, s, w, i + 2 * CN_LANES + l);         \
+                M c3 = CN_TERM_SHIFTED(SFX, cp, s, w, i + 3 * CN_LANES + l);         \
+                a1[l] += (double)((g0 + g1) + (g2 + g3));                            \
+                a2[l] += (double)((g0 * c0 + g1 * c1) + (g2 * c2 + g3 * c3));        \
             }                                                                        \
         }                                                                            \
         for (; i < m_; i += 2 * CN_LANES) {                                          \
             for (int l = 0; l < CN_LANES; l++) {                                     \
-                M d0 = cn_load_##SFX(x[i + l]) - k;                                  \
-                M d1 = cn_load_##SFX(x[i + CN_LANES + l]) - k;                       \
-                a1[l] += (double)(d0 + d1);                                          \
-                a2[l] += (double)(d0 * d0 + d1 * d1);                                \
+                M g0 = G(SFX, gp, s, w, i + l);                                      \
+                M g1 = G(SFX, gp, s, w, i + CN_LANES + l);                           \
+                M c0 = CN_TERM_SHIFTED(SFX, cp, s, w, i + l);                        \
+                M c1 = CN_TERM_SHIFTED(SFX, cp, s, w, i + CN_LANES + l);             \
+                a1[l] += (double)(g0 + g1);                                          \
+                a2[l] += (double)(g0 * c0 + g1 * c1);                                \
             }                                                                        \
         }                                                                            \
         for (; i < (n); i++) {                                                       \
-            M d = cn_load_##SFX(x[i]) - k;                                           \
-            t1 += (double)d;                                                         \
-            t2 += (double)(d * d);                                                   \
+            M g = G(SFX, gp, s, w, i);                                               \
+            t1 += (double)g;                                                         \
+            t2 += (double)(g * CN_TERM_SHIFTED(SFX, cp, s, w, i));                   \
         }                                                                            \
     } while (0)
+
+/* One row's share of the two row reductions, in lanes a1/a2 (CN_LANES each)
+ * and tail sums t1/t2: the same loop for a call over many rows (lanes in
+ * registers from zero) and for lanes carried in memory between calls.
+ * Moments: sums of d = x - k and d * d. */
+#define CN_MOM_ROW(SFX, IO, M, x, n, k, a1, a2, t1, t2)                              \
+    CN_SUMS_ROW(SFX, IO, M, CN_TERM_SHIFTED, x, x, k, NULL, n, a1, a2, t1, t2)
 
 /* g = dy (w == NULL) or dy * w[j]: a1/a2 lanes of sum(g), sum(g * (x - mu)) */
 #define CN_CDOT_ROW(SFX, IO, M, dy, x, w, n, mu, a1, a2, t1, t2)                     \
     do {                                                                             \
-        ptrdiff_t m4_ = (n) - (n) % (4 * CN_LANES), m_ = (n) - (n) % (2 * CN_LANES);  \
-        ptrdiff_t i = 0;                                                             \
-        if (w == NULL) {                                                             \
-            for (; i < m4_; i += 4 * CN_LANES) {                                     \
-                CN_PREFETCH_BLOCK(IO, x + i);                                        \
-                CN_PREFETCH_BLOCK(IO, dy + i);                                       \
-                for (int l = 0; l < CN_LANES; l++) {                                 \
-                    M g0 = cn_load_##SFX(dy[i + l]);                                 \
-                    M g1 = cn_load_##SFX(dy[i + CN_LANES + l]);                      \
-                    M g2 = cn_load_##SFX(dy[i + 2 * CN_LANES + l]);                  \
-                    M g3 = cn_load_##SFX(dy[i + 3 * CN_LANES + l]);                  \
-                    M c0 = cn_load_##SFX(x[i + l]) - mu;                             \
-                    M c1 = cn_load_##SFX(x[i + CN_LANES + l]) - mu;                  \
-                    M c2 = cn_load_##SFX(x[i + 2 * CN_LANES + l]) - mu;              \
-                    M c3 = cn_load_##SFX(x[i + 3 * CN_LANES + l]) - mu;              \
-                    a1[l] += (double)((g0 + g1) + (g2 + g3));                        \
-                    a2[l] += (double)((g0 * c0 + g1 * c1) + (g2 * c2 + g3 * c3));    \
-                }                                                                    \
-            }                                                                        \
-            for (; i < m_; i += 2 * CN_LANES) {                                      \
-                for (int l = 0; l < CN_LANES; l++) {                                 \
-                    M g0 = cn_load_##SFX(dy[i + l]);                                 \
-                    M g1 = cn_load_##SFX(dy[i + CN_LANES + l]);                      \
-                    M c0 = cn_load_##SFX(x[i + l]) - mu;                             \
-                    M c1 = cn_load_##SFX(x[i + CN_LANES + l]) - mu;                  \
-                    a1[l] += (double)(g0 + g1);                                      \
-                    a2[l] += (double)(g0 * c0 + g1 * c1);                            \
-                }                                                                    \
-            }                                                                        \
-            for (; i < (n); i++) {                                                   \
-                M g = cn_load_##SFX(dy[i]);                                          \
-                t1 += (double)g;                                                     \
-                t2 += (double)(g * (cn_load_##SFX(x[i]) - mu));                      \
-            }                                                                        \
-        } else {                                                                     \
-            for (; i < m4_; i += 4 * CN_LANES) {                                     \
-                CN_PREFETCH_BLOCK(IO, x + i);                                        \
-                CN_PREFETCH_BLOCK(IO, dy + i);                                       \
-                for (int l = 0; l < CN_LANES; l++) {                                 \
-                    M g0 = cn_load_##SFX(dy[i + l]) * w[i + l];                      \
-                    M g1 = cn_load_##SFX(dy[i + CN_LANES + l]) * w[i + CN_LANES + l]; \
-                    M g2 = cn_load_##SFX(dy[i + 2 * CN_LANES + l])                   \
-                           * w[i + 2 * CN_LANES + l];                                \
-                    M g3 = cn_load_##SFX(dy[i + 3 * CN_LANES + l])                   \
-                           * w[i + 3 * CN_LANES + l];                                \
-                    M c0 = cn_load_##SFX(x[i + l]) - mu;                             \
-                    M c1 = cn_load_##SFX(x[i + CN_LANES + l]) - mu;                  \
-                    M c2 = cn_load_##SFX(x[i + 2 * CN_LANES + l]) - mu;              \
-                    M c3 = cn_load_##SFX(x[i + 3 * CN_LANES + l]) - mu;              \
-                    a1[l] += (double)((g0 + g1) + (g2 + g3));                        \
-                    a2[l] += (double)((g0 * c0 + g1 * c1) + (g2 * c2 + g3 * c3));    \
-                }                                                                    \
-            }                                                                        \
-            for (; i < m_; i += 2 * CN_LANES) {                                      \
-                for (int l = 0; l < CN_LANES; l++) {                                 \
-                    M g0 = cn_load_##SFX(dy[i + l]) * w[i + l];                      \
-                    M g1 = cn_load_##SFX(dy[i + CN_LANES + l]) * w[i + CN_LANES + l]; \
-                    M c0 = cn_load_##SFX(x[i + l]) - mu;                             \
-                    M c1 = cn_load_##SFX(x[i + CN_LANES + l]) - mu;                  \
-                    a1[l] += (double)(g0 + g1);                                      \
-                    a2[l] += (double)(g0 * c0 + g1 * c1);                            \
-                }                                                                    \
-            }                                                                        \
-            for (; i < (n); i++) {                                                   \
-                M g = cn_load_##SFX(dy[i]) * w[i];                                   \
-                t1 += (double)g;                                                     \
-                t2 += (double)(g * (cn_load_##SFX(x[i]) - mu));                      \
-            }                                                                        \
-        }                                                                            \
+        if (w == NULL)                                                               \
+            CN_SUMS_ROW(SFX, IO, M, CN_TERM_PLAIN, dy, x, mu, w, n, a1, a2, t1, t2);   \
+        else                                                                         \
+            CN_SUMS_ROW(SFX, IO, M, CN_TERM_WEIGHTED, dy, x, mu, w, n, a1, a2, t1, t2); \
     } while (0)
 
 #define CN_STATS_OPS(SFX, T, IO, M)                                                  \
