@@ -69,6 +69,14 @@ class Float64Record:
         record[0] = REJECTED
 
     @staticmethod
+    def check_local(var, eps):
+        """Nothing float64 cannot carry."""
+
+    @staticmethod
+    def check_merged(mean, var):
+        """Nothing float64 cannot carry."""
+
+    @staticmethod
     def _valid(record):
         # a compact record read as float64 has a subnormal or huge count and
         # a mean in the dtype code's place: catch what can be caught cheaply
@@ -147,6 +155,26 @@ class CompactRecord:
     @classmethod
     def reject(cls, record):
         cls._parts(record)[0][0] = REJECTED
+
+    @staticmethod
+    def check_local(var, eps):
+        """A variance below float32's normal range would lose its digits in
+        the record; that matters only when eps does not dwarf it."""
+        tiny = np.finfo(np.float32).tiny
+        if eps < 1e-30 and np.any((var > 0) & (var < tiny)):
+            raise ValueError(f"compact_stats=True exchanges variances in float32, and this "
+                             f"rank's shard has a channel variance below its normal range "
+                             f"({tiny:.3g}) with eps={eps}; pass compact_stats=False (or "
+                             f"eps >= 1e-30)")
+
+    @staticmethod
+    def check_merged(mean, var):
+        """A finite channel whose variance overflowed float32 (in a pack or a merge)."""
+        beyond = np.flatnonzero(np.isposinf(var) & np.isfinite(mean))
+        if beyond.size:
+            raise ValueError(f"sync_batch_norm: compact_stats=True exchanges variances in "
+                             f"float32, and channel(s) {beyond[:8].tolist()} have a variance "
+                             f"beyond its range (3.4e38); pass compact_stats=False")
 
     @classmethod
     def merge(cls, a, b):

@@ -35,10 +35,10 @@ nothing.
 
 Every rank of ``comm`` must make the same calls with the same channel
 count, ``training`` (and count None or not), eps, momentum, compact_stats,
-output_mask and reduce_param_grads, as with any MPI collective.  A rank that rejects its
-other arguments (a weight of the wrong shape, a read-only running_mean, ...)
-still takes part in the collective, marked, and then every rank raises
-ValueError; so do ranks whose x dtypes disagree.  Errors in x itself, axis,
+output_mask and reduce_param_grads, as with any MPI collective.  A rank that
+rejects its other arguments (a weight of the wrong shape, a read-only
+running_mean, ...) still takes part in the collective, marked, and then
+every rank raises ValueError; so do ranks whose x dtypes disagree.  Errors in x itself, axis,
 training or comm are raised before the collective, on that rank only.
 
 mpi4py is imported on first use (cynorm itself never needs it); install it
@@ -88,16 +88,6 @@ def _communicator(comm):
 
 # ---- the two collectives -------------------------------------------------------
 
-def _check_float32_range(var, eps):
-    """compact_stats: a variance float32 would flush below its normal range
-    matters only when eps does not dwarf it."""
-    tiny = np.finfo(np.float32).tiny
-    if eps < 1e-30 and np.any((var > 0) & (var < tiny)):
-        raise ValueError(f"compact_stats=True exchanges variances in float32, and this rank's "
-                         f"shard has a channel variance below its normal range ({tiny:.3g}) "
-                         f"with eps={eps}; pass compact_stats=False (or eps >= 1e-30)")
-
-
 def _global_moments(MPI, comm, fmt, C, local, stat):
     """Allreduce of this rank's (n, mean, biased var), or of a rejection
     (local None), in record format fmt: the global (count, mean, biased var)
@@ -121,12 +111,7 @@ def _global_moments(MPI, comm, fmt, C, local, stat):
                          "an empty one too, must have the same dtype")
     if total == 0:
         return 0, np.full(C, np.nan), np.full(C, np.nan)
-    beyond = np.flatnonzero(np.isposinf(var) & np.isfinite(mean))
-    if fmt is records.CompactRecord and beyond.size:
-        # every rank holds the same record, so every rank raises here
-        raise ValueError(f"sync_batch_norm: compact_stats=True exchanges variances in float32, "
-                         f"and channel(s) {beyond[:8].tolist()} have a variance beyond its "
-                         f"range (3.4e38); pass compact_stats=False")
+    fmt.check_merged(mean, var)     # the same record on every rank: all raise or none
     return total, mean, var
 
 
@@ -198,8 +183,7 @@ def sync_batch_norm(x, weight=None, bias=None, running_mean=None, running_var=No
             x, weight, bias, running_mean, running_var, True, momentum, eps, axis)
         (kx,), transposed, dims = prepare([x], axis, ())
         local_mean, local_var = moments(kx, dims, policy) if n else (np.zeros(C), np.zeros(C))
-        if fmt is records.CompactRecord:
-            _check_float32_range(local_var, eps)
+        fmt.check_local(local_var, eps)
     except Exception:   # noqa: BLE001 - np.seterr(all="raise") in moments too: never hang
         _global_moments(MPI, comm, fmt, C, None, stat)
         raise
