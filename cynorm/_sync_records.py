@@ -31,7 +31,7 @@ import numpy as np
 from cynorm.batchnorm_stats import chan_merge
 
 REJECTED = -1
-MALFORMED = -2      # a record this format cannot have come from: ranks disagree on C or compact_stats
+MALFORMED = -2      # not a record of this format: ranks disagree on C or compact_stats
 DTYPE_CODES = {np.dtype(np.float32): 1, np.dtype(np.float64): 2}
 MISMATCH = 0
 
@@ -147,7 +147,8 @@ class CompactRecord:
         head[0] = 4 * n + code
         if n > 0:
             m[:] = mean
-            # over float32's range: inf, which unpack reports; under it: subnormal
+            # over float32's range: inf (check_merged raises); under it: subnormal
+            # (check_local raised already if that mattered)
             with np.errstate(all="ignore"):
                 v[:] = var
         return record
