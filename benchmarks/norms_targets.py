@@ -12,9 +12,8 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-LABEL = {"layer_norm_fwd": "LN fwd", "layer_norm_bwd": "LN bwd",
-         "batch_norm_fwd_train": "BN train", "batch_norm_fwd_eval": "BN eval",
-         "batch_norm_bwd": "BN bwd"}
+sys.path.insert(0, HERE)
+from bench_norms import OP_LABEL as LABEL, OPS  # noqa: E402  (the file's writer)
 # share of STREAM triad asked for, fault-free
 STREAM_TARGET = {"layer_norm_fwd": 0.80, "batch_norm_fwd_eval": 0.80, "layer_norm_bwd": 0.70,
                  "batch_norm_fwd_train": 0.70, "batch_norm_bwd": 0.70}
@@ -64,7 +63,7 @@ def tally(data):
     lines = ["| target | met |", "|---|---|"] + [f"| {a} | {b} |" for a, b in rows]
     # ranges per op and dtype, fault-free: cynorm % STREAM / torch/cynorm
     lines += ["", "| op | dtype | cynorm % STREAM | torch/cynorm |", "|---|---|---|---|"]
-    for op in LABEL:
+    for op in OPS:
         for dtype in sorted({r["dtype"] for r in faultfree}):
             sel = [r for r in faultfree if r["op"] == op and r["dtype"] == dtype]
             if not sel:
