@@ -43,13 +43,14 @@
 #define CN_PREFETCH_BYTES 4096
 #endif
 #if defined(__GNUC__) || defined(__clang__)
-#define CN_PREFETCH(p) __builtin_prefetch((const char *)(p) + CN_PREFETCH_BYTES, 0, 3)
+#define CN_PREFETCH_AT(p) __builtin_prefetch((const char *)(p), 0, 3)
 #elif defined(_MSC_VER)
 #include <xmmintrin.h>
-#define CN_PREFETCH(p) _mm_prefetch((const char *)(p) + CN_PREFETCH_BYTES, _MM_HINT_T0)
+#define CN_PREFETCH_AT(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
 #else
-#define CN_PREFETCH(p) ((void)0)
+#define CN_PREFETCH_AT(p) ((void)0)
 #endif
+#define CN_PREFETCH(p) CN_PREFETCH_AT((const char *)(p) + CN_PREFETCH_BYTES)
 /* Prefetch for writing, the same distance ahead: the line arrives owned
  * before the store, so stores to a cold output do not pile up in the store
  * buffer waiting for their read-for-ownership. */
