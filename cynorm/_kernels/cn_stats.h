@@ -131,6 +131,23 @@ static inline void cn_lanes_add(const double *L, double *s) {
             for (int q_ = 0; q_ < 4; q_++)                                            \
                 CN_PREFETCH_ROW(IO, (p) + ((rows_ahead) + q_) * (ld), n);             \
     } while (0)
+/* Elementwise passes over short rows in memory order (batch norm N,C,H,W at
+ * 14x14): the rows CN_PREFETCH_BYTES ahead of inputs a and b, and for 16-bit
+ * outputs (whose loop has no blocked write prefetch, see CN_ELEMENTWISE) the
+ * lines of out.  Measured at (128, 256, 14, 14), interleaved A/B: eval 1.13x
+ * (bfloat16) and 1.2x (float32) faster at 1 thread, training 1.05-1.11x,
+ * backward 1.06-1.12x. */
+#define CN_PREFETCH_SHORT_ROW(IO, out, a, b, n)                                       \
+    do {                                                                              \
+        if ((n) * sizeof(IO) <= CN_PREFETCH_ROW_BYTES) {                              \
+            CN_PREFETCH_ROW(IO, (a) + CN_PREFETCH_BYTES / sizeof(IO), n);             \
+            if ((const void *)(a) != (const void *)(b))                               \
+                CN_PREFETCH_ROW(IO, (b) + CN_PREFETCH_BYTES / sizeof(IO), n);         \
+            if (sizeof(IO) < 4)                                                       \
+                for (size_t l_ = 0; l_ < (size_t)(n) * sizeof(IO); l_ += 64)          \
+                    CN_PREFETCHW((const char *)(out) + l_);                           \
+        }                                                                             \
+    } while (0)
 /* rows_ahead for rows of n elements of isz bytes: 0 (no prefetch) for long rows */
 static inline ptrdiff_t cn_rows_ahead(ptrdiff_t n, size_t isz) {
     ptrdiff_t row = n * (ptrdiff_t)isz;
@@ -321,6 +338,7 @@ CN_NOINLINE static void cn_normrow_##SFX(T *outs, const T *xs, ptrdiff_t n,     
     for (ptrdiff_t r = 0; r < rows; r++) {                                           \
         IO *restrict out = (IO *)outs + r * ld;                                      \
         const IO *restrict x = (const IO *)xs + r * ld;                              \
+        CN_PREFETCH_SHORT_ROW(IO, out, x, x, n);                                     \
         if (w == NULL)                                                               \
             CN_ELEMENTWISE(IO, out, n, stream, J,                                    \
                            cn_store_##SFX((cn_load_##SFX(x[J]) - mu) * s + t));      \
@@ -355,6 +373,7 @@ CN_NOINLINE static void cn_gradrow_##SFX(T *outs, const T *dys, const T *xs,    
         IO *restrict out = (IO *)outs + r * ld;                                      \
         const IO *restrict dy = (const IO *)dys + r * ld;                            \
         const IO *restrict x = (const IO *)xs + r * ld;                              \
+        CN_PREFETCH_SHORT_ROW(IO, out, dy, x, n);                                    \
         if (w == NULL)                                                               \
             CN_ELEMENTWISE(IO, out, n, stream, J,                                    \
                            cn_store_##SFX((cn_load_##SFX(dy[J]) - p                  \
