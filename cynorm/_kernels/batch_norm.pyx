@@ -144,6 +144,12 @@ cdef void* pack_columns(int code, const double* per_channel, Py_ssize_t C,
     return cols
 
 
+cdef inline void add_into(double* out, const double* p, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t j
+    for j in range(n):
+        out[j] = out[j] + p[j]
+
+
 cdef int reduce_columns(int op, int code, const char* x, const char* dy, const double* center,
                         double* s1, double* s2, Py_ssize_t A, Py_ssize_t C, Py_ssize_t B,
                         int nt) noexcept nogil:
@@ -154,7 +160,6 @@ cdef int reduce_columns(int op, int code, const char* x, const char* dy, const d
     cdef double* part
     cdef double* p1
     cdef double* p2
-    cdef double acc1, acc2
     cdef char* kcols
     rb = max(<Py_ssize_t>COL_MIN_ROWS, (A + COL_MAX_BLOCKS - 1) // COL_MAX_BLOCKS)
     nblk = (A + rb - 1) // rb
@@ -183,19 +188,18 @@ cdef int reduce_columns(int op, int code, const char* x, const char* dy, const d
             cn_col_centered_dot(code, part + 2 * blk * CB + j0, part + (2 * blk + 1) * CB + j0,
                                 dy + off * isz, x + off * isz, kcols + j0 * msz, n,
                                 min(rb, A - r), CB)
-    # blocks merge in block order, then each channel folds its columns in order
+    # blocks merge in block order into block 0 (a block's two partial rows
+    # are contiguous; one loop over them vectorizes, a column at a time across
+    # the blocks did not), then each channel folds its columns in order
+    for j0 in prange(0, 2 * CB, COL_WIDTH, schedule='static', num_threads=nt):
+        for blk in range(1, nblk):
+            add_into(part + j0, part + 2 * blk * CB + j0, min(<Py_ssize_t>COL_WIDTH, 2 * CB - j0))
     for c in range(C):
         s1[c] = 0.0
         s2[c] = 0.0
         for b in range(B):
-            j = c * B + b
-            acc1 = 0.0
-            acc2 = 0.0
-            for blk in range(nblk):
-                acc1 += part[2 * blk * CB + j]
-                acc2 += part[(2 * blk + 1) * CB + j]
-            s1[c] += acc1
-            s2[c] += acc2
+            s1[c] += part[c * B + b]
+            s2[c] += part[CB + c * B + b]
     free(part)
     free(kcols)
     return 0

@@ -155,20 +155,28 @@ cdef void merge_blocks(const double* part, Py_ssize_t nblk, Py_ssize_t N, double
                        double* second, int nt) noexcept nogil:
     """first[j] = sum over blocks of part[blk][0][j], second[j] likewise for
     part[blk][1][j]: blocks in block order, columns in parallel (NULL: skipped)."""
-    cdef Py_ssize_t j0, j1, j, blk
-    cdef double acc1, acc2
+    cdef Py_ssize_t j0
     for j0 in prange(0, N, MERGE_WIDTH, schedule='static', num_threads=nt):
-        j1 = min(N, j0 + MERGE_WIDTH)
-        for j in range(j0, j1):
-            acc1 = 0.0
-            acc2 = 0.0
-            for blk in range(nblk):
-                acc1 = acc1 + part[2 * blk * N + j]
-                acc2 = acc2 + part[(2 * blk + 1) * N + j]
-            if first != NULL:
-                first[j] = acc1
-            if second != NULL:
-                second[j] = acc2
+        if first != NULL:
+            sum_blocks(first + j0, part + j0, nblk, 2 * N, min(<Py_ssize_t>MERGE_WIDTH, N - j0))
+        if second != NULL:
+            sum_blocks(second + j0, part + N + j0, nblk, 2 * N, min(<Py_ssize_t>MERGE_WIDTH, N - j0))
+
+
+cdef void sum_blocks(double* out, const double* p, Py_ssize_t nblk, Py_ssize_t stride,
+                     Py_ssize_t n) noexcept nogil:
+    """out[j] = p[j] + p[stride + j] + ... (nblk terms, in that order), a block
+    at a time over contiguous columns (vectorized; a column at a time across
+    the blocks it was a scalar loop, 13 % of layer-norm backward at
+    (64, 16384))."""
+    cdef Py_ssize_t j, blk
+    cdef const double* q
+    for j in range(n):
+        out[j] = 0.0 + p[j]     # as a sum from zero: -0.0 terms give +0.0
+    for blk in range(1, nblk):
+        q = p + blk * stride
+        for j in range(n):
+            out[j] = out[j] + q[j]
 
 
 def layer_norm_forward(cnp.ndarray x, object w, object b, cnp.ndarray y, cnp.ndarray mean,
