@@ -113,12 +113,13 @@ static inline void cn_lanes_add(const double *L, double *s) {
             CN_SUMS_ROW(SFX, IO, M, CN_TERM_WEIGHTED, dy, x, mu, w, n, a1, a2, t1, t2); \
     } while (0)
 
-/* Column loops read rows 4 at a time.  Short rows (up to
+/* Column loops read rows 4 at a time.  Short rows (a pitch of up to
  * CN_PREFETCH_ROW_BYTES: channels-last batch norm) are prefetched line by
  * line, rows_ahead rows (CN_PREFETCH_BYTES or more) ahead, since the hardware
  * streamer stops at every 4 KiB page: measured, channels-last (32, 56, 56, 64)
  * training 1.14x faster (float32, 1 and 2 threads).  Longer rows ((4096, 1024)
- * float32, 4 KiB) ran up to 1.15x slower with it and go without. */
+ * float32, 4 KiB) ran up to 1.15x slower with it and go without; so does a
+ * task over part of a row (column chunks exist only for rows far longer). */
 #define CN_PREFETCH_ROW_BYTES 1024
 #define CN_PREFETCH_ROW(IO, p, n)                                                     \
     do {                                                                              \
@@ -131,15 +132,18 @@ static inline void cn_lanes_add(const double *L, double *s) {
             for (int q_ = 0; q_ < 4; q_++)                                            \
                 CN_PREFETCH_ROW(IO, (p) + ((rows_ahead) + q_) * (ld), n);             \
     } while (0)
-/* Elementwise passes over short rows in memory order (batch norm N,C,H,W at
- * 14x14): the rows CN_PREFETCH_BYTES ahead of inputs a and b, and for 16-bit
- * outputs (whose loop has no blocked write prefetch, see CN_ELEMENTWISE) the
- * lines of out.  Measured at (128, 256, 14, 14), interleaved A/B: eval 1.13x
- * (bfloat16) and 1.2x (float32) faster at 1 thread, training 1.05-1.11x,
- * backward 1.06-1.12x. */
-#define CN_PREFETCH_SHORT_ROW(IO, out, a, b, n)                                       \
+/* Elementwise passes over one short row at a time, rows in memory order (the
+ * N,C,H,W batch-norm pass at 14x14, one task per row): the data
+ * CN_PREFETCH_BYTES ahead of inputs a and b (the rows that follow), and for
+ * 16-bit outputs, whose loop has no blocked write prefetch (see
+ * CN_ELEMENTWISE), the output lines as far ahead.  Measured at
+ * (128, 256, 14, 14), interleaved A/B: eval 1.13x (bfloat16) and 1.2x
+ * (float32) faster at 1 thread, training 1.05-1.11x, backward 1.06-1.12x.
+ * Calls over several strided rows (fused training: one channel's rows) skip
+ * it: what follows a row there is another channel's data. */
+#define CN_PREFETCH_SHORT_ROW(IO, out, a, b, n, rows)                                 \
     do {                                                                              \
-        if ((n) * sizeof(IO) <= CN_PREFETCH_ROW_BYTES) {                              \
+        if ((rows) == 1 && (n) * sizeof(IO) <= CN_PREFETCH_ROW_BYTES) {               \
             CN_PREFETCH_ROW(IO, (a) + CN_PREFETCH_BYTES / sizeof(IO), n);             \
             if ((const void *)(a) != (const void *)(b))                               \
                 CN_PREFETCH_ROW(IO, (b) + CN_PREFETCH_BYTES / sizeof(IO), n);         \
@@ -148,9 +152,10 @@ static inline void cn_lanes_add(const double *L, double *s) {
                     CN_PREFETCHW((const char *)(out) + l_);                           \
         }                                                                             \
     } while (0)
-/* rows_ahead for rows of n elements of isz bytes: 0 (no prefetch) for long rows */
-static inline ptrdiff_t cn_rows_ahead(ptrdiff_t n, size_t isz) {
-    ptrdiff_t row = n * (ptrdiff_t)isz;
+/* rows_ahead for rows ld elements of isz bytes apart: 0 (no prefetch) for
+ * long rows */
+static inline ptrdiff_t cn_rows_ahead(ptrdiff_t ld, size_t isz) {
+    ptrdiff_t row = ld * (ptrdiff_t)isz;
     if (row <= 0 || row > CN_PREFETCH_ROW_BYTES)
         return 0;
     return (CN_PREFETCH_BYTES + row - 1) / row;
@@ -215,7 +220,7 @@ CN_NOINLINE static void cn_lcdot_##SFX(const T *dys, const T *xs, ptrdiff_t n, M
 CN_NOINLINE static void cn_cmom_##SFX(double *restrict a1, double *restrict a2,      \
                                       const T *xs, const M *restrict k, ptrdiff_t n, \
                                       ptrdiff_t rows, ptrdiff_t ld) {                \
-    ptrdiff_t r = 0, ahead = cn_rows_ahead(n, sizeof(IO));                           \
+    ptrdiff_t r = 0, ahead = cn_rows_ahead(ld, sizeof(IO));                          \
     for (; r + 4 <= rows; r += 4) {                                                  \
         const IO *restrict x0 = (const IO *)xs + r * ld;                             \
         const IO *restrict x1 = x0 + ld, *restrict x2 = x1 + ld, *restrict x3 = x2 + ld; \
@@ -241,7 +246,7 @@ CN_NOINLINE static void cn_cmom_##SFX(double *restrict a1, double *restrict a2, 
 CN_NOINLINE static void cn_ccdot_##SFX(double *restrict a1, double *restrict a2,     \
                                        const T *dys, const T *xs, const M *restrict mu, \
                                        ptrdiff_t n, ptrdiff_t rows, ptrdiff_t ld) {  \
-    ptrdiff_t r = 0, ahead = cn_rows_ahead(n, sizeof(IO));                           \
+    ptrdiff_t r = 0, ahead = cn_rows_ahead(ld, sizeof(IO));                          \
     for (; r + 4 <= rows; r += 4) {                                                  \
         const IO *restrict g0p = (const IO *)dys + r * ld, *restrict x0 = (const IO *)xs + r * ld; \
         const IO *restrict g1p = g0p + ld, *restrict g2p = g1p + ld, *restrict g3p = g2p + ld; \
@@ -338,7 +343,7 @@ CN_NOINLINE static void cn_normrow_##SFX(T *outs, const T *xs, ptrdiff_t n,     
     for (ptrdiff_t r = 0; r < rows; r++) {                                           \
         IO *restrict out = (IO *)outs + r * ld;                                      \
         const IO *restrict x = (const IO *)xs + r * ld;                              \
-        CN_PREFETCH_SHORT_ROW(IO, out, x, x, n);                                     \
+        CN_PREFETCH_SHORT_ROW(IO, out, x, x, n, rows);                               \
         if (w == NULL)                                                               \
             CN_ELEMENTWISE(IO, out, n, stream, J,                                    \
                            cn_store_##SFX((cn_load_##SFX(x[J]) - mu) * s + t));      \
@@ -353,7 +358,7 @@ CN_NOINLINE static void cn_normcols_##SFX(T *outs, const T *xs, ptrdiff_t n,    
                                           const M *restrict mu, const M *restrict s, \
                                           const M *restrict t, ptrdiff_t rows,       \
                                           ptrdiff_t ld, int stream) {                \
-    const ptrdiff_t ahead = cn_rows_ahead(n, sizeof(IO));                            \
+    const ptrdiff_t ahead = cn_rows_ahead(ld, sizeof(IO));                            \
     for (ptrdiff_t r = 0; r < rows; r++) {                                           \
         IO *restrict out = (IO *)outs + r * ld;                                      \
         const IO *restrict x = (const IO *)xs + r * ld;                              \
@@ -373,7 +378,7 @@ CN_NOINLINE static void cn_gradrow_##SFX(T *outs, const T *dys, const T *xs,    
         IO *restrict out = (IO *)outs + r * ld;                                      \
         const IO *restrict dy = (const IO *)dys + r * ld;                            \
         const IO *restrict x = (const IO *)xs + r * ld;                              \
-        CN_PREFETCH_SHORT_ROW(IO, out, dy, x, n);                                    \
+        CN_PREFETCH_SHORT_ROW(IO, out, dy, x, n, rows);                              \
         if (w == NULL)                                                               \
             CN_ELEMENTWISE(IO, out, n, stream, J,                                    \
                            cn_store_##SFX((cn_load_##SFX(dy[J]) - p                  \
@@ -390,7 +395,7 @@ CN_NOINLINE static void cn_gradcols_##SFX(T *outs, const T *dys, const T *xs,   
                                           const M *restrict mu, const M *restrict q, \
                                           const M *restrict a, ptrdiff_t rows,       \
                                           ptrdiff_t ld, int stream) {                \
-    const ptrdiff_t ahead = cn_rows_ahead(n, sizeof(IO));                            \
+    const ptrdiff_t ahead = cn_rows_ahead(ld, sizeof(IO));                            \
     for (ptrdiff_t r = 0; r < rows; r++) {                                           \
         IO *restrict out = (IO *)outs + r * ld;                                      \
         const IO *restrict dy = (const IO *)dys + r * ld;                            \
