@@ -31,7 +31,7 @@ from cynorm._kernels.stats cimport (
     cn_itemsize, cn_load_any, cn_store_math, cn_row_moments, cn_row_centered_dot,
     cn_col_moments, cn_col_centered_dot, cn_norm_row, cn_norm_cols, cn_grad_row,
     cn_grad_cols, cn_lane_moments, cn_lane_centered_dot, cn_lanes_add, CN_LANE_WORDS,
-    math_size, load_stat, store_stat,
+    math_size, load_stat, store_stat, sum_blocks,
 )
 
 from cynorm._kernels.entry cimport data, data_or_null, threads_for
@@ -144,19 +144,13 @@ cdef void* pack_columns(int code, const double* per_channel, Py_ssize_t C,
     return cols
 
 
-cdef inline void add_into(double* out, const double* p, Py_ssize_t n) noexcept nogil:
-    cdef Py_ssize_t j
-    for j in range(n):
-        out[j] = out[j] + p[j]
-
-
 cdef int reduce_columns(int op, int code, const char* x, const char* dy, const double* center,
                         double* s1, double* s2, Py_ssize_t A, Py_ssize_t C, Py_ssize_t B,
                         int nt) noexcept nogil:
     cdef size_t isz = cn_itemsize(code)
     cdef size_t msz = math_size(code)
     cdef Py_ssize_t CB = C * B
-    cdef Py_ssize_t rb, nblk, ncc, t, blk, j0, n, r, off, j, c, b
+    cdef Py_ssize_t rb, nblk, ncc, t, blk, j0, n, r, off, c, b
     cdef double* part
     cdef double* p1
     cdef double* p2
@@ -189,11 +183,9 @@ cdef int reduce_columns(int op, int code, const char* x, const char* dy, const d
                                 dy + off * isz, x + off * isz, kcols + j0 * msz, n,
                                 min(rb, A - r), CB)
     # blocks merge in block order into block 0 (a block's two partial rows
-    # are contiguous; one loop over them vectorizes, a column at a time across
-    # the blocks did not), then each channel folds its columns in order
+    # are contiguous), then each channel folds its columns in order
     for j0 in prange(0, 2 * CB, COL_WIDTH, schedule='static', num_threads=nt):
-        for blk in range(1, nblk):
-            add_into(part + j0, part + 2 * blk * CB + j0, min(<Py_ssize_t>COL_WIDTH, 2 * CB - j0))
+        sum_blocks(part + j0, part + j0, nblk, 2 * CB, min(<Py_ssize_t>COL_WIDTH, 2 * CB - j0))
     for c in range(C):
         s1[c] = 0.0
         s2[c] = 0.0

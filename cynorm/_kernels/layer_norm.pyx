@@ -28,6 +28,7 @@ cimport numpy as cnp
 from cynorm._kernels.stats cimport (
     cn_itemsize, cn_load_any, cn_row_moments, cn_row_centered_dot, cn_col_scaled_dot,
     cn_col_scaled_dot2, cn_grad_rows_acc, cn_norm_row, cn_grad_row, math_size, load_stat, store_stat,
+    sum_blocks,
 )
 
 from cynorm._kernels.entry cimport data, data_or_null, threads_for
@@ -161,22 +162,6 @@ cdef void merge_blocks(const double* part, Py_ssize_t nblk, Py_ssize_t N, double
             sum_blocks(first + j0, part + j0, nblk, 2 * N, min(<Py_ssize_t>MERGE_WIDTH, N - j0))
         if second != NULL:
             sum_blocks(second + j0, part + N + j0, nblk, 2 * N, min(<Py_ssize_t>MERGE_WIDTH, N - j0))
-
-
-cdef void sum_blocks(double* out, const double* p, Py_ssize_t nblk, Py_ssize_t stride,
-                     Py_ssize_t n) noexcept nogil:
-    """out[j] = p[j] + p[stride + j] + ... (nblk terms, in that order), a block
-    at a time over contiguous columns (vectorized; a column at a time across
-    the blocks it was a scalar loop, 13 % of layer-norm backward at
-    (64, 16384))."""
-    cdef Py_ssize_t j, blk
-    cdef const double* q
-    for j in range(n):
-        out[j] = 0.0 + p[j]     # as a sum from zero: -0.0 terms give +0.0
-    for blk in range(1, nblk):
-        q = p + blk * stride
-        for j in range(n):
-            out[j] = out[j] + q[j]
 
 
 def layer_norm_forward(cnp.ndarray x, object w, object b, cnp.ndarray y, cnp.ndarray mean,
