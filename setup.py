@@ -90,7 +90,7 @@ def compile_flags():
 MODULE_FLAGS = {} if sys.platform == "win32" else {"segments": ["-fno-trapping-math"]}
 
 # the kernel modules built once per SIMD level in a dispatching build
-DISPATCHED = ["weight_norm", "layer_norm", "batch_norm", "segments"]
+DISPATCHED = ["weight_norm", "layer_norm", "batch_norm", "segments", "_convert"]
 LEVEL_FLAGS = {
     "v3": ["-march=x86-64-v3"],
     # GCC picks 256-bit vectors even where AVX-512 exists (see compile_flags).

@@ -65,6 +65,7 @@ def config():
         "simd_dispatch": _dispatch(info["simd"]),
         "cpu_features": ", ".join(_cpu_features()) or "unknown",
         "float16_conversion": info["float16_conversion"],
+        "bfloat16_stores": _kernels.load("_convert").bf16_store_path(),
         "dtypes": ", ".join(str(d) for d in SUPPORTED_DTYPES),
         "cudnn": cudnn_bind.describe(),
     }

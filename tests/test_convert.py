@@ -1,9 +1,18 @@
 """The kernels' 16-bit conversions against ml_dtypes and NumPy, bit for bit."""
+import os
+import subprocess
+import sys
+
 import ml_dtypes
 import numpy as np
 import pytest
 
-from cynorm._kernels import _convert
+from cynorm import _kernels
+
+# the conversions at the SIMD level the kernels run (the bfloat16 block
+# rounding differs between levels: cn_pack.h)
+_convert = _kernels.load("_convert")
+PACKED = _convert.bf16_store_path().startswith("AVX512-BF16")
 
 ALL16 = np.arange(1 << 16, dtype=np.uint16)
 
@@ -43,6 +52,73 @@ def test_float32_to_bfloat16_rounds_like_ml_dtypes(step):
     np.testing.assert_array_equal(got, want)
 
 
+def ml_dtypes_bf16(f):
+    with np.errstate(invalid="ignore", over="ignore"):
+        return f.astype(ml_dtypes.bfloat16).view(np.uint16)
+
+
+@pytest.mark.parametrize("step", [997])
+def test_float32_blocks_to_bfloat16_round_like_ml_dtypes(step):
+    # the kernels' block rounding (one instruction per 32 values with
+    # AVX512-BF16) over the same patterns: subnormals and NaNs among them
+    # take the integer path, vector by vector
+    f = float32_patterns(step)
+    np.testing.assert_array_equal(_convert.f32_to_bf16_blocks(f), ml_dtypes_bf16(f))
+
+
+SPECIALS = np.array([0x00000001, 0x807fffff, 0x00400000,        # subnormals
+                     0x7fc00001, 0xffa00000, 0x7f800001,        # NaNs with payloads, signalling
+                     0x7f800000, 0xff800000, 0x80000000,        # infinities, -0
+                     0x7f7fffff, 0x00800000], np.uint32).view(np.float32)
+
+
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 31, 32, 33, 64, 95, 257])
+def test_one_special_value_anywhere_in_a_block(n):
+    # a subnormal or NaN sends its whole vector to the integer path: check
+    # every position of it, the masked tail included, and that the normal
+    # values beside it still round right
+    rng = np.random.default_rng(n)
+    base = (rng.standard_normal(n) * 1e3).astype(np.float32)
+    base.view(np.uint32)[:] |= 0x8000                 # a tie or above at bit 15
+    for special in SPECIALS:
+        for pos in range(n):
+            f = base.copy()
+            f[pos] = special
+            got = _convert.f32_to_bf16_blocks(f)
+            np.testing.assert_array_equal(got, ml_dtypes_bf16(f), err_msg=f"{special!r} at {pos}")
+
+
+def test_bfloat16_store_path_is_reported_and_can_be_turned_off():
+    import cynorm
+    assert cynorm.config()["bfloat16_stores"] == _convert.bf16_store_path()
+    code = ("import cynorm; from cynorm import _kernels; "
+            "print(_kernels.load('_convert').bf16_store_path())")
+    off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=dict(os.environ, CYNORM_NO_AVX512BF16="1"), timeout=120)
+    assert off.returncode == 0, off.stderr
+    assert off.stdout.strip() == "integer round-to-nearest-even"
+
+
+def _cpu_has_avx512_bf16():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and "avx512_bf16" in line.split() for line in f)
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _cpu_has_avx512_bf16() or _kernels.SIMD_LEVEL != "avx512"
+                    and _kernels.has_variants(),
+                    reason="the AVX512-BF16 stores need a CPU with avx512_bf16 and AVX-512 kernels")
+def test_avx512_kernels_use_the_bf16_instruction_where_the_cpu_has_it():
+    import cynorm
+    if "AVX-512" not in cynorm.config()["simd_compiled"] and not _kernels.has_variants():
+        pytest.skip("this build's kernels are not compiled for AVX-512")
+    if os.environ.get("CYNORM_NO_AVX512BF16", "") not in ("", "0"):
+        pytest.skip("CYNORM_NO_AVX512BF16 is set")
+    assert PACKED
+
+
 @pytest.mark.parametrize("step", [997])
 def test_float32_to_float16_rounds_like_numpy(step):
     f = float32_patterns(step)
@@ -71,5 +147,6 @@ def test_float32_to_16bit_dense_sweep():
             want_bf = f.astype(ml_dtypes.bfloat16).view(np.uint16)
             want_h = f.astype(np.float16).view(np.uint16)
         np.testing.assert_array_equal(_convert.f32_to_bf16(f), want_bf)
+        np.testing.assert_array_equal(_convert.f32_to_bf16_blocks(f), want_bf)
         quiet = ~np.isnan(f) | ((u & 0x00400000) != 0)
         np.testing.assert_array_equal(_convert.f32_to_f16(f)[quiet], want_h[quiet])

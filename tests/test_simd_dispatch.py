@@ -44,9 +44,47 @@ np.savez(sys.argv[1], **out)
 """
 
 
-def _run(level, path):
-    env = dict(os.environ, CYNORM_SIMD=level)
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(path)], capture_output=True,
+# every bfloat16 store the kernels make (elementwise passes of each layout,
+# layer norm's fused backward, weight norm), on rows long enough for the
+# blocked paths and with subnormals, NaNs and infinities among the values
+BF16_SCRIPT = r"""
+import sys, numpy as np, ml_dtypes, cynorm
+bf = ml_dtypes.bfloat16
+rng = np.random.default_rng(1)
+out = {}
+def special(a):
+    f = a.astype(np.float32).ravel()
+    f[::101] = np.nan
+    f[7::211] = 3e-39
+    f[3::307] = -np.inf
+    return f.reshape(a.shape).astype(bf)
+for i, (shape, axis) in enumerate((((4, 3, 37, 41), 1), ((6, 64, 14, 14), 1), ((8, 9, 10, 64), -1),
+                                   ((300, 70), 1), ((5, 1100), 1))):
+    for tag, x in (("plain", (rng.standard_normal(shape) * 2).astype(bf)),
+                   ("special", special(rng.standard_normal(shape)))):
+        C = shape[axis]
+        w = rng.standard_normal(C).astype(np.float32)
+        b = rng.standard_normal(C).astype(np.float32)
+        rm, rv = np.zeros(C, np.float32), np.ones(C, np.float32)
+        y, sm, si = cynorm.batch_norm(x, w, b, rm, rv, training=True, axis=axis)
+        ye = cynorm.batch_norm(x, w, b, rm, rv, training=False, axis=axis)[0]
+        dy = (rng.standard_normal(shape)).astype(bf)
+        gx = cynorm.batch_norm_backward(dy, x, w, rm, rv, sm, si, True, axis=axis)[0]
+        gxe = cynorm.batch_norm_backward(dy, x, w, rm, rv, sm, si, False, axis=axis)[0]
+        N = shape[-1]
+        ly, lm, lr = cynorm.layer_norm(x, N, w[:1].repeat(N), b[:1].repeat(N))
+        lg = cynorm.layer_norm_backward(dy, x, N, lm, lr, w[:1].repeat(N))[0]
+        v = x.reshape(shape[0], -1)
+        wn = cynorm.weight_norm_interface(v, np.ones((shape[0], 1), bf), 0)[0]
+        for k, a in dict(y=y, ye=ye, gx=gx, gxe=gxe, ly=ly, lg=lg, wn=wn).items():
+            out[f"{i}-{tag}-{k}"] = np.asarray(a).view(np.uint8)
+np.savez(sys.argv[1], **out)
+"""
+
+
+def _run(level, path, script=SCRIPT, **env):
+    env = dict(os.environ, CYNORM_SIMD=level, **env)
+    proc = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True,
                           text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return np.load(path)
@@ -74,6 +112,18 @@ def test_every_level_gives_the_same_bits(tmp_path):
         for key in ref.files:
             if key != "level":
                 assert np.array_equal(res[key], ref[key]), f"{key} differs at {lv} vs {LEVELS[0]}"
+
+
+@pytest.mark.skipif(not _kernels.load("_convert").bf16_store_path().startswith("AVX512-BF16"),
+                    reason="the kernels here round bfloat16 with integer operations only "
+                    "(no AVX512-BF16 in this CPU or this SIMD level)")
+def test_avx512_bf16_stores_give_the_integer_paths_bits(tmp_path):
+    level = _kernels.SIMD_LEVEL
+    packed = _run(level, tmp_path / "packed.npz", BF16_SCRIPT)
+    plain = _run(level, tmp_path / "plain.npz", BF16_SCRIPT, CYNORM_NO_AVX512BF16="1")
+    assert packed.files == plain.files
+    for key in packed.files:
+        assert np.array_equal(packed[key], plain[key]), f"{key} differs"
 
 
 # x86-64 psABI levels by their Linux /proc/cpuinfo flag names (lzcnt is "abm")

@@ -1,14 +1,35 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""The kernels' scalar conversions over whole arrays, for the tests.
+"""The kernels' 16-bit conversions over whole arrays, for the tests.
 
-They run exactly the inline functions the kernels use, so tests can compare
-them with ml_dtypes / NumPy casts bit for bit.
+They run exactly the functions the kernels use, so tests can compare them
+with ml_dtypes / NumPy casts bit for bit.  Built once per SIMD level like the
+kernels (cynorm._kernels.load("_convert")): the bfloat16 block rounding
+differs between levels (cn_pack.h).
 """
 import numpy as np
 
 from cynorm._kernels.common cimport (
     cn_bf16, cn_f16, cn_f32_to_bf16, cn_bf16_to_f32, cn_f32_to_f16, cn_f16_to_f32,
 )
+
+cdef extern from "cn_pack.h" nogil:
+    void cn_f32_to_bf16_array(unsigned short* dst, const float* src, Py_ssize_t n)
+    const char* cn_bf16_store_path()
+
+
+def bf16_store_path():
+    """How this module's kernels round float32 blocks to bfloat16."""
+    return cn_bf16_store_path().decode()
+
+
+def f32_to_bf16_blocks(const float[::1] x):
+    """bfloat16 bits of x through the kernels' block rounding (cn_pack.h)."""
+    out = np.empty(x.shape[0], np.uint16)
+    cdef unsigned short[::1] o = out
+    if x.shape[0]:
+        with nogil:
+            cn_f32_to_bf16_array(&o[0], &x[0], x.shape[0])
+    return out
 
 
 def f32_to_bf16(const float[::1] x):

@@ -22,6 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "cn_scalar.h"
+#include "cn_pack.h"
 
 #if defined(__GNUC__) || defined(__clang__)
 #define CN_NOINLINE __attribute__((noinline, unused))
@@ -58,10 +59,15 @@
 #define CN_PREFETCHW_BYTES CN_PREFETCH_BYTES
 #endif
 #if defined(__GNUC__) || defined(__clang__)
-#define CN_PREFETCHW(p) __builtin_prefetch((const char *)(p) + CN_PREFETCHW_BYTES, 1, 3)
+#define CN_PREFETCHW_AT(p) __builtin_prefetch((const char *)(p), 1, 3)
 #else
-#define CN_PREFETCHW(p) ((void)0)
+#define CN_PREFETCHW_AT(p) ((void)0)
 #endif
+#define CN_PREFETCHW(p) CN_PREFETCHW_AT((const char *)(p) + CN_PREFETCHW_BYTES)
+/* Rows up to this long are "short": a loop over one of them is over before
+ * the hardware streamer ramps up, so callers prefetch the rows that follow
+ * (cn_stats.h); longer rows prefetch within themselves. */
+#define CN_PREFETCH_ROW_BYTES 1024
 #define CN_PREFETCHW_BLOCK(IO, p)                                                     \
     do {                                                                              \
         for (size_t l_ = 0; l_ < CN_BLOCK * sizeof(IO); l_ += 64)                    \
@@ -102,27 +108,49 @@ static inline void cn_stream_fence(void) { _mm_sfence(); }
 #define CN_ALIGN64 __attribute__((aligned(64)))
 #endif
 
-/* out[J] = EXPR for J in [0, n): streamed when asked (the head up to 64-byte
- * alignment and the tail are stored normally).  Cached float32/float64
- * stores run in blocks with a write prefetch ahead (measured: batch-norm
- * training N,C,H,W 8.0 -> 5.8 ms and eval 6.2 -> 4.5 ms at 1 thread); 16-bit
- * outputs keep one plain loop, whose conversions bound them (blocking it
- * made bfloat16 eval 1.2x slower). */
+/* out[J] = the storage rounding of MEXPR (math type) for J in [0, n):
+ * streamed when asked (the head up to 64-byte alignment and the tail are
+ * stored normally).  Cached float32/float64 stores run in blocks with a write
+ * prefetch ahead (measured: batch-norm training N,C,H,W 8.0 -> 5.8 ms and
+ * eval 6.2 -> 4.5 ms at 1 thread); 16-bit outputs keep one plain loop, whose
+ * conversions bound them (blocking it made bfloat16 eval 1.2x slower).
+ * bfloat16 on a CPU with AVX512-BF16 (cn_pack.h) instead computes blocks of
+ * float32 and rounds each with one instruction per 32 values; the bits are
+ * the same. */
+#define CN_ELEMENTWISE_PACKED(SFX, out, n, J, MEXPR)                                  \
+    do {                                                                              \
+        CN_ALIGN64 float pk_[CN_PACK_BLOCK];                                          \
+        for (ptrdiff_t j_ = 0; j_ < (n); j_ += CN_PACK_BLOCK) {                       \
+            ptrdiff_t e_ = (n) - j_ < CN_PACK_BLOCK ? (n) - j_ : CN_PACK_BLOCK;       \
+            if ((n) * sizeof(uint16_t) > CN_PREFETCH_ROW_BYTES)                       \
+                for (size_t l_ = 0; l_ < (size_t)e_ * sizeof(uint16_t); l_ += 64)     \
+                    CN_PREFETCHW((const char *)((out) + j_) + l_);                    \
+            for (ptrdiff_t k_ = 0; k_ < e_; k_++) {                                   \
+                ptrdiff_t J = j_ + k_;                                                \
+                pk_[k_] = (float)(MEXPR);                                             \
+            }                                                                         \
+            cn_pack_bf16((uint16_t *)((out) + j_), pk_, e_);                          \
+        }                                                                             \
+    } while (0)
 #if CN_HAVE_STREAM
-#define CN_ELEMENTWISE(IO, out, n, stream, J, EXPR)                                   \
+#define CN_ELEMENTWISE(SFX, IO, out, n, stream, J, MEXPR)                             \
     do {                                                                              \
         ptrdiff_t j_ = 0;                                                             \
+        if (CN_PACKS_##SFX && cn_bf16_pack_ok) {                                      \
+            CN_ELEMENTWISE_PACKED(SFX, out, n, J, MEXPR);                             \
+            break;                                                                    \
+        }                                                                             \
         if (stream) {                                                                 \
             enum { B_ = CN_STREAM_BLOCK_BYTES / sizeof(IO) };                         \
             CN_ALIGN64 IO blk_[B_];                                                   \
             for (; j_ < (n) && (((uintptr_t)((out) + j_)) & 63u); j_++) {            \
                 ptrdiff_t J = j_;                                                     \
-                (out)[J] = EXPR;                                                      \
+                (out)[J] = cn_store_##SFX(MEXPR);                                     \
             }                                                                         \
             for (; j_ + B_ <= (n); j_ += B_) {                                        \
                 for (ptrdiff_t k_ = 0; k_ < B_; k_++) {                               \
                     ptrdiff_t J = j_ + k_;                                            \
-                    blk_[k_] = EXPR;                                                  \
+                    blk_[k_] = cn_store_##SFX(MEXPR);                                 \
                 }                                                                     \
                 cn_stream_block((out) + j_, blk_);                                    \
             }                                                                         \
@@ -133,20 +161,24 @@ static inline void cn_stream_fence(void) { _mm_sfence(); }
                 ptrdiff_t e_ = j_ + CN_BLOCK < (n) ? j_ + CN_BLOCK : (n);             \
                 CN_PREFETCHW_BLOCK(IO, (out) + j_);                                   \
                 for (ptrdiff_t J = j_; J < e_; J++)                                   \
-                    (out)[J] = EXPR;                                                  \
+                    (out)[J] = cn_store_##SFX(MEXPR);                                 \
             }                                                                         \
         }                                                                             \
         for (; j_ < (n); j_++) {                                                      \
             ptrdiff_t J = j_;                                                         \
-            (out)[J] = EXPR;                                                          \
+            (out)[J] = cn_store_##SFX(MEXPR);                                         \
         }                                                                             \
     } while (0)
 #else
-#define CN_ELEMENTWISE(IO, out, n, stream, J, EXPR)                                   \
+#define CN_ELEMENTWISE(SFX, IO, out, n, stream, J, MEXPR)                             \
     do {                                                                              \
         (void)(stream);                                                               \
+        if (CN_PACKS_##SFX && cn_bf16_pack_ok) {                                      \
+            CN_ELEMENTWISE_PACKED(SFX, out, n, J, MEXPR);                             \
+            break;                                                                    \
+        }                                                                             \
         for (ptrdiff_t J = 0; J < (n); J++)                                           \
-            (out)[J] = EXPR;                                                          \
+            (out)[J] = cn_store_##SFX(MEXPR);                                         \
     } while (0)
 #endif
 
@@ -288,28 +320,28 @@ CN_NOINLINE static void cn_scale_##SFX(T *outs, const T *xs, ptrdiff_t n, M s,  
                                        int stream) {                                 \
     IO *restrict out = (IO *)outs;                                                   \
     const IO *restrict x = (const IO *)xs;                                           \
-    CN_ELEMENTWISE(IO, out, n, stream, J, cn_store_##SFX(cn_load_##SFX(x[J]) * s));  \
+    CN_ELEMENTWISE(SFX, IO, out, n, stream, J, cn_load_##SFX(x[J]) * s);          \
 }                                                                                    \
 CN_NOINLINE static void cn_scalecols_##SFX(T *outs, const T *xs, ptrdiff_t n,        \
                                            const M *restrict s, int stream) {        \
     IO *restrict out = (IO *)outs;                                                   \
     const IO *restrict x = (const IO *)xs;                                           \
-    CN_ELEMENTWISE(IO, out, n, stream, J, cn_store_##SFX(cn_load_##SFX(x[J]) * s[J])); \
+    CN_ELEMENTWISE(SFX, IO, out, n, stream, J, cn_load_##SFX(x[J]) * s[J]);       \
 }                                                                                    \
 CN_NOINLINE static void cn_axpby_##SFX(T *outs, const T *xs, const T *ys,            \
                                        ptrdiff_t n, M a, M b, int stream) {          \
     IO *restrict out = (IO *)outs;                                                   \
     const IO *restrict x = (const IO *)xs, *restrict y = (const IO *)ys;             \
-    CN_ELEMENTWISE(IO, out, n, stream, J,                                            \
-                   cn_store_##SFX(a * cn_load_##SFX(x[J]) - b * cn_load_##SFX(y[J]))); \
+    CN_ELEMENTWISE(SFX, IO, out, n, stream, J,                                       \
+                   a * cn_load_##SFX(x[J]) - b * cn_load_##SFX(y[J]));               \
 }                                                                                    \
 CN_NOINLINE static void cn_axpbycols_##SFX(T *outs, const T *xs, const T *ys,        \
                                            ptrdiff_t n, const M *restrict a,         \
                                            const M *restrict b, int stream) {        \
     IO *restrict out = (IO *)outs;                                                   \
     const IO *restrict x = (const IO *)xs, *restrict y = (const IO *)ys;             \
-    CN_ELEMENTWISE(IO, out, n, stream, J,                                            \
-                   cn_store_##SFX(a[J] * cn_load_##SFX(x[J]) - b[J] * cn_load_##SFX(y[J]))); \
+    CN_ELEMENTWISE(SFX, IO, out, n, stream, J,                                       \
+                   a[J] * cn_load_##SFX(x[J]) - b[J] * cn_load_##SFX(y[J]));         \
 }
 
 CN_ROW_OPS(f32, float, float, float)

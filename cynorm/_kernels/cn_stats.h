@@ -120,7 +120,6 @@ static inline void cn_lanes_add(const double *L, double *s) {
  * training 1.14x faster (float32, 1 and 2 threads).  Longer rows ((4096, 1024)
  * float32, 4 KiB) ran up to 1.15x slower with it and go without; so does a
  * task over part of a row (column chunks exist only for rows far longer). */
-#define CN_PREFETCH_ROW_BYTES 1024
 #define CN_PREFETCH_ROW(IO, p, n)                                                     \
     do {                                                                              \
         for (size_t l_ = 0; l_ < (size_t)(n) * sizeof(IO); l_ += 64)                  \
@@ -152,6 +151,15 @@ static inline void cn_lanes_add(const double *L, double *s) {
                     CN_PREFETCHW((const char *)(out) + l_);                           \
         }                                                                             \
     } while (0)
+/* 16-bit outputs: their loops have no blocked write prefetch (see
+ * CN_ELEMENTWISE), so a column pass claims the output row it will write
+ * rows_ahead rows later */
+#define CN_PREFETCHW_ROW16(IO, p, n)                                                  \
+    do {                                                                              \
+        if (sizeof(IO) < 4)                                                           \
+            for (size_t l_ = 0; l_ < (size_t)(n) * sizeof(IO); l_ += 64)              \
+                CN_PREFETCHW_AT((const char *)(p) + l_);                              \
+    } while (0)
 /* rows_ahead for rows ld elements of isz bytes apart: 0 (no prefetch) for
  * long rows */
 static inline ptrdiff_t cn_rows_ahead(ptrdiff_t ld, size_t isz) {
@@ -160,6 +168,19 @@ static inline ptrdiff_t cn_rows_ahead(ptrdiff_t ld, size_t isz) {
         return 0;
     return (CN_PREFETCH_BYTES + row - 1) / row;
 }
+
+/* one column of cn_gradrowacc2: both rows' grad_x through STORE0/STORE1 (a
+ * storage rounding, or a float32 block entry), then the two column sums */
+#define CN_GRADROWACC2_STEP(SFX, M, j, STORE0, STORE1)                               \
+    do {                                                                             \
+        M wj = w == NULL ? (M)1 : w[j];                                              \
+        M g0 = cn_load_##SFX(dy0[j]), c0 = cn_load_##SFX(x0[j]) - mu0;               \
+        M g1 = cn_load_##SFX(dy1[j]), c1 = cn_load_##SFX(x1[j]) - mu1;               \
+        STORE0((g0 * wj - p0 - c0 * q0) * r0);                                       \
+        STORE1((g1 * wj - p1 - c1 * q1) * r1);                                       \
+        a1[j] += (double)(g0 + g1);                                                  \
+        a2[j] += (double)(g0 * (c0 * r0) + g1 * (c1 * r1));                          \
+    } while (0)
 
 #define CN_STATS_OPS(SFX, T, IO, M)                                                  \
 /* rows rows of n elements, ld apart: s[0] += sum(x - k), s[1] += sum((x - k)^2) */ \
@@ -300,22 +321,28 @@ CN_NOINLINE static void cn_gradrowacc2_##SFX(T *outs0, T *outs1, double *restric
     const M p0 = c[0], mu0 = c[1], q0 = c[2], r0 = c[3];                             \
     const M p1 = c[4], mu1 = c[5], q1 = c[6], r1 = c[7];                             \
     /* float32/64: blocks with a write prefetch ahead of both outputs (see   \
-       CN_ELEMENTWISE); 16-bit: one plain pass */                               \
-    const ptrdiff_t step = sizeof(IO) >= 4 ? CN_BLOCK : (n > 0 ? n : 1);             \
+       CN_ELEMENTWISE); 16-bit: one plain pass, or with AVX512-BF16 blocks   \
+       rounded by cn_pack_bf16 */                                               \
+    const int packed = CN_PACKS_##SFX && cn_bf16_pack_ok;                            \
+    CN_ALIGN64 float pk0[CN_PACKS_##SFX ? CN_PACK_BLOCK : 1];                        \
+    CN_ALIGN64 float pk1[CN_PACKS_##SFX ? CN_PACK_BLOCK : 1];                        \
+    const ptrdiff_t step = sizeof(IO) >= 4 ? CN_BLOCK                                \
+                           : packed ? CN_PACK_BLOCK : (n > 0 ? n : 1);               \
     for (ptrdiff_t jb = 0; jb < n; jb += step) {                                     \
         if (sizeof(IO) >= 4) {                                                       \
             CN_PREFETCHW_BLOCK(IO, out0 + jb);                                       \
             CN_PREFETCHW_BLOCK(IO, out1 + jb);                                       \
         }                                                                            \
         ptrdiff_t je = jb + step < n ? jb + step : n;                                \
-        for (ptrdiff_t j = jb; j < je; j++) {                                        \
-            M wj = w == NULL ? (M)1 : w[j];                                          \
-            M g0 = cn_load_##SFX(dy0[j]), c0 = cn_load_##SFX(x0[j]) - mu0;           \
-            M g1 = cn_load_##SFX(dy1[j]), c1 = cn_load_##SFX(x1[j]) - mu1;           \
-            out0[j] = cn_store_##SFX((g0 * wj - p0 - c0 * q0) * r0);                 \
-            out1[j] = cn_store_##SFX((g1 * wj - p1 - c1 * q1) * r1);                 \
-            a1[j] += (double)(g0 + g1);                                              \
-            a2[j] += (double)(g0 * (c0 * r0) + g1 * (c1 * r1));                      \
+        if (packed) {                                                                \
+            for (ptrdiff_t j = jb; j < je; j++)                                      \
+                CN_GRADROWACC2_STEP(SFX, M, j, pk0[j - jb] = (float), pk1[j - jb] = (float)); \
+            cn_pack_bf16((uint16_t *)(out0 + jb), pk0, je - jb);                     \
+            cn_pack_bf16((uint16_t *)(out1 + jb), pk1, je - jb);                     \
+        } else {                                                                     \
+            for (ptrdiff_t j = jb; j < je; j++)                                      \
+                CN_GRADROWACC2_STEP(SFX, M, j, out0[j] = cn_store_##SFX,             \
+                                    out1[j] = cn_store_##SFX);                       \
         }                                                                            \
     }                                                                                \
 }                                                                                    \
@@ -345,12 +372,11 @@ CN_NOINLINE static void cn_normrow_##SFX(T *outs, const T *xs, ptrdiff_t n,     
         const IO *restrict x = (const IO *)xs + r * ld;                              \
         CN_PREFETCH_SHORT_ROW(IO, out, x, x, n, rows);                               \
         if (w == NULL)                                                               \
-            CN_ELEMENTWISE(IO, out, n, stream, J,                                    \
-                           cn_store_##SFX((cn_load_##SFX(x[J]) - mu) * s + t));      \
+            CN_ELEMENTWISE(SFX, IO, out, n, stream, J,                               \
+                           (cn_load_##SFX(x[J]) - mu) * s + t);                      \
         else                                                                         \
-            CN_ELEMENTWISE(IO, out, n, stream, J,                                    \
-                           cn_store_##SFX(((cn_load_##SFX(x[J]) - mu) * s) * w[J]    \
-                                          + b[J]));                                  \
+            CN_ELEMENTWISE(SFX, IO, out, n, stream, J,                               \
+                           ((cn_load_##SFX(x[J]) - mu) * s) * w[J] + b[J]);          \
     }                                                                                \
 }                                                                                    \
 /* rows rows of n columns, ld elements apart: out[j] = (x[j] - m[j]) * s[j] + t[j] */ \
@@ -362,10 +388,12 @@ CN_NOINLINE static void cn_normcols_##SFX(T *outs, const T *xs, ptrdiff_t n,    
     for (ptrdiff_t r = 0; r < rows; r++) {                                           \
         IO *restrict out = (IO *)outs + r * ld;                                      \
         const IO *restrict x = (const IO *)xs + r * ld;                              \
-        if (ahead > 0)                                                               \
+        if (ahead > 0) {                                                             \
             CN_PREFETCH_ROW(IO, x + ahead * ld, n);                                  \
-        CN_ELEMENTWISE(IO, out, n, stream, J,                                        \
-                       cn_store_##SFX((cn_load_##SFX(x[J]) - mu[J]) * s[J] + t[J])); \
+            CN_PREFETCHW_ROW16(IO, out + ahead * ld, n);                             \
+        }                                                                            \
+        CN_ELEMENTWISE(SFX, IO, out, n, stream, J,                                   \
+                       (cn_load_##SFX(x[J]) - mu[J]) * s[J] + t[J]);                 \
     }                                                                                \
 }                                                                                    \
 /* rows rows of n elements, ld apart; g = dy (w == NULL) or dy * w[j]:       */ \
@@ -380,13 +408,13 @@ CN_NOINLINE static void cn_gradrow_##SFX(T *outs, const T *dys, const T *xs,    
         const IO *restrict x = (const IO *)xs + r * ld;                              \
         CN_PREFETCH_SHORT_ROW(IO, out, dy, x, n, rows);                              \
         if (w == NULL)                                                               \
-            CN_ELEMENTWISE(IO, out, n, stream, J,                                    \
-                           cn_store_##SFX((cn_load_##SFX(dy[J]) - p                  \
-                                           - (cn_load_##SFX(x[J]) - mu) * q) * a));  \
+            CN_ELEMENTWISE(SFX, IO, out, n, stream, J,                               \
+                           (cn_load_##SFX(dy[J]) - p                                 \
+                            - (cn_load_##SFX(x[J]) - mu) * q) * a);                  \
         else                                                                         \
-            CN_ELEMENTWISE(IO, out, n, stream, J,                                    \
-                           cn_store_##SFX((cn_load_##SFX(dy[J]) * w[J] - p           \
-                                           - (cn_load_##SFX(x[J]) - mu) * q) * a));  \
+            CN_ELEMENTWISE(SFX, IO, out, n, stream, J,                               \
+                           (cn_load_##SFX(dy[J]) * w[J] - p                          \
+                            - (cn_load_##SFX(x[J]) - mu) * q) * a);                  \
     }                                                                                \
 }                                                                                    \
 /* rows rows as above: out[j] = (dy - p[j] - (x - m[j]) * q[j]) * a[j] */          \
@@ -403,10 +431,11 @@ CN_NOINLINE static void cn_gradcols_##SFX(T *outs, const T *dys, const T *xs,   
         if (ahead > 0) {                                                             \
             CN_PREFETCH_ROW(IO, dy + ahead * ld, n);                                 \
             CN_PREFETCH_ROW(IO, x + ahead * ld, n);                                  \
+            CN_PREFETCHW_ROW16(IO, out + ahead * ld, n);                             \
         }                                                                            \
-        CN_ELEMENTWISE(IO, out, n, stream, J,                                        \
-                       cn_store_##SFX((cn_load_##SFX(dy[J]) - p[J]                   \
-                                       - (cn_load_##SFX(x[J]) - mu[J]) * q[J]) * a[J])); \
+        CN_ELEMENTWISE(SFX, IO, out, n, stream, J,                                   \
+                       (cn_load_##SFX(dy[J]) - p[J]                                  \
+                        - (cn_load_##SFX(x[J]) - mu[J]) * q[J]) * a[J]);             \
     }                                                                                \
 }
 
