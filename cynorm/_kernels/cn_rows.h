@@ -83,6 +83,28 @@
             CN_PREFETCH((const char *)(p) + l_);                                      \
     } while (0)
 
+/* Rows of a strided set (a batch-norm channel's rows, one per sample) are far
+ * apart: the data CN_PREFETCH_BYTES past a row's end belongs to another
+ * channel.  Past the end the prefetch continues into the next row of the set,
+ * nxt (p + n when the rows are contiguous or there is no next row: plain
+ * look-ahead). */
+#define CN_AHEAD(IO, p, i, n, nxt)                                                    \
+    ((i) + (ptrdiff_t)(CN_PREFETCH_BYTES / sizeof(IO)) < (n)                          \
+         ? (const char *)((p) + (i) + CN_PREFETCH_BYTES / sizeof(IO))                 \
+         : (const char *)((nxt) + ((i) + (ptrdiff_t)(CN_PREFETCH_BYTES / sizeof(IO)) - (n))))
+#define CN_PREFETCHW_BLOCK_ROW(IO, p, i, n, nxt)                                      \
+    do {                                                                              \
+        const char *a_ = CN_AHEAD(IO, p, i, n, nxt);                                  \
+        for (size_t l_ = 0; l_ < CN_BLOCK * sizeof(IO); l_ += 64)                    \
+            CN_PREFETCHW_AT(a_ + l_);                                                 \
+    } while (0)
+#define CN_PREFETCH_BLOCK_ROW(IO, p, i, n, nxt)                                       \
+    do {                                                                              \
+        const char *a_ = CN_AHEAD(IO, p, i, n, nxt);                                  \
+        for (size_t l_ = 0; l_ < CN_BLOCK * sizeof(IO); l_ += 64)                    \
+            CN_PREFETCH_AT(a_ + l_);                                                  \
+    } while (0)
+
 /* ---- streaming (non-temporal) stores ------------------------------------ */
 /* A large output is written once and not read back by the kernel: storing it
  * around the caches saves the read-for-ownership of every line (one third of
@@ -117,14 +139,17 @@ static inline void cn_stream_fence(void) { _mm_sfence(); }
  * bfloat16 on a CPU with AVX512-BF16 (cn_pack.h) instead computes blocks of
  * float32 and rounds each with one instruction per 32 values; the bits are
  * the same. */
-#define CN_ELEMENTWISE_PACKED(SFX, out, n, J, MEXPR)                                  \
+#define CN_ELEMENTWISE_PACKED(SFX, out, n, nxt, J, MEXPR)                             \
     do {                                                                              \
         CN_ALIGN64 float pk_[CN_PACK_BLOCK];                                          \
         for (ptrdiff_t j_ = 0; j_ < (n); j_ += CN_PACK_BLOCK) {                       \
             ptrdiff_t e_ = (n) - j_ < CN_PACK_BLOCK ? (n) - j_ : CN_PACK_BLOCK;       \
-            if ((n) * sizeof(uint16_t) > CN_PREFETCH_ROW_BYTES)                       \
+            if ((n) * sizeof(uint16_t) > CN_PREFETCH_ROW_BYTES) {                     \
+                const char *a_ = CN_AHEAD(uint16_t, (const uint16_t *)(out), j_, n,   \
+                                          (const uint16_t *)(nxt));                   \
                 for (size_t l_ = 0; l_ < (size_t)e_ * sizeof(uint16_t); l_ += 64)     \
-                    CN_PREFETCHW((const char *)((out) + j_) + l_);                    \
+                    CN_PREFETCHW_AT(a_ + l_);                                         \
+            }                                                                         \
             for (ptrdiff_t k_ = 0; k_ < e_; k_++) {                                   \
                 ptrdiff_t J = j_ + k_;                                                \
                 pk_[k_] = (float)(MEXPR);                                             \
@@ -133,11 +158,11 @@ static inline void cn_stream_fence(void) { _mm_sfence(); }
         }                                                                             \
     } while (0)
 #if CN_HAVE_STREAM
-#define CN_ELEMENTWISE(SFX, IO, out, n, stream, J, MEXPR)                             \
+#define CN_ELEMENTWISE(SFX, IO, out, n, nxt, stream, J, MEXPR)                        \
     do {                                                                              \
         ptrdiff_t j_ = 0;                                                             \
         if (CN_PACKS_##SFX && cn_bf16_pack_ok) {                                      \
-            CN_ELEMENTWISE_PACKED(SFX, out, n, J, MEXPR);                             \
+            CN_ELEMENTWISE_PACKED(SFX, out, n, nxt, J, MEXPR);                        \
             break;                                                                    \
         }                                                                             \
         if (stream) {                                                                 \
@@ -159,7 +184,7 @@ static inline void cn_stream_fence(void) { _mm_sfence(); }
         if (sizeof(IO) >= 4) {                                                        \
             for (; j_ < (n); j_ += CN_BLOCK) {                                        \
                 ptrdiff_t e_ = j_ + CN_BLOCK < (n) ? j_ + CN_BLOCK : (n);             \
-                CN_PREFETCHW_BLOCK(IO, (out) + j_);                                   \
+                CN_PREFETCHW_BLOCK_ROW(IO, out, j_, n, nxt);                          \
                 for (ptrdiff_t J = j_; J < e_; J++)                                   \
                     (out)[J] = cn_store_##SFX(MEXPR);                                 \
             }                                                                         \
@@ -170,11 +195,11 @@ static inline void cn_stream_fence(void) { _mm_sfence(); }
         }                                                                             \
     } while (0)
 #else
-#define CN_ELEMENTWISE(SFX, IO, out, n, stream, J, MEXPR)                             \
+#define CN_ELEMENTWISE(SFX, IO, out, n, nxt, stream, J, MEXPR)                        \
     do {                                                                              \
         (void)(stream);                                                               \
         if (CN_PACKS_##SFX && cn_bf16_pack_ok) {                                      \
-            CN_ELEMENTWISE_PACKED(SFX, out, n, J, MEXPR);                             \
+            CN_ELEMENTWISE_PACKED(SFX, out, n, nxt, J, MEXPR);                        \
             break;                                                                    \
         }                                                                             \
         for (ptrdiff_t J = 0; J < (n); J++)                                           \
@@ -320,19 +345,19 @@ CN_NOINLINE static void cn_scale_##SFX(T *outs, const T *xs, ptrdiff_t n, M s,  
                                        int stream) {                                 \
     IO *restrict out = (IO *)outs;                                                   \
     const IO *restrict x = (const IO *)xs;                                           \
-    CN_ELEMENTWISE(SFX, IO, out, n, stream, J, cn_load_##SFX(x[J]) * s);          \
+    CN_ELEMENTWISE(SFX, IO, out, n, out + n, stream, J, cn_load_##SFX(x[J]) * s);          \
 }                                                                                    \
 CN_NOINLINE static void cn_scalecols_##SFX(T *outs, const T *xs, ptrdiff_t n,        \
                                            const M *restrict s, int stream) {        \
     IO *restrict out = (IO *)outs;                                                   \
     const IO *restrict x = (const IO *)xs;                                           \
-    CN_ELEMENTWISE(SFX, IO, out, n, stream, J, cn_load_##SFX(x[J]) * s[J]);       \
+    CN_ELEMENTWISE(SFX, IO, out, n, out + n, stream, J, cn_load_##SFX(x[J]) * s[J]);       \
 }                                                                                    \
 CN_NOINLINE static void cn_axpby_##SFX(T *outs, const T *xs, const T *ys,            \
                                        ptrdiff_t n, M a, M b, int stream) {          \
     IO *restrict out = (IO *)outs;                                                   \
     const IO *restrict x = (const IO *)xs, *restrict y = (const IO *)ys;             \
-    CN_ELEMENTWISE(SFX, IO, out, n, stream, J,                                       \
+    CN_ELEMENTWISE(SFX, IO, out, n, out + n, stream, J,                                       \
                    a * cn_load_##SFX(x[J]) - b * cn_load_##SFX(y[J]));               \
 }                                                                                    \
 CN_NOINLINE static void cn_axpbycols_##SFX(T *outs, const T *xs, const T *ys,        \
@@ -340,7 +365,7 @@ CN_NOINLINE static void cn_axpbycols_##SFX(T *outs, const T *xs, const T *ys,   
                                            const M *restrict b, int stream) {        \
     IO *restrict out = (IO *)outs;                                                   \
     const IO *restrict x = (const IO *)xs, *restrict y = (const IO *)ys;             \
-    CN_ELEMENTWISE(SFX, IO, out, n, stream, J,                                       \
+    CN_ELEMENTWISE(SFX, IO, out, n, out + n, stream, J,                                       \
                    a[J] * cn_load_##SFX(x[J]) - b[J] * cn_load_##SFX(y[J]));         \
 }
 

@@ -59,14 +59,16 @@ static inline void cn_lanes_add(const double *L, double *s) {
 /* Lanes a1 += G(j), a2 += G(j) * C(j) over a row of n elements, C(j) =
  * (cp[j] - s): four terms per lane per float64 add, then pairs, then a
  * scalar tail into t1/t2.  G is one of the CN_TERM_ macros, over gp. */
-#define CN_SUMS_ROW(SFX, IO, M, G, gp, cp, s, w, n, a1, a2, t1, t2)                  \
+#define CN_SUMS_ROW(SFX, IO, M, G, gp, cp, s, w, n, ld, last, a1, a2, t1, t2)        \
     do {                                                                             \
         ptrdiff_t m4_ = (n) - (n) % (4 * CN_LANES), m_ = (n) - (n) % (2 * CN_LANES);  \
         ptrdiff_t i = 0;                                                             \
+        /* look ahead into the next row of the set (see CN_AHEAD) */                \
+        const ptrdiff_t nx_ = (last) ? (n) : (ld);                                   \
         for (; i < m4_; i += 4 * CN_LANES) {                                         \
-            CN_PREFETCH_BLOCK(IO, (cp) + i);                                         \
+            CN_PREFETCH_BLOCK_ROW(IO, cp, i, n, (cp) + nx_);                         \
             if ((const void *)(gp) != (const void *)(cp))                            \
-                CN_PREFETCH_BLOCK(IO, (gp) + i);                                     \
+                CN_PREFETCH_BLOCK_ROW(IO, gp, i, n, (gp) + nx_);                     \
             for (int l = 0; l < CN_LANES; l++) {                                     \
                 M g0 = G(SFX, gp, s, w, i + l);                                      \
                 M g1 = G(SFX, gp, s, w, i + CN_LANES + l);                           \
@@ -101,16 +103,18 @@ static inline void cn_lanes_add(const double *L, double *s) {
  * and tail sums t1/t2: the same loop for a call over many rows (lanes in
  * registers from zero) and for lanes carried in memory between calls.
  * Moments: sums of d = x - k and d * d. */
-#define CN_MOM_ROW(SFX, IO, M, x, n, k, a1, a2, t1, t2)                              \
-    CN_SUMS_ROW(SFX, IO, M, CN_TERM_SHIFTED, x, x, k, NULL, n, a1, a2, t1, t2)
+#define CN_MOM_ROW(SFX, IO, M, x, n, ld, last, k, a1, a2, t1, t2)                    \
+    CN_SUMS_ROW(SFX, IO, M, CN_TERM_SHIFTED, x, x, k, NULL, n, ld, last, a1, a2, t1, t2)
 
 /* g = dy (w == NULL) or dy * w[j]: a1/a2 lanes of sum(g), sum(g * (x - mu)) */
-#define CN_CDOT_ROW(SFX, IO, M, dy, x, w, n, mu, a1, a2, t1, t2)                     \
+#define CN_CDOT_ROW(SFX, IO, M, dy, x, w, n, ld, last, mu, a1, a2, t1, t2)           \
     do {                                                                             \
         if (w == NULL)                                                               \
-            CN_SUMS_ROW(SFX, IO, M, CN_TERM_PLAIN, dy, x, mu, w, n, a1, a2, t1, t2);   \
+            CN_SUMS_ROW(SFX, IO, M, CN_TERM_PLAIN, dy, x, mu, w, n, ld, last,          \
+                        a1, a2, t1, t2);                                             \
         else                                                                         \
-            CN_SUMS_ROW(SFX, IO, M, CN_TERM_WEIGHTED, dy, x, mu, w, n, a1, a2, t1, t2); \
+            CN_SUMS_ROW(SFX, IO, M, CN_TERM_WEIGHTED, dy, x, mu, w, n, ld, last,       \
+                        a1, a2, t1, t2);                                             \
     } while (0)
 
 /* Column loops read rows 4 at a time.  Short rows (a pitch of up to
@@ -190,7 +194,7 @@ CN_NOINLINE static void cn_rmom_##SFX(const T *xs, ptrdiff_t n, ptrdiff_t rows, 
     double a1[CN_LANES] = {0}, a2[CN_LANES] = {0}, t1 = 0.0, t2 = 0.0;               \
     for (ptrdiff_t r = 0; r < rows; r++) {                                           \
         const IO *x = (const IO *)xs + r * ld;                                       \
-        CN_MOM_ROW(SFX, IO, M, x, n, k, a1, a2, t1, t2);                             \
+        CN_MOM_ROW(SFX, IO, M, x, n, ld, r + 1 == rows, k, a1, a2, t1, t2);         \
     }                                                                                \
     s[0] += cn_merge_lanes(a1) + t1;                                                 \
     s[1] += cn_merge_lanes(a2) + t2;                                                 \
@@ -204,7 +208,7 @@ CN_NOINLINE static void cn_lmom_##SFX(const T *xs, ptrdiff_t n, M k,            
         a1[l] = L[l];                                                                \
         a2[l] = L[CN_LANES + l];                                                     \
     }                                                                                \
-    CN_MOM_ROW(SFX, IO, M, x, n, k, a1, a2, t1, t2);                                 \
+    CN_MOM_ROW(SFX, IO, M, x, n, n, 1, k, a1, a2, t1, t2);                           \
     CN_LANES_STORE(L, a1, a2, t1, t2);                                               \
 }                                                                                    \
 /* rows rows of n elements, ld apart; g = dy (w == NULL) or dy * w[j]:       */ \
@@ -215,7 +219,7 @@ CN_NOINLINE static void cn_rcdot_##SFX(const T *dys, const T *xs, const M *w,   
     double a1[CN_LANES] = {0}, a2[CN_LANES] = {0}, t1 = 0.0, t2 = 0.0;               \
     for (ptrdiff_t r = 0; r < rows; r++) {                                           \
         const IO *dy = (const IO *)dys + r * ld, *x = (const IO *)xs + r * ld;       \
-        CN_CDOT_ROW(SFX, IO, M, dy, x, w, n, mu, a1, a2, t1, t2);                    \
+        CN_CDOT_ROW(SFX, IO, M, dy, x, w, n, ld, r + 1 == rows, mu, a1, a2, t1, t2); \
     }                                                                                \
     s[0] += cn_merge_lanes(a1) + t1;                                                 \
     s[1] += cn_merge_lanes(a2) + t2;                                                 \
@@ -230,7 +234,7 @@ CN_NOINLINE static void cn_lcdot_##SFX(const T *dys, const T *xs, ptrdiff_t n, M
         a1[l] = L[l];                                                                \
         a2[l] = L[CN_LANES + l];                                                     \
     }                                                                                \
-    CN_CDOT_ROW(SFX, IO, M, dy, x, w, n, mu, a1, a2, t1, t2);                        \
+    CN_CDOT_ROW(SFX, IO, M, dy, x, w, n, n, 1, mu, a1, a2, t1, t2);                  \
     CN_LANES_STORE(L, a1, a2, t1, t2);                                               \
 }                                                                                    \
 /* rows rows of n columns, ld elements apart: per column j,                  */ \
@@ -370,12 +374,13 @@ CN_NOINLINE static void cn_normrow_##SFX(T *outs, const T *xs, ptrdiff_t n,     
     for (ptrdiff_t r = 0; r < rows; r++) {                                           \
         IO *restrict out = (IO *)outs + r * ld;                                      \
         const IO *restrict x = (const IO *)xs + r * ld;                              \
+        IO *nxt = r + 1 < rows ? out + ld : out + n;   /* see CN_AHEAD */            \
         CN_PREFETCH_SHORT_ROW(IO, out, x, x, n, rows);                               \
         if (w == NULL)                                                               \
-            CN_ELEMENTWISE(SFX, IO, out, n, stream, J,                               \
+            CN_ELEMENTWISE(SFX, IO, out, n, nxt, stream, J,                          \
                            (cn_load_##SFX(x[J]) - mu) * s + t);                      \
         else                                                                         \
-            CN_ELEMENTWISE(SFX, IO, out, n, stream, J,                               \
+            CN_ELEMENTWISE(SFX, IO, out, n, nxt, stream, J,                          \
                            ((cn_load_##SFX(x[J]) - mu) * s) * w[J] + b[J]);          \
     }                                                                                \
 }                                                                                    \
@@ -392,7 +397,7 @@ CN_NOINLINE static void cn_normcols_##SFX(T *outs, const T *xs, ptrdiff_t n,    
             CN_PREFETCH_ROW(IO, x + ahead * ld, n);                                  \
             CN_PREFETCHW_ROW16(IO, out + ahead * ld, n);                             \
         }                                                                            \
-        CN_ELEMENTWISE(SFX, IO, out, n, stream, J,                                   \
+        CN_ELEMENTWISE(SFX, IO, out, n, out + n, stream, J,                          \
                        (cn_load_##SFX(x[J]) - mu[J]) * s[J] + t[J]);                 \
     }                                                                                \
 }                                                                                    \
@@ -406,13 +411,14 @@ CN_NOINLINE static void cn_gradrow_##SFX(T *outs, const T *dys, const T *xs,    
         IO *restrict out = (IO *)outs + r * ld;                                      \
         const IO *restrict dy = (const IO *)dys + r * ld;                            \
         const IO *restrict x = (const IO *)xs + r * ld;                              \
+        IO *nxt = r + 1 < rows ? out + ld : out + n;   /* see CN_AHEAD */            \
         CN_PREFETCH_SHORT_ROW(IO, out, dy, x, n, rows);                              \
         if (w == NULL)                                                               \
-            CN_ELEMENTWISE(SFX, IO, out, n, stream, J,                               \
+            CN_ELEMENTWISE(SFX, IO, out, n, nxt, stream, J,                          \
                            (cn_load_##SFX(dy[J]) - p                                 \
                             - (cn_load_##SFX(x[J]) - mu) * q) * a);                  \
         else                                                                         \
-            CN_ELEMENTWISE(SFX, IO, out, n, stream, J,                               \
+            CN_ELEMENTWISE(SFX, IO, out, n, nxt, stream, J,                          \
                            (cn_load_##SFX(dy[J]) * w[J] - p                          \
                             - (cn_load_##SFX(x[J]) - mu) * q) * a);                  \
     }                                                                                \
@@ -433,7 +439,7 @@ CN_NOINLINE static void cn_gradcols_##SFX(T *outs, const T *dys, const T *xs,   
             CN_PREFETCH_ROW(IO, x + ahead * ld, n);                                  \
             CN_PREFETCHW_ROW16(IO, out + ahead * ld, n);                             \
         }                                                                            \
-        CN_ELEMENTWISE(SFX, IO, out, n, stream, J,                                   \
+        CN_ELEMENTWISE(SFX, IO, out, n, out + n, stream, J,                          \
                        (cn_load_##SFX(dy[J]) - p[J]                                  \
                         - (cn_load_##SFX(x[J]) - mu[J]) * q[J]) * a[J]);             \
     }                                                                                \
