@@ -50,11 +50,56 @@ static inline void cn_lanes_add(const double *L, double *s) {
     s[1] += cn_merge_lanes(L + CN_LANES) + L[2 * CN_LANES + 1];
 }
 
-/* Terms of the row sums below, named so that one loop serves them all:
- * (x - shift), dy, dy * w[j]. */
-#define CN_TERM_SHIFTED(SFX, p, s, w, j) (cn_load_##SFX((p)[j]) - (s))
-#define CN_TERM_PLAIN(SFX, p, s, w, j) cn_load_##SFX((p)[j])
-#define CN_TERM_WEIGHTED(SFX, p, s, w, j) (cn_load_##SFX((p)[j]) * (w)[j])
+/* Where the row loops find the terms of a lane: term q (0-3) of lane l in a
+ * block of 4 * CN_LANES elements is element CN_POS(l, q) of the block.
+ * float32/64 and float16: q * CN_LANES + l, so each term is one contiguous
+ * vector.  bfloat16: lane l reads the two 32-bit words at 2l and 2 CN_LANES
+ * + 2l and takes both halves of each (q = 0, 1 from the first word): a half
+ * becomes a float32 with one shift or one mask, where widening a vector of
+ * uint16 took a zero-extension, a shift and an extract per 16 values, and
+ * GCC vectorized 16 lanes of uint16 at half width.  Measured at 1 thread,
+ * interleaved A/B: layer-norm forward 1.15-1.22x, backward 1.08-1.10x,
+ * N,C,H,W batch-norm training 1.12-1.13x, backward 1.05-1.11x.  The pair
+ * loop uses q = 0, 1 of the same formula.  Any fixed assignment of elements
+ * to lanes is as deterministic as another: every path and SIMD level runs
+ * this one. */
+#define CN_POS_f32(l, q) ((q) * CN_LANES + (l))
+#define CN_POS_f64(l, q) ((q) * CN_LANES + (l))
+#define CN_POS_f16(l, q) ((q) * CN_LANES + (l))
+#define CN_POS_bf16(l, q) (2 * CN_LANES * ((q) >> 1) + 2 * (l) + ((q) & 1))
+#define CN_LOADQ_f32(p, i, l, q) cn_load_f32((p)[(i) + CN_POS_f32(l, q)])
+#define CN_LOADQ_f64(p, i, l, q) cn_load_f64((p)[(i) + CN_POS_f64(l, q)])
+#define CN_LOADQ_f16(p, i, l, q) cn_load_f16((p)[(i) + CN_POS_f16(l, q)])
+#define CN_LOADQ_bf16(p, i, l, q)                                                    \
+    cn_bf16_half(*(const cn_u32_a2 *)((p) + (i) + CN_POS_bf16(l, (q) & 2)), (q) & 1)
+
+/* A 32-bit word at a 2-byte aligned address (rows of bfloat16 start at any
+ * element): GCC and clang are told the alignment and that it aliases the
+ * uint16 data; MSVC assumes neither. */
+#if defined(__GNUC__) || defined(__clang__)
+typedef uint32_t cn_u32_a2 __attribute__((aligned(2), may_alias));
+#else
+typedef uint32_t cn_u32_a2;
+#endif
+/* element `odd` (0 or 1) of the two bfloat16 in word w, as float32: the
+ * first element of a pair is the low half on a little-endian machine */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+#define CN_BF16_FIRST_IS_LOW 0
+#else
+#define CN_BF16_FIRST_IS_LOW 1
+#endif
+static inline float cn_bf16_half(uint32_t w, int odd) {
+    return cn_bits_f32((odd == CN_BF16_FIRST_IS_LOW) ? (w & 0xffff0000u) : (w << 16));
+}
+
+/* Terms of the row sums below, from an element's math value v and index j,
+ * named so that one loop serves them all: (x - shift), dy, dy * w[j]. */
+#define CN_TERM_SHIFTED(v, s, w, j) ((v) - (s))
+#define CN_TERM_PLAIN(v, s, w, j) (v)
+#define CN_TERM_WEIGHTED(v, s, w, j) ((v) * (w)[j])
+/* term q of lane l in the block at i */
+#define CN_TERMQ(SFX, G, p, s, w, i, l, q)                                           \
+    G(CN_LOADQ_##SFX(p, i, l, q), s, w, (i) + CN_POS_##SFX(l, q))
 
 /* Lanes a1 += G(j), a2 += G(j) * C(j) over a row of n elements, C(j) =
  * (cp[j] - s): four terms per lane per float64 add, then pairs, then a
@@ -70,32 +115,32 @@ static inline void cn_lanes_add(const double *L, double *s) {
             if ((const void *)(gp) != (const void *)(cp))                            \
                 CN_PREFETCH_BLOCK_ROW(IO, gp, i, n, (gp) + nx_);                     \
             for (int l = 0; l < CN_LANES; l++) {                                     \
-                M g0 = G(SFX, gp, s, w, i + l);                                      \
-                M g1 = G(SFX, gp, s, w, i + CN_LANES + l);                           \
-                M g2 = G(SFX, gp, s, w, i + 2 * CN_LANES + l);                       \
-                M g3 = G(SFX, gp, s, w, i + 3 * CN_LANES + l);                       \
-                M c0 = CN_TERM_SHIFTED(SFX, cp, s, w, i + l);                        \
-                M c1 = CN_TERM_SHIFTED(SFX, cp, s, w, i + CN_LANES + l);             \
-                M c2 = CN_TERM_SHIFTED(SFX, cp, s, w, i + 2 * CN_LANES + l);         \
-                M c3 = CN_TERM_SHIFTED(SFX, cp, s, w, i + 3 * CN_LANES + l);         \
+                M g0 = CN_TERMQ(SFX, G, gp, s, w, i, l, 0);                          \
+                M g1 = CN_TERMQ(SFX, G, gp, s, w, i, l, 1);                          \
+                M g2 = CN_TERMQ(SFX, G, gp, s, w, i, l, 2);                          \
+                M g3 = CN_TERMQ(SFX, G, gp, s, w, i, l, 3);                          \
+                M c0 = CN_TERMQ(SFX, CN_TERM_SHIFTED, cp, s, w, i, l, 0);            \
+                M c1 = CN_TERMQ(SFX, CN_TERM_SHIFTED, cp, s, w, i, l, 1);            \
+                M c2 = CN_TERMQ(SFX, CN_TERM_SHIFTED, cp, s, w, i, l, 2);            \
+                M c3 = CN_TERMQ(SFX, CN_TERM_SHIFTED, cp, s, w, i, l, 3);            \
                 a1[l] += (double)((g0 + g1) + (g2 + g3));                            \
                 a2[l] += (double)((g0 * c0 + g1 * c1) + (g2 * c2 + g3 * c3));        \
             }                                                                        \
         }                                                                            \
         for (; i < m_; i += 2 * CN_LANES) {                                          \
             for (int l = 0; l < CN_LANES; l++) {                                     \
-                M g0 = G(SFX, gp, s, w, i + l);                                      \
-                M g1 = G(SFX, gp, s, w, i + CN_LANES + l);                           \
-                M c0 = CN_TERM_SHIFTED(SFX, cp, s, w, i + l);                        \
-                M c1 = CN_TERM_SHIFTED(SFX, cp, s, w, i + CN_LANES + l);             \
+                M g0 = CN_TERMQ(SFX, G, gp, s, w, i, l, 0);                          \
+                M g1 = CN_TERMQ(SFX, G, gp, s, w, i, l, 1);                          \
+                M c0 = CN_TERMQ(SFX, CN_TERM_SHIFTED, cp, s, w, i, l, 0);            \
+                M c1 = CN_TERMQ(SFX, CN_TERM_SHIFTED, cp, s, w, i, l, 1);            \
                 a1[l] += (double)(g0 + g1);                                          \
                 a2[l] += (double)(g0 * c0 + g1 * c1);                                \
             }                                                                        \
         }                                                                            \
         for (; i < (n); i++) {                                                       \
-            M g = G(SFX, gp, s, w, i);                                               \
+            M g = G(cn_load_##SFX((gp)[i]), s, w, i);                                \
             t1 += (double)g;                                                         \
-            t2 += (double)(g * CN_TERM_SHIFTED(SFX, cp, s, w, i));                   \
+            t2 += (double)(g * CN_TERM_SHIFTED(cn_load_##SFX((cp)[i]), s, w, i));    \
         }                                                                            \
     } while (0)
 
