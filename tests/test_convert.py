@@ -1,5 +1,6 @@
 """The kernels' 16-bit conversions against ml_dtypes and NumPy, bit for bit."""
 import os
+import platform
 import subprocess
 import sys
 
@@ -70,6 +71,19 @@ SPECIALS = np.array([0x00000001, 0x807fffff, 0x00400000,        # subnormals
                      0x7fc00001, 0xffa00000, 0x7f800001,        # NaNs with payloads, signalling
                      0x7f800000, 0xff800000, 0x80000000,        # infinities, -0
                      0x7f7fffff, 0x00800000], np.uint32).view(np.float32)
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"),
+                    reason="the denormals-are-zero flag is an x86 MXCSR bit")
+def test_block_rounding_ignores_denormals_are_zero():
+    # another library may leave the MXCSR's DAZ flag set; the bfloat16
+    # rounding of a subnormal must still be ml_dtypes' (the AVX512-BF16
+    # instruction and VFPCLASSPS both read subnormals as zero under DAZ)
+    u = np.concatenate([np.arange(1, 1 << 23, 4099, dtype=np.uint32),
+                        np.array([0x00400000, 0x000ae398, 0x007fffff], np.uint32)])
+    f = np.concatenate([u, u | 0x80000000]).view(np.float32)
+    f = np.concatenate([f, np.ones(31, np.float32)])      # a masked tail too
+    np.testing.assert_array_equal(_convert.f32_to_bf16_blocks(f, daz=True), ml_dtypes_bf16(f))
 
 
 @pytest.mark.parametrize("n", [1, 15, 16, 17, 31, 32, 33, 64, 95, 257])

@@ -54,7 +54,9 @@ rng = np.random.default_rng(1)
 out = {}
 def special(a):
     f = a.astype(np.float32).ravel()
-    f[::101] = np.nan
+    u = f.view(np.uint32)
+    u[::101] = 0x7fa10000                 # NaNs with a payload (signalling) ...
+    u[50::101] = 0xffe30000               # ... and quiet, negative
     f[7::211] = 3e-39
     f[3::307] = -np.inf
     return f.reshape(a.shape).astype(bf)
@@ -76,7 +78,10 @@ for i, (shape, axis) in enumerate((((4, 3, 37, 41), 1), ((6, 64, 14, 14), 1), ((
         lg = cynorm.layer_norm_backward(dy, x, N, lm, lr, w[:1].repeat(N))[0]
         v = x.reshape(shape[0], -1)
         wn = cynorm.weight_norm_interface(v, np.ones((shape[0], 1), bf), 0)[0]
-        for k, a in dict(y=y, ye=ye, gx=gx, gxe=gxe, ly=ly, lg=lg, wn=wn).items():
+        # subnormal outputs: a weight of 1e-38 scales the normalized values down
+        tiny = np.full(C, 1e-38, np.float32)
+        ys = cynorm.batch_norm(x, tiny, None, rm, rv, training=False, axis=axis)[0]
+        for k, a in dict(y=y, ye=ye, gx=gx, gxe=gxe, ly=ly, lg=lg, wn=wn, ys=ys).items():
             out[f"{i}-{tag}-{k}"] = np.asarray(a).view(np.uint8)
 np.savez(sys.argv[1], **out)
 """

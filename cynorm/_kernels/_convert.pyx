@@ -16,19 +16,45 @@ cdef extern from "cn_pack.h" nogil:
     void cn_f32_to_bf16_array(unsigned short* dst, const float* src, Py_ssize_t n)
     const char* cn_bf16_store_path()
 
+cdef extern from *:
+    """
+    /* the MXCSR's denormals-are-zero flag, which other libraries may set */
+    #if defined(__SSE__) || defined(_M_X64) || defined(_M_AMD64)
+    #include <xmmintrin.h>
+    #define CN_HAVE_MXCSR 1
+    static unsigned cn_daz_on(void) { unsigned old = _mm_getcsr(); _mm_setcsr(old | 0x0040u); return old; }
+    static void cn_csr_restore(unsigned old) { _mm_setcsr(old); }
+    #else
+    #define CN_HAVE_MXCSR 0
+    static unsigned cn_daz_on(void) { return 0; }
+    static void cn_csr_restore(unsigned old) { (void)old; }
+    #endif
+    """
+    int CN_HAVE_MXCSR
+    unsigned cn_daz_on() nogil
+    void cn_csr_restore(unsigned old) nogil
+
 
 def bf16_store_path():
     """How this module's kernels round float32 blocks to bfloat16."""
     return cn_bf16_store_path().decode()
 
 
-def f32_to_bf16_blocks(const float[::1] x):
-    """bfloat16 bits of x through the kernels' block rounding (cn_pack.h)."""
+def f32_to_bf16_blocks(const float[::1] x, bint daz=False):
+    """bfloat16 bits of x through the kernels' block rounding (cn_pack.h);
+    daz: with the MXCSR's denormals-are-zero flag set during the call (x86)."""
     out = np.empty(x.shape[0], np.uint16)
     cdef unsigned short[::1] o = out
+    cdef unsigned csr = 0
+    if daz and not CN_HAVE_MXCSR:
+        raise NotImplementedError("daz=True needs an x86 CPU (MXCSR)")
     if x.shape[0]:
         with nogil:
+            if daz:
+                csr = cn_daz_on()
             cn_f32_to_bf16_array(&o[0], &x[0], x.shape[0])
+            if daz:
+                cn_csr_restore(csr)
     return out
 
 

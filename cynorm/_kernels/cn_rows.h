@@ -85,24 +85,32 @@
 
 /* Rows of a strided set (a batch-norm channel's rows, one per sample) are far
  * apart: the data CN_PREFETCH_BYTES past a row's end belongs to another
- * channel.  Past the end the prefetch continues into the next row of the set,
- * nxt (p + n when the rows are contiguous or there is no next row: plain
- * look-ahead). */
+ * channel.  Past the end the look-ahead continues into the next row of the
+ * set, nxt, and stops (NULL) beyond that row's end, where it would reach
+ * another channel again.  nxt == p + n (contiguous rows, or no next row)
+ * is plain look-ahead. */
+static inline const char *cn_ahead(const char *p, ptrdiff_t i, ptrdiff_t n,
+                                   const char *nxt, size_t isz) {
+    ptrdiff_t t = i + (ptrdiff_t)(CN_PREFETCH_BYTES / isz);
+    if (t < n || nxt == p + n * (ptrdiff_t)isz)
+        return p + t * (ptrdiff_t)isz;
+    return t - n < n ? nxt + (t - n) * (ptrdiff_t)isz : NULL;
+}
 #define CN_AHEAD(IO, p, i, n, nxt)                                                    \
-    ((i) + (ptrdiff_t)(CN_PREFETCH_BYTES / sizeof(IO)) < (n)                          \
-         ? (const char *)((p) + (i) + CN_PREFETCH_BYTES / sizeof(IO))                 \
-         : (const char *)((nxt) + ((i) + (ptrdiff_t)(CN_PREFETCH_BYTES / sizeof(IO)) - (n))))
+    cn_ahead((const char *)(p), i, n, (const char *)(nxt), sizeof(IO))
 #define CN_PREFETCHW_BLOCK_ROW(IO, p, i, n, nxt)                                      \
     do {                                                                              \
         const char *a_ = CN_AHEAD(IO, p, i, n, nxt);                                  \
-        for (size_t l_ = 0; l_ < CN_BLOCK * sizeof(IO); l_ += 64)                    \
-            CN_PREFETCHW_AT(a_ + l_);                                                 \
+        if (a_ != NULL)                                                               \
+            for (size_t l_ = 0; l_ < CN_BLOCK * sizeof(IO); l_ += 64)                \
+                CN_PREFETCHW_AT(a_ + l_);                                             \
     } while (0)
 #define CN_PREFETCH_BLOCK_ROW(IO, p, i, n, nxt)                                       \
     do {                                                                              \
         const char *a_ = CN_AHEAD(IO, p, i, n, nxt);                                  \
-        for (size_t l_ = 0; l_ < CN_BLOCK * sizeof(IO); l_ += 64)                    \
-            CN_PREFETCH_AT(a_ + l_);                                                  \
+        if (a_ != NULL)                                                               \
+            for (size_t l_ = 0; l_ < CN_BLOCK * sizeof(IO); l_ += 64)                \
+                CN_PREFETCH_AT(a_ + l_);                                              \
     } while (0)
 
 /* ---- streaming (non-temporal) stores ------------------------------------ */
@@ -136,9 +144,9 @@ static inline void cn_stream_fence(void) { _mm_sfence(); }
  * prefetch ahead (measured: batch-norm training N,C,H,W 8.0 -> 5.8 ms and
  * eval 6.2 -> 4.5 ms at 1 thread); 16-bit outputs keep one plain loop, whose
  * conversions bound them (blocking it made bfloat16 eval 1.2x slower).
- * bfloat16 on a CPU with AVX512-BF16 (cn_pack.h) instead computes blocks of
- * float32 and rounds each with one instruction per 32 values; the bits are
- * the same. */
+ * Cached bfloat16 stores on a CPU with AVX512-BF16 (cn_pack.h) instead
+ * compute blocks of float32 and round each with one instruction per 32
+ * values; the bits are the same. */
 #define CN_ELEMENTWISE_PACKED(SFX, out, n, nxt, J, MEXPR)                             \
     do {                                                                              \
         CN_ALIGN64 float pk_[CN_PACK_BLOCK];                                          \
@@ -147,8 +155,9 @@ static inline void cn_stream_fence(void) { _mm_sfence(); }
             if ((n) * sizeof(uint16_t) > CN_PREFETCH_ROW_BYTES) {                     \
                 const char *a_ = CN_AHEAD(uint16_t, (const uint16_t *)(out), j_, n,   \
                                           (const uint16_t *)(nxt));                   \
-                for (size_t l_ = 0; l_ < (size_t)e_ * sizeof(uint16_t); l_ += 64)     \
-                    CN_PREFETCHW_AT(a_ + l_);                                         \
+                if (a_ != NULL)                                                       \
+                    for (size_t l_ = 0; l_ < (size_t)e_ * sizeof(uint16_t); l_ += 64) \
+                        CN_PREFETCHW_AT(a_ + l_);                                     \
             }                                                                         \
             for (ptrdiff_t k_ = 0; k_ < e_; k_++) {                                   \
                 ptrdiff_t J = j_ + k_;                                                \
@@ -161,7 +170,7 @@ static inline void cn_stream_fence(void) { _mm_sfence(); }
 #define CN_ELEMENTWISE(SFX, IO, out, n, nxt, stream, J, MEXPR)                        \
     do {                                                                              \
         ptrdiff_t j_ = 0;                                                             \
-        if (CN_PACKS_##SFX && cn_bf16_pack_ok) {                                      \
+        if (CN_PACKS_##SFX && cn_bf16_pack_ok && !(stream)) {                         \
             CN_ELEMENTWISE_PACKED(SFX, out, n, nxt, J, MEXPR);                        \
             break;                                                                    \
         }                                                                             \

@@ -13,8 +13,9 @@
  * of the order of the standard deviation, so nothing large cancels (plain
  * E[x^2] - E[x]^2 loses every digit when the mean is 1e4 times the spread).
  * Differences and products are formed in the math type (float32 for
- * float32/16-bit storage) and added four at a time in it, elements
- * CN_LANES apart, before each float64 accumulation: the conversion to
+ * float32/16-bit storage) and added four at a time in it (elements
+ * CN_LANES apart; bfloat16: two adjacent pairs, see CN_POS) before each
+ * float64 accumulation: the conversion to
  * float64 and its add bounded the 16-bit loops (pairs: bfloat16 statistics
  * passes 4-13 % slower), and a four-term float32 sum is off by at most
  * ~2^-23 of its terms' magnitude (a pair's 2^-24).  The float64 sums run in CN_LANES lanes merged by a
@@ -71,15 +72,17 @@ static inline void cn_lanes_add(const double *L, double *s) {
 #define CN_LOADQ_f64(p, i, l, q) cn_load_f64((p)[(i) + CN_POS_f64(l, q)])
 #define CN_LOADQ_f16(p, i, l, q) cn_load_f16((p)[(i) + CN_POS_f16(l, q)])
 #define CN_LOADQ_bf16(p, i, l, q)                                                    \
-    cn_bf16_half(*(const cn_u32_a2 *)((p) + (i) + CN_POS_bf16(l, (q) & 2)), (q) & 1)
+    cn_bf16_half(CN_WORD((p) + (i) + CN_POS_bf16(l, (q) & 2)), (q) & 1)
 
 /* A 32-bit word at a 2-byte aligned address (rows of bfloat16 start at any
  * element): GCC and clang are told the alignment and that it aliases the
- * uint16 data; MSVC assumes neither. */
+ * uint16 data; other compilers copy it out. */
 #if defined(__GNUC__) || defined(__clang__)
 typedef uint32_t cn_u32_a2 __attribute__((aligned(2), may_alias));
+#define CN_WORD(p) (*(const cn_u32_a2 *)(p))
 #else
-typedef uint32_t cn_u32_a2;
+static inline uint32_t cn_word(const void *p) { uint32_t w; memcpy(&w, p, 4); return w; }
+#define CN_WORD(p) cn_word(p)
 #endif
 /* element `odd` (0 or 1) of the two bfloat16 in word w, as float32: the
  * first element of a pair is the low half on a little-endian machine */
@@ -202,7 +205,10 @@ static inline float cn_bf16_half(uint32_t w, int odd) {
     } while (0)
 /* 16-bit outputs: their loops have no blocked write prefetch (see
  * CN_ELEMENTWISE), so a column pass claims the output row it will write
- * rows_ahead rows later */
+ * rows_ahead rows later.  Near a task's end that is the next task's row,
+ * which under the static schedule is mostly the same thread's; stopping at
+ * the task's end measured slower (bfloat16 channels-last eval, tasks of 512
+ * rows, 32 ahead). */
 #define CN_PREFETCHW_ROW16(IO, p, n)                                                  \
     do {                                                                              \
         if (sizeof(IO) < 4)                                                           \
