@@ -98,20 +98,18 @@ static inline const char *cn_ahead(const char *p, ptrdiff_t i, ptrdiff_t n,
 }
 #define CN_AHEAD(IO, p, i, n, nxt)                                                    \
     cn_ahead((const char *)(p), i, n, (const char *)(nxt), sizeof(IO))
-#define CN_PREFETCHW_BLOCK_ROW(IO, p, i, n, nxt)                                      \
+/* every line of the block CN_AHEAD of p[i], with PF (a read or a write prefetch) */
+#define CN_PREFETCH_BLOCK_ROW_WITH(PF, IO, p, i, n, nxt)                              \
     do {                                                                              \
         const char *a_ = CN_AHEAD(IO, p, i, n, nxt);                                  \
         if (a_ != NULL)                                                               \
             for (size_t l_ = 0; l_ < CN_BLOCK * sizeof(IO); l_ += 64)                \
-                CN_PREFETCHW_AT(a_ + l_);                                             \
+                PF(a_ + l_);                                                          \
     } while (0)
 #define CN_PREFETCH_BLOCK_ROW(IO, p, i, n, nxt)                                       \
-    do {                                                                              \
-        const char *a_ = CN_AHEAD(IO, p, i, n, nxt);                                  \
-        if (a_ != NULL)                                                               \
-            for (size_t l_ = 0; l_ < CN_BLOCK * sizeof(IO); l_ += 64)                \
-                CN_PREFETCH_AT(a_ + l_);                                              \
-    } while (0)
+    CN_PREFETCH_BLOCK_ROW_WITH(CN_PREFETCH_AT, IO, p, i, n, nxt)
+#define CN_PREFETCHW_BLOCK_ROW(IO, p, i, n, nxt)                                      \
+    CN_PREFETCH_BLOCK_ROW_WITH(CN_PREFETCHW_AT, IO, p, i, n, nxt)
 
 /* ---- streaming (non-temporal) stores ------------------------------------ */
 /* A large output is written once and not read back by the kernel: storing it
