@@ -33,6 +33,13 @@
 #endif
 #endif
 
+/* the integer rounding of cn_scalar.h over n values: the path without the
+ * instruction, and the fallback of vectors it would round differently */
+static inline void cn_round_bf16(uint16_t *dst, const float *src, ptrdiff_t n) {
+    for (ptrdiff_t i = 0; i < n; i++)
+        dst[i] = cn_f32_to_bf16_bits(src[i]);
+}
+
 #if defined(CN_HAVE_BF16_PACK)
 #include <immintrin.h>
 #include <cpuid.h>
@@ -81,8 +88,7 @@ static inline void cn_pack_bf16_loop(uint16_t *dst, const float *src, ptrdiff_t 
     for (; i + 32 <= n; i += 32) {
         __m512 lo = _mm512_loadu_ps(src + i), hi = _mm512_loadu_ps(src + i + 16);
         if (cn_pack_odd(lo, daz) | cn_pack_odd(hi, daz)) {
-            for (int k = 0; k < 32; k++)
-                dst[i + k] = cn_f32_to_bf16_bits(src[i + k]);
+            cn_round_bf16(dst + i, src + i, 32);
             continue;
         }
         __m512bh r = _mm512_cvtne2ps_pbh(hi, lo);
@@ -92,8 +98,7 @@ static inline void cn_pack_bf16_loop(uint16_t *dst, const float *src, ptrdiff_t 
         __mmask16 m = (__mmask16)(n - i >= 16 ? 0xffffu : (1u << (n - i)) - 1u);
         __m512 v = _mm512_maskz_loadu_ps(m, src + i);       /* zeros beyond n: not odd */
         if (cn_pack_odd(v, daz)) {
-            for (ptrdiff_t k = i; k < n && k < i + 16; k++)
-                dst[k] = cn_f32_to_bf16_bits(src[k]);
+            cn_round_bf16(dst + i, src + i, n - i < 16 ? n - i : 16);
             continue;
         }
         __m256bh r = _mm512_cvtneps_pbh(v);
@@ -111,20 +116,15 @@ static void cn_pack_bf16(uint16_t *dst, const float *src, ptrdiff_t n) {
 #else
 #define CN_HAVE_BF16_PACK 0
 #define cn_bf16_pack_ok 0
-static inline void cn_pack_bf16(uint16_t *dst, const float *src, ptrdiff_t n) {
-    for (ptrdiff_t i = 0; i < n; i++)
-        dst[i] = cn_f32_to_bf16_bits(src[i]);
-}
+#define cn_pack_bf16 cn_round_bf16
 #endif
 
 /* dst[i] = bfloat16(src[i]) on whichever path this module and CPU run */
 static inline void cn_f32_to_bf16_array(uint16_t *dst, const float *src, ptrdiff_t n) {
-    if (cn_bf16_pack_ok) {
+    if (cn_bf16_pack_ok)
         cn_pack_bf16(dst, src, n);
-        return;
-    }
-    for (ptrdiff_t i = 0; i < n; i++)
-        dst[i] = cn_f32_to_bf16_bits(src[i]);
+    else
+        cn_round_bf16(dst, src, n);
 }
 
 static inline const char *cn_bf16_store_path(void) {

@@ -68,20 +68,12 @@
  * the hardware streamer ramps up, so callers prefetch the rows that follow
  * (cn_stats.h); longer rows prefetch within themselves. */
 #define CN_PREFETCH_ROW_BYTES 1024
-#define CN_PREFETCHW_BLOCK(IO, p)                                                     \
-    do {                                                                              \
-        for (size_t l_ = 0; l_ < CN_BLOCK * sizeof(IO); l_ += 64)                    \
-            CN_PREFETCHW((const char *)(p) + l_);                                     \
-    } while (0)
+#define CN_PREFETCHW_BLOCK(IO, p) CN_PREFETCH_SPAN(CN_PREFETCHW, p, CN_BLOCK * sizeof(IO))
 /* The reductions run in blocks of CN_BLOCK elements: one prefetch per 64-byte
  * line of the block ahead of it, then the lanes.  A prefetch inside the
  * lane loop itself made GCC give up vectorizing it. */
 #define CN_BLOCK (4 * CN_LANES)
-#define CN_PREFETCH_BLOCK(IO, p)                                                      \
-    do {                                                                              \
-        for (size_t l_ = 0; l_ < CN_BLOCK * sizeof(IO); l_ += 64)                    \
-            CN_PREFETCH((const char *)(p) + l_);                                      \
-    } while (0)
+#define CN_PREFETCH_BLOCK(IO, p) CN_PREFETCH_SPAN(CN_PREFETCH, p, CN_BLOCK * sizeof(IO))
 
 /* Rows of a strided set (a batch-norm channel's rows, one per sample) are far
  * apart: the data CN_PREFETCH_BYTES past a row's end belongs to another
@@ -98,18 +90,23 @@ static inline const char *cn_ahead(const char *p, ptrdiff_t i, ptrdiff_t n,
 }
 #define CN_AHEAD(IO, p, i, n, nxt)                                                    \
     cn_ahead((const char *)(p), i, n, (const char *)(nxt), sizeof(IO))
-/* every line of the block CN_AHEAD of p[i], with PF (a read or a write prefetch) */
-#define CN_PREFETCH_BLOCK_ROW_WITH(PF, IO, p, i, n, nxt)                              \
+/* every 64-byte line of the `bytes` at p, with PF (a read or a write prefetch) */
+#define CN_PREFETCH_SPAN(PF, p, bytes)                                                \
+    do {                                                                              \
+        for (size_t l_ = 0; l_ < (size_t)(bytes); l_ += 64)                           \
+            PF((const char *)(p) + l_);                                               \
+    } while (0)
+/* the `bytes` CN_AHEAD of p[i] (none past the set's next row) */
+#define CN_PREFETCH_AHEAD_WITH(PF, IO, p, i, n, nxt, bytes)                           \
     do {                                                                              \
         const char *a_ = CN_AHEAD(IO, p, i, n, nxt);                                  \
         if (a_ != NULL)                                                               \
-            for (size_t l_ = 0; l_ < CN_BLOCK * sizeof(IO); l_ += 64)                \
-                PF(a_ + l_);                                                          \
+            CN_PREFETCH_SPAN(PF, a_, bytes);                                          \
     } while (0)
 #define CN_PREFETCH_BLOCK_ROW(IO, p, i, n, nxt)                                       \
-    CN_PREFETCH_BLOCK_ROW_WITH(CN_PREFETCH_AT, IO, p, i, n, nxt)
+    CN_PREFETCH_AHEAD_WITH(CN_PREFETCH_AT, IO, p, i, n, nxt, CN_BLOCK * sizeof(IO))
 #define CN_PREFETCHW_BLOCK_ROW(IO, p, i, n, nxt)                                      \
-    CN_PREFETCH_BLOCK_ROW_WITH(CN_PREFETCHW_AT, IO, p, i, n, nxt)
+    CN_PREFETCH_AHEAD_WITH(CN_PREFETCHW_AT, IO, p, i, n, nxt, CN_BLOCK * sizeof(IO))
 
 /* ---- streaming (non-temporal) stores ------------------------------------ */
 /* A large output is written once and not read back by the kernel: storing it
@@ -150,13 +147,10 @@ static inline void cn_stream_fence(void) { _mm_sfence(); }
         CN_ALIGN64 float pk_[CN_PACK_BLOCK];                                          \
         for (ptrdiff_t j_ = 0; j_ < (n); j_ += CN_PACK_BLOCK) {                       \
             ptrdiff_t e_ = (n) - j_ < CN_PACK_BLOCK ? (n) - j_ : CN_PACK_BLOCK;       \
-            if ((n) * sizeof(uint16_t) > CN_PREFETCH_ROW_BYTES) {                     \
-                const char *a_ = CN_AHEAD(uint16_t, (const uint16_t *)(out), j_, n,   \
-                                          (const uint16_t *)(nxt));                   \
-                if (a_ != NULL)                                                       \
-                    for (size_t l_ = 0; l_ < (size_t)e_ * sizeof(uint16_t); l_ += 64) \
-                        CN_PREFETCHW_AT(a_ + l_);                                     \
-            }                                                                         \
+            if ((n) * sizeof(uint16_t) > CN_PREFETCH_ROW_BYTES)                       \
+                CN_PREFETCH_AHEAD_WITH(CN_PREFETCHW_AT, uint16_t, (const uint16_t *)(out), \
+                                       j_, n, (const uint16_t *)(nxt),                \
+                                       e_ * sizeof(uint16_t));                        \
             for (ptrdiff_t k_ = 0; k_ < e_; k_++) {                                   \
                 ptrdiff_t J = j_ + k_;                                                \
                 pk_[k_] = (float)(MEXPR);                                             \

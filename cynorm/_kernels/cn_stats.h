@@ -172,11 +172,7 @@ static inline float cn_bf16_half(uint32_t w, int odd) {
  * training 1.14x faster (float32, 1 and 2 threads).  Longer rows ((4096, 1024)
  * float32, 4 KiB) ran up to 1.15x slower with it and go without; so does a
  * task over part of a row (column chunks exist only for rows far longer). */
-#define CN_PREFETCH_ROW(IO, p, n)                                                     \
-    do {                                                                              \
-        for (size_t l_ = 0; l_ < (size_t)(n) * sizeof(IO); l_ += 64)                  \
-            CN_PREFETCH_AT((const char *)(p) + l_);                                   \
-    } while (0)
+#define CN_PREFETCH_ROW(IO, p, n) CN_PREFETCH_SPAN(CN_PREFETCH_AT, p, (n) * sizeof(IO))
 #define CN_PREFETCH_ROWS(IO, p, n, ld, rows_ahead)                                    \
     do {                                                                              \
         if ((rows_ahead) > 0)                                                         \
@@ -198,9 +194,7 @@ static inline float cn_bf16_half(uint32_t w, int odd) {
             CN_PREFETCH_ROW(IO, (a) + CN_PREFETCH_BYTES / sizeof(IO), n);             \
             if ((const void *)(a) != (const void *)(b))                               \
                 CN_PREFETCH_ROW(IO, (b) + CN_PREFETCH_BYTES / sizeof(IO), n);         \
-            if (sizeof(IO) < 4)                                                       \
-                for (size_t l_ = 0; l_ < (size_t)(n) * sizeof(IO); l_ += 64)          \
-                    CN_PREFETCHW((const char *)(out) + l_);                           \
+            CN_PREFETCHW_ROW16(IO, (out) + CN_PREFETCH_BYTES / sizeof(IO), n);        \
         }                                                                             \
     } while (0)
 /* 16-bit outputs: their loops have no blocked write prefetch (see
@@ -212,8 +206,7 @@ static inline float cn_bf16_half(uint32_t w, int odd) {
 #define CN_PREFETCHW_ROW16(IO, p, n)                                                  \
     do {                                                                              \
         if (sizeof(IO) < 4)                                                           \
-            for (size_t l_ = 0; l_ < (size_t)(n) * sizeof(IO); l_ += 64)              \
-                CN_PREFETCHW_AT((const char *)(p) + l_);                              \
+            CN_PREFETCH_SPAN(CN_PREFETCHW_AT, p, (n) * sizeof(IO));                   \
     } while (0)
 /* rows_ahead for rows ld elements of isz bytes apart: 0 (no prefetch) for
  * long rows */
