@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from cynorm import _kernels
+from cynorm._config import _cpu_features
 
 # the conversions at the SIMD level the kernels run (the bfloat16 block
 # rounding differs between levels: cn_pack.h)
@@ -113,15 +114,7 @@ def test_bfloat16_store_path_is_reported_and_can_be_turned_off():
     assert off.stdout.strip() == "integer round-to-nearest-even"
 
 
-def _cpu_has_avx512_bf16():
-    try:
-        with open("/proc/cpuinfo") as f:
-            return any(line.startswith("flags") and "avx512_bf16" in line.split() for line in f)
-    except OSError:
-        return False
-
-
-@pytest.mark.skipif(not _cpu_has_avx512_bf16() or _kernels.SIMD_LEVEL != "avx512"
+@pytest.mark.skipif("avx512_bf16" not in _cpu_features() or _kernels.SIMD_LEVEL != "avx512"
                     and _kernels.has_variants(),
                     reason="the AVX512-BF16 stores need a CPU with avx512_bf16 and AVX-512 kernels")
 def test_avx512_kernels_use_the_bf16_instruction_where_the_cpu_has_it():
