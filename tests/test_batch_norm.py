@@ -27,6 +27,9 @@ CASES = [
     # short rows of 64 or more elements (below 128 or 1 KiB) reduced as segments: one block of
     # the batch, channels split over tasks; several blocks; a tail after the lanes
     ((2, 40, 70), 1), ((40, 5, 100), 1), ((5, 6, 14, 14), 1), ((3, 4, 64), 1), ((3, 4, 63), 1),
+    # columns: bfloat16 reads word pairs over groups of 32 columns and eight rows at a time; two
+    # groups and a tail of 6 columns, and a last row block of 8 + 3 rows
+    ((203, 70), 1),
 ]
 CASE_IDS = [f"{s}-axis{a}" for s, a in CASES]
 KINDS = ("C", "F", "strided")

@@ -29,7 +29,7 @@ cimport numpy as cnp
 
 from cynorm._kernels.stats cimport (
     cn_itemsize, cn_load_any, cn_store_math, cn_row_moments, cn_row_centered_dot,
-    cn_col_moments, cn_col_centered_dot, cn_norm_row, cn_norm_cols, cn_grad_row,
+    cn_col_moments, cn_col_centered_dot, cn_col_slot, cn_norm_row, cn_norm_cols, cn_grad_row,
     cn_grad_cols, cn_lane_moments, cn_lane_centered_dot, cn_lanes_add, CN_LANE_WORDS,
     math_size, load_stat, store_stat, sum_blocks,
 )
@@ -133,14 +133,17 @@ cdef int reduce_rows(int op, int code, const char* x, const char* dy, const doub
 
 
 cdef void* pack_columns(int code, const double* per_channel, Py_ssize_t C,
-                        Py_ssize_t B) noexcept nogil:
-    """per_channel[c] repeated B times, in the math type (NULL if out of memory)."""
+                        Py_ssize_t B, bint slots=False) noexcept nogil:
+    """per_channel[c] repeated B times, in the math type (NULL if out of memory);
+    slots: in the column reductions' order (cn_col_slot)."""
     cdef void* cols = malloc(C * B * math_size(code) + 1)
-    cdef Py_ssize_t c, b
+    cdef Py_ssize_t c, b, j
     if cols != NULL:
         for c in range(C):
             for b in range(B):
-                cn_store_math(code, cols, c * B + b, per_channel[c])
+                j = c * B + b
+                cn_store_math(code, cols, cn_col_slot(code, j, C * B) if slots else j,
+                              per_channel[c])
     return cols
 
 
@@ -162,7 +165,7 @@ cdef int reduce_columns(int op, int code, const char* x, const char* dy, const d
         rb = (A + nblk - 1) // nblk
         nblk = (A + rb - 1) // rb
     ncc = (CB + COL_WIDTH - 1) // COL_WIDTH
-    kcols = <char*>pack_columns(code, center, C, B)
+    kcols = <char*>pack_columns(code, center, C, B, True)
     if kcols == NULL:
         return -1
     part = <double*>calloc(2 * nblk * CB + 1, sizeof(double))
@@ -183,15 +186,17 @@ cdef int reduce_columns(int op, int code, const char* x, const char* dy, const d
                                 dy + off * isz, x + off * isz, kcols + j0 * msz, n,
                                 min(rb, A - r), CB)
     # blocks merge in block order into block 0 (a block's two partial rows
-    # are contiguous), then each channel folds its columns in order
+    # are contiguous), then each channel folds its columns in order (from
+    # their slots)
     for j0 in prange(0, 2 * CB, COL_WIDTH, schedule='static', num_threads=nt):
         sum_blocks(part + j0, part + j0, nblk, 2 * CB, min(<Py_ssize_t>COL_WIDTH, 2 * CB - j0))
     for c in range(C):
         s1[c] = 0.0
         s2[c] = 0.0
         for b in range(B):
-            s1[c] += part[c * B + b]
-            s2[c] += part[CB + c * B + b]
+            j0 = cn_col_slot(code, c * B + b, CB)
+            s1[c] += part[j0]
+            s2[c] += part[CB + j0]
     free(part)
     free(kcols)
     return 0

@@ -20,7 +20,10 @@ cdef extern from "cn_stats.h" nogil:
     void cn_lane_centered_dot(int code, const void* dy, const void* x, Py_ssize_t n, double mu,
                               double* L)
     void cn_lanes_add(const double* L, double* s)
-    # column kernels: `rows` rows of n columns, `ld` elements apart
+    # column kernels: `rows` rows of n columns, `ld` elements apart.  The
+    # moments and centred dot keep column j's float64 partial (and read its
+    # shift or mean) at cn_col_slot(code, j, n) of the n columns
+    Py_ssize_t cn_col_slot(int code, Py_ssize_t j, Py_ssize_t n)
     void cn_col_moments(int code, double* a1, double* a2, const void* x, const void* k,
                         Py_ssize_t n, Py_ssize_t rows, Py_ssize_t ld)
     void cn_col_centered_dot(int code, double* a1, double* a2, const void* dy, const void* x,
