@@ -2,6 +2,8 @@
 
 - `stream_triad_gbs`: STREAM triad bandwidth (stream_triad.c) at a thread count;
 - `time_interleaved`: warm up, then time several callables in turn, repeatedly;
+- `CacheEvictor`: pushes the operands of the previous calls out of the caches
+  (run before each timed call of a DRAM-bound case);
 - `run_child` / `FAULT_FREE_ENV`: run a script's `--child` mode in a fresh
   process under one allocation setting ("default" or "faultfree") and read
   the JSON it prints;
@@ -9,6 +11,7 @@
 - `cpu_snapshot` / `other_cpu_share`: how much of the machine other processes
   used while a child ran (a noise indicator on a shared VM).
 """
+import glob
 import json
 import os
 import resource
@@ -56,13 +59,14 @@ def median_ms(samples):
     return statistics.median(samples) * 1e3
 
 
-def time_interleaved(fns, reps, inner=1, warmup=2):
+def time_interleaved(fns, reps, inner=1, warmup=2, before=None):
     """{name: [seconds per call, one per repeat]} for the callables in `fns`.
 
     Each callable first runs `warmup` times (caches, thread pools, allocator);
     then every repeat calls each of them in turn (interleaved, so drifts in the
     machine's speed hit all alike), `inner` times per sample.  The result of a
-    call is dropped before the next callable runs.
+    call is dropped before the next callable runs.  `before` (untimed), if
+    given, runs before every sample: a CacheEvictor, say.
     """
     samples = {k: [] for k in fns}
     for f in fns.values():
@@ -70,12 +74,54 @@ def time_interleaved(fns, reps, inner=1, warmup=2):
             f()
     for _ in range(reps):
         for k, f in fns.items():
+            if before is not None:
+                before()
             t = time.perf_counter()
             for _ in range(inner):
                 r = f()
             samples[k].append((time.perf_counter() - t) / inner)
             del r
     return samples
+
+
+def last_level_cache_bytes(default=32 << 20):
+    """The largest CPU cache sysfs reports (Linux; `default` elsewhere)."""
+    sizes = []
+    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        digits = text[:-1] if text[-1:] in "KMG" else text
+        if digits.isdigit():
+            sizes.append(int(digits) * unit)
+    return max(sizes, default=default)
+
+
+class CacheEvictor:
+    """Reads a buffer 1.5 times the last-level cache, so that the next call
+    finds none of the previous calls' operands in any cache.
+
+    Without it, an input of a few tens of MiB stays partly in a large shared
+    L3 between calls, and how much of it does depends on which callable ran
+    just before: on a 105 MiB L3, cynorm's out= variant (run right after the
+    fresh-output call, on the same input) measured 10-20 % faster than the
+    same kernel run after torch and NumPy had passed over their own arrays.
+    """
+
+    FACTOR = 1.5
+
+    def __init__(self):
+        self.buf = np.ones(self.size_mib() * (1 << 20) // 8, dtype=np.uint64)
+
+    @classmethod
+    def size_mib(cls):
+        return int(cls.FACTOR * last_level_cache_bytes()) >> 20
+
+    def __call__(self):
+        self.buf.max()
 
 
 # --------------------------------------------------------------------------- #

@@ -27,7 +27,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import HERE, median_ms, run_child, time_interleaved  # noqa: E402
+from _common import HERE, CacheEvictor, median_ms, run_child, time_interleaved  # noqa: E402
 
 ROOT = os.path.dirname(HERE)
 BUILDS = {"wheel": "none", "native": "native"}   # name -> CYNORM_MARCH
@@ -86,6 +86,9 @@ def child(args):
 
     rng = np.random.default_rng(0)
     cynorm.set_num_threads(args.threads)
+    # B runs right after A on the same input: without eviction B finds part
+    # of it in a large L3
+    evict = None if args.warm else CacheEvictor()
     rows = []
     for family, shape, layout in bn.CASES:
         ops = [op for op in args.ops if op.startswith(family)]
@@ -100,7 +103,9 @@ def child(args):
                 f = case[opname].fns["cynorm"]
                 fns = {w: with_kernels(w, family, f) for w in ("A", "B")}
                 small = case[opname].size_bytes < (8 << 20)
-                samples = time_interleaved(fns, args.repeats * (4 if small else 1))
+                cold = evict is not None and case[opname].bytes > bn.DRAM_BYTES
+                samples = time_interleaved(fns, args.repeats * (4 if small else 1),
+                                           before=evict if cold else None)
                 rows.append({"op": opname, "dtype": dtype, "shape": list(shape), "layout": layout,
                              "ms": {w: median_ms(s) for w, s in samples.items()},
                              "ratios": [a / b for a, b in zip(samples["A"], samples["B"])]})
@@ -119,6 +124,8 @@ def main():
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--ops", default="all")
     p.add_argument("--tolerance", type=float, default=0.10, help="target: A within this of B")
+    p.add_argument("--warm", action="store_true", help="time DRAM-bound cases (bench_norms.py) "
+                   "without evicting the caches before each call")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--other-files", default="{}", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -148,9 +155,11 @@ def main():
     rows = run_child(__file__, "faultfree",
                      ["--repeats", str(args.repeats), "--threads", str(args.threads),
                       "--dtypes", ",".join(args.dtypes), "--ops", ",".join(args.ops),
-                      "--other-files", json.dumps(files["B"])], capture_stderr=False)
+                      "--other-files", json.dumps(files["B"])] + ["--warm"] * args.warm,
+                     capture_stderr=False)
     print(f"\n{args.threads} threads, fault-free allocation; median of {args.repeats} interleaved calls "
-          "(x4 for inputs under 8 MiB) in one process\n")
+          "(x4 for inputs under 8 MiB) in one process" + ("" if args.warm else "; DRAM-bound cases "
+          "with cold caches") + "\n")
     print("| case | A ms | B ms | A/B | A/B, quartiles of per-call pairs |")
     print("|---|---|---|---|---|")
     ratios = []

@@ -21,7 +21,8 @@ Per case and thread count it prints the median ms of cynorm (fresh outputs,
 and out= when cynorm accepts it), torch and NumPy (float32 only), the ratio
 torch/cynorm, the minimal bytes moved (each input read once, each output
 written once), the GB/s and % of STREAM triad that implies, and whether the
-case is DRAM-bound (> 16 MiB moved).  cynorm functions that do not exist yet
+case is DRAM-bound (> 16 MiB moved).  DRAM-bound cases start every timed
+call with cold caches (_common.CacheEvictor; --warm skips it).  cynorm functions that do not exist yet
 (or that raise on a case) are skipped; the script then times torch and NumPy
 alone.  In the first setting every library's outputs are checked once
 against a float64 NumPy computation on the same inputs.
@@ -36,7 +37,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import (  # noqa: E402
-    HERE, SETTINGS, cpu_snapshot, median_ms, other_cpu_share, run_child, setting_heading, stream_triad_gbs,
+    HERE, SETTINGS, CacheEvictor, cpu_snapshot, median_ms, other_cpu_share, run_child, setting_heading, stream_triad_gbs,
     time_interleaved,
 )
 
@@ -395,6 +396,7 @@ def run_setting(args):
             print(f"cynorm not importable, timing torch and NumPy only: {e}", file=sys.stderr)
     results = []
     rng = np.random.default_rng(0)
+    evict = None if args.warm else CacheEvictor()
     order = 0
     for family, shape, layout in CASES:
         ops = [op for op in args.ops if op.startswith(family)]
@@ -417,7 +419,8 @@ def run_setting(args):
                     small = op.size_bytes < (8 << 20)
                     reps = args.repeats * (8 if small else 1)
                     inner = 20 if op.size_bytes < (1 << 20) else 1
-                    samples = time_interleaved(fns, reps, inner)
+                    cold = evict is not None and op.bytes > DRAM_BYTES
+                    samples = time_interleaved(fns, reps, inner, before=evict if cold else None)
                     ms = {k: median_ms(s) for k, s in samples.items()}
                     order += 1
                     results.append({
@@ -543,6 +546,8 @@ def main():
     p.add_argument("--no-out", action="store_true", help="skip cynorm's out= variant")
     p.add_argument("--only", default="", help=argparse.SUPPRESS)   # child: time only these (comma-separated)
     p.add_argument("--no-check", action="store_true", help="skip the float64 accuracy checks")
+    p.add_argument("--warm", action="store_true", help="time DRAM-bound cases without evicting the "
+                   "caches before each call")
     p.add_argument("--ln-param-dtype", choices=["float32", "input"], default="float32",
                    help="layer norm weight/bias dtype for bfloat16 inputs (default float32)")
     p.add_argument("--json", default=os.path.join(HERE, "results", "norms_latest.json"))
@@ -581,11 +586,13 @@ def main():
         print(f"STREAM triad ({how}), {t} thread(s): {gbs:.1f} GB/s")
     load = os.getloadavg()
     print(f"load average before the run: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
-    print("MiB moved: minimal traffic, inputs read once and outputs written once; DRAM: > 16 MiB moved", flush=True)
+    print("MiB moved: minimal traffic, inputs read once and outputs written once; DRAM: > 16 MiB moved"
+          + ("" if args.warm else f"; DRAM cases start every timed call with cold caches (a "
+             f"{CacheEvictor.size_mib()} MiB read first)"), flush=True)
     child_args = ["--repeats", str(args.repeats), "--threads", ",".join(map(str, args.threads)),
                   "--dtypes", ",".join(args.dtypes), "--ops", ",".join(args.ops),
                   "--ln-param-dtype", args.ln_param_dtype]
-    child_args += ["--no-cynorm"] * args.no_cynorm + ["--no-out"] * args.no_out
+    child_args += ["--no-cynorm"] * args.no_cynorm + ["--no-out"] * args.no_out + ["--warm"] * args.warm
     all_results, busy = {}, {}
     for i, setting in enumerate(args.settings.split(",")):
         print(f"[{setting}] running ...", file=sys.stderr, flush=True)
