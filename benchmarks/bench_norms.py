@@ -588,7 +588,7 @@ def main():
     print(f"load average before the run: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     print("MiB moved: minimal traffic, inputs read once and outputs written once; DRAM: > 16 MiB moved"
           + ("" if args.warm else f"; DRAM cases start every timed call with cold caches (a "
-             f"{CacheEvictor.size_mib()} MiB read first)"), flush=True)
+             f"{CacheEvictor.size_mib()} MiB buffer written first)"), flush=True)
     child_args = ["--repeats", str(args.repeats), "--threads", ",".join(map(str, args.threads)),
                   "--dtypes", ",".join(args.dtypes), "--ops", ",".join(args.ops),
                   "--ln-param-dtype", args.ln_param_dtype]
