@@ -12,7 +12,6 @@
 - `cpu_snapshot` / `other_cpu_share`: how much of the machine other processes
   used while a child ran (a noise indicator on a shared VM).
 """
-import glob
 import json
 import os
 import resource
@@ -85,20 +84,14 @@ def time_interleaved(fns, reps, inner=1, warmup=2, before=None):
     return samples
 
 
-def last_level_cache_bytes(default=32 << 20):
-    """The largest CPU cache sysfs reports (Linux; `default` elsewhere)."""
-    sizes = []
-    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
-        try:
-            with open(path) as f:
-                text = f.read().strip()
-        except OSError:
-            continue
-        unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-        digits = text[:-1] if text[-1:] in "KMG" else text
-        if digits.isdigit():
-            sizes.append(int(digits) * unit)
-    return max(sizes, default=default)
+def last_level_cache_bytes(default=128 << 20):
+    """The largest CPU cache, as cynorm reads it (`default` when cynorm is
+    not importable or the size is unknown)."""
+    try:
+        from cynorm._arrays import last_level_cache_bytes as llc
+    except ImportError:
+        return default
+    return llc() or default
 
 
 class CacheEvictor:
