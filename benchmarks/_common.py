@@ -3,8 +3,7 @@
 - `stream_triad_gbs`: STREAM triad bandwidth (stream_triad.c) at a thread count;
 - `time_interleaved`: warm up, then time several callables in turn, repeatedly;
 - `CacheEvictor`: pushes the operands of the previous calls out of the caches
-  and leaves them full of dirty lines (run before each timed call of a
-  DRAM-bound case);
+  (run before each timed call of a DRAM-bound case);
 - `run_child` / `FAULT_FREE_ENV`: run a script's `--child` mode in a fresh
   process under one allocation setting ("default" or "faultfree") and read
   the JSON it prints;
@@ -85,42 +84,66 @@ def time_interleaved(fns, reps, inner=1, warmup=2, before=None):
 
 
 def last_level_cache_bytes(default=128 << 20):
-    """The largest CPU cache, as cynorm reads it (`default` when cynorm is
-    not importable or the size is unknown)."""
+    """The largest CPU cache, as cynorm reads it (`default` when cynorm cannot
+    be imported or the size is unknown)."""
     try:
         from cynorm._arrays import last_level_cache_bytes as llc
-    except ImportError:
+        return llc() or default
+    except Exception:  # noqa: BLE001 - a broken cynorm must not stop a torch-only run
         return default
-    return llc() or default
 
 
 class CacheEvictor:
-    """Adds 1 in place to a buffer 1.5 times the last-level cache, so that the
-    next call finds none of the previous calls' operands in any cache, and
-    every line it brings in evicts a dirty one.
+    """Passes over a buffer 1.5 times the last-level cache, so that the next
+    call finds none of the previous calls' operands in any cache.
 
     Without it, an input of a few tens of MiB stays partly in a large shared
     L3 between calls, and how much of it does depends on which callable ran
     just before: on a 105 MiB L3, cynorm's out= variant (run right after the
     fresh-output call, on the same input) measured 10-20 % faster than the
     same kernel run after torch and NumPy had passed over their own arrays.
-    The buffer is written, not only read: after a read-only pass the timed
-    call's own output stayed dirty in the L3, its write-back unpaid (layer
-    norm forward measured at 110 % of STREAM triad), where in a steady
-    stream of calls every call pays for as many write-backs as it writes.
+
+    `dirty` is the share of the buffer written (the rest is only read), in
+    blocks spread evenly over it, and should be the timed call's written
+    bytes over the bytes it reads and writes: each line the call brings in
+    then evicts a dirty line with that probability, so it pays for about as
+    many write-backs as it writes, as in a steady stream of calls.  (A
+    read-only pass left the call's own output dirty in the L3, unpaid: layer
+    norm forward measured 110 % of STREAM triad; an all-written one charged
+    a write-back for every line read as well.)  The pass runs on `threads`
+    threads, so that every core's own L2 is cleared too.
     """
 
     FACTOR = 1.5
+    BLOCK = 4 << 20
 
-    def __init__(self):
-        self.buf = np.zeros(self.size_mib() * (1 << 20) // 8, dtype=np.uint64)
+    def __init__(self, threads=1):
+        nblk = max(1, (self.size_mib() << 20) // self.BLOCK)
+        self.buf = np.zeros((nblk, self.BLOCK // 8), dtype=np.uint64)
+        self.threads = max(1, threads)
+        self.pool = None
+        if self.threads > 1:
+            from concurrent.futures import ThreadPoolExecutor
+            self.pool = ThreadPoolExecutor(self.threads)
 
     @classmethod
     def size_mib(cls):
         return int(cls.FACTOR * last_level_cache_bytes()) >> 20
 
-    def __call__(self):
-        np.add(self.buf, 1, out=self.buf)
+    def _pass(self, rows, dirty):
+        for i in rows:
+            if int((i + 1) * dirty) > int(i * dirty):
+                np.add(self.buf[i], 1, out=self.buf[i])
+            else:
+                self.buf[i].max()
+
+    def __call__(self, dirty=1.0):
+        n = len(self.buf)
+        if self.pool is None:
+            return self._pass(range(n), dirty)
+        step = -(-n // self.threads)
+        list(self.pool.map(lambda t: self._pass(range(t * step, min(n, t * step + step)), dirty),
+                           range(self.threads)))
 
 
 # --------------------------------------------------------------------------- #

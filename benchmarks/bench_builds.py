@@ -88,7 +88,7 @@ def child(args):
     cynorm.set_num_threads(args.threads)
     # B runs right after A on the same input: without eviction B finds part
     # of it in a large L3
-    evict = None if args.warm else CacheEvictor()
+    evict = None if args.warm else CacheEvictor(args.threads)
     rows = []
     for family, shape, layout in bn.CASES:
         ops = [op for op in args.ops if op.startswith(family)]
@@ -103,9 +103,11 @@ def child(args):
                 f = case[opname].fns["cynorm"]
                 fns = {w: with_kernels(w, family, f) for w in ("A", "B")}
                 small = case[opname].size_bytes < (8 << 20)
-                cold = evict is not None and case[opname].bytes > bn.DRAM_BYTES
-                samples = time_interleaved(fns, args.repeats * (4 if small else 1),
-                                           before=evict if cold else None)
+                op = case[opname]
+                before = None
+                if evict is not None and op.bytes > bn.DRAM_BYTES:   # as bench_norms.py does
+                    before = lambda share=op.size_bytes / op.bytes: evict(dirty=share)  # noqa: E731
+                samples = time_interleaved(fns, args.repeats * (4 if small else 1), before=before)
                 rows.append({"op": opname, "dtype": dtype, "shape": list(shape), "layout": layout,
                              "ms": {w: median_ms(s) for w, s in samples.items()},
                              "ratios": [a / b for a, b in zip(samples["A"], samples["B"])]})

@@ -28,8 +28,9 @@ CASES = [
     # the batch, channels split over tasks; several blocks; a tail after the lanes
     ((2, 40, 70), 1), ((40, 5, 100), 1), ((5, 6, 14, 14), 1), ((3, 4, 64), 1), ((3, 4, 63), 1),
     # columns: bfloat16 reads word pairs over groups of 32 columns and eight rows at a time; two
-    # groups and a tail of 6 columns, and a last row block of 8 + 3 rows
-    ((203, 70), 1),
+    # groups and a tail of 6 columns, and a last row block of 8 + 3 rows; a second column chunk
+    # (past 8192) of full groups and a tail; channels of 15 columns straddling the groups
+    ((203, 70), 1), ((27, 8262), 1), ((203, 16, 3, 5), 1),
 ]
 CASE_IDS = [f"{s}-axis{a}" for s, a in CASES]
 KINDS = ("C", "F", "strided")

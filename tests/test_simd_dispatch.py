@@ -30,8 +30,13 @@ for dt in (np.float32, np.float64, ml_dtypes.bfloat16, np.float16):
     by, bm, bi = cynorm.batch_norm(x, training=True)
     bx = cynorm.batch_norm_backward(x, x, None, None, None, bm, bi, True)[0]
     cl, _, _ = cynorm.batch_norm(np.ascontiguousarray(np.moveaxis(x, 1, -1)), axis=-1)
+    # column statistics with full groups of 32 columns, a tail and 8-row blocks
+    # (bfloat16 reads them as word pairs)
+    c2 = (rng.standard_normal((203, 70)) * 2 + 1).astype(dt)
+    cm, ci = cynorm.batch_norm_stats(c2)
+    cr = cynorm.batch_norm_backward_reduce(c2, c2, cm, ci, None, True, False, False)
     for k, a in dict(w=w, n=n, gv=gv, gg=gg, y=y, m=m, r=r, lx=lx, by=by, bm=bm, bi=bi, bx=bx,
-                     cl=cl).items():
+                     cl=cl, cm=cm, ci=ci, cr0=cr[0], cr1=cr[1]).items():
         out[f"{name}-{k}"] = np.asarray(a).view(np.uint8)
 import cynorm.nested as nt
 for dt in (np.float32, np.float64):
