@@ -14,7 +14,9 @@ batch_norm) from their files under the same names, and times each case's
 cynorm call with A's and with B's kernels in turn (the Python layer is A's
 for both).  One process, interleaved calls: a shared VM drifts by 10-50 %
 between processes, which swamps a 10 % target when the two builds run in
-separate processes.
+separate processes.  DRAM-bound cases start every call with cold caches, as
+in bench_norms.py (--warm: without): otherwise B, run right after A on the
+same input, finds part of it in the L3.
 """
 import argparse
 import glob
