@@ -153,7 +153,7 @@ cdef int reduce_columns(int op, int code, const char* x, const char* dy, const d
     cdef size_t isz = cn_itemsize(code)
     cdef size_t msz = math_size(code)
     cdef Py_ssize_t CB = C * B
-    cdef Py_ssize_t rb, nblk, ncc, t, blk, j0, n, r, off, c, b
+    cdef Py_ssize_t rb, nblk, ncc, t, blk, j0, n, r, off, c, b, j
     cdef double* part
     cdef double* p1
     cdef double* p2
@@ -194,9 +194,9 @@ cdef int reduce_columns(int op, int code, const char* x, const char* dy, const d
         s1[c] = 0.0
         s2[c] = 0.0
         for b in range(B):
-            j0 = cn_col_slot(code, c * B + b, CB)
-            s1[c] += part[j0]
-            s2[c] += part[CB + j0]
+            j = cn_col_slot(code, c * B + b, CB)
+            s1[c] += part[j]
+            s2[c] += part[CB + j]
     free(part)
     free(kcols)
     return 0

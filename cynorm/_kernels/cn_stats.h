@@ -230,15 +230,20 @@ static inline ptrdiff_t cn_rows_ahead(ptrdiff_t ld, size_t isz) {
         a2[j] += (double)(g0 * (c0 * r0) + g1 * (c1 * r1));                          \
     } while (0)
 
-/* The column loops' rows four at a time: long rows (no CN_PREFETCH_ROWS,
- * ahead == 0) fetch the next four rows' line (PF) at each 64-byte step,
- * the body (the variadic arguments) running over that line's columns j; a streamer per row restarted at every
- * row, and with the caches cold (bench_norms.py) (4096, 1024) training
- * measured 1.05x (float32) and 1.09-1.12x (bfloat16, CN_PAIR_COLS) faster.
- * Short rows keep one loop over j. */
-#define CN_PREFETCH_NEXT_GROUP(p, ld)                                                 \
-    (CN_PREFETCH_AT((p) + 4 * (ld)), CN_PREFETCH_AT((p) + 5 * (ld)),                  \
-     CN_PREFETCH_AT((p) + 6 * (ld)), CN_PREFETCH_AT((p) + 7 * (ld)))
+/* Column loops over long rows (a pitch over CN_PREFETCH_ROW_BYTES, so no
+ * CN_PREFETCH_ROWS) fetch, at each 64-byte step, the same line of the next
+ * group of R rows: a hardware stream per row restarted at every row group,
+ * and with the caches cold (bench_norms.py) (4096, 1024) training measured
+ * 1.04-1.05x (float32) and 1.09-1.12x (bfloat16, CN_PAIR_COLS) faster. */
+#define CN_PREFETCH_NEXT_GROUP(p, ld, R)                                              \
+    do {                                                                              \
+        for (int q_ = (R); q_ < 2 * (R); q_++)                                        \
+            CN_PREFETCH_AT((p) + q_ * (ld));                                          \
+    } while (0)
+/* The loop over columns j of the four-row column loops, the body being the
+ * variadic arguments: for long rows (ahead == 0) in 64-byte steps, each
+ * preceded by PF (statements, with j the step's first column); short rows
+ * keep one plain loop. */
 #define CN_COLS_NEXT_GROUP(IO, n, ahead, j, PF, ...)                                  \
     do {                                                                              \
         const ptrdiff_t w_ = (ptrdiff_t)(64 / sizeof(IO));                            \
@@ -248,7 +253,7 @@ static inline ptrdiff_t cn_rows_ahead(ptrdiff_t ld, size_t isz) {
                 {                                                                     \
                     const ptrdiff_t j = jb_;                                          \
                     (void)j;                                                          \
-                    (void)PF;                                                         \
+                    PF;                                                               \
                 }                                                                     \
                 for (ptrdiff_t j = jb_; j < je_; j++)                                 \
                     __VA_ARGS__                                                       \
@@ -323,7 +328,7 @@ CN_NOINLINE static void cn_cmom_##SFX(double *restrict a1, double *restrict a2, 
         const IO *restrict x0 = (const IO *)xs + r * ld;                             \
         const IO *restrict x1 = x0 + ld, *restrict x2 = x1 + ld, *restrict x3 = x2 + ld; \
         CN_PREFETCH_ROWS(IO, x0, n, ld, ahead);                                      \
-        CN_COLS_NEXT_GROUP(IO, n, ahead, j, CN_PREFETCH_NEXT_GROUP(x0 + j, ld), {      \
+        CN_COLS_NEXT_GROUP(IO, n, ahead, j, CN_PREFETCH_NEXT_GROUP(x0 + j, ld, 4), {   \
             M d0 = cn_load_##SFX(x0[j]) - k[j], d1 = cn_load_##SFX(x1[j]) - k[j];    \
             M d2 = cn_load_##SFX(x2[j]) - k[j], d3 = cn_load_##SFX(x3[j]) - k[j];    \
             a1[j] += (double)((d0 + d1) + (d2 + d3));                                \
@@ -352,8 +357,8 @@ CN_NOINLINE static void cn_ccdot_##SFX(double *restrict a1, double *restrict a2,
         CN_PREFETCH_ROWS(IO, g0p, n, ld, ahead);                                     \
         CN_PREFETCH_ROWS(IO, x0, n, ld, ahead);                                      \
         CN_COLS_NEXT_GROUP(IO, n, ahead, j,                                          \
-                           (CN_PREFETCH_NEXT_GROUP(g0p + j, ld),                     \
-                            CN_PREFETCH_NEXT_GROUP(x0 + j, ld)), {                   \
+                           CN_PREFETCH_NEXT_GROUP(g0p + j, ld, 4);                   \
+                           CN_PREFETCH_NEXT_GROUP(x0 + j, ld, 4), {                  \
             M g0 = cn_load_##SFX(g0p[j]), g1 = cn_load_##SFX(g1p[j]);                \
             M g2 = cn_load_##SFX(g2p[j]), g3 = cn_load_##SFX(g3p[j]);                \
             a1[j] += (double)((g0 + g1) + (g2 + g3));                                \
@@ -563,12 +568,11 @@ static inline ptrdiff_t cn_col_slot(int code, ptrdiff_t j, ptrdiff_t n) {
 #define CN_PAIR_COLS_ROWS(R, HD, PF, dy0, x0, ld, k, n, ng, a1, a2)                          \
     do {                                                                             \
         for (ptrdiff_t g_ = 0; g_ < (ng); g_ += CN_COL_GROUP) {                      \
-            if (PF)                                                                  \
-                for (int q_ = 0; q_ < R; q_++) {                                     \
-                    CN_PREFETCH_AT((x0) + (R + q_) * (ld) + g_);                     \
-                    if (HD)                                                          \
-                        CN_PREFETCH_AT((dy0) + (R + q_) * (ld) + g_);                \
-                }                                                                    \
+            if (PF) {                                                                \
+                CN_PREFETCH_NEXT_GROUP((x0) + g_, ld, R);                            \
+                if (HD)                                                              \
+                    CN_PREFETCH_NEXT_GROUP((dy0) + g_, ld, R);                       \
+            }                                                                        \
             for (int w_ = 0; w_ < CN_COL_GROUP / 2; w_++) {                          \
                 const ptrdiff_t j_ = g_ + 2 * w_, p_ = g_ + w_, h_ = p_ + CN_COL_GROUP / 2; \
                 float c0_[R], c1_[R], g0_[R], g1_[R];                                \
