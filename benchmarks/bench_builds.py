@@ -105,11 +105,8 @@ def child(args):
                 f = case[opname].fns["cynorm"]
                 fns = {w: with_kernels(w, family, f) for w in ("A", "B")}
                 small = case[opname].size_bytes < (8 << 20)
-                op = case[opname]
-                before = None
-                if evict is not None and op.bytes > bn.DRAM_BYTES:   # as bench_norms.py does
-                    before = lambda share=op.size_bytes / op.bytes: evict(dirty=share)  # noqa: E731
-                samples = time_interleaved(fns, args.repeats * (4 if small else 1), before=before)
+                samples = time_interleaved(fns, args.repeats * (4 if small else 1),
+                                           before=bn.cold_caches(evict, case[opname]))
                 rows.append({"op": opname, "dtype": dtype, "shape": list(shape), "layout": layout,
                              "ms": {w: median_ms(s) for w, s in samples.items()},
                              "ratios": [a / b for a, b in zip(samples["A"], samples["B"])]})

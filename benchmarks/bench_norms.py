@@ -22,9 +22,9 @@ and out= when cynorm accepts it), torch and NumPy (float32 only), the ratio
 torch/cynorm, the minimal bytes moved (each input read once, each output
 written once), the GB/s and % of STREAM triad that implies, and whether the
 case is DRAM-bound (> 16 MiB moved).  DRAM-bound cases start every timed
-call with cold caches (_common.CacheEvictor; --warm skips it).  cynorm functions that do not exist yet
-(or that raise on a case) are skipped; the script then times torch and NumPy
-alone.  In the first setting every library's outputs are checked once
+call with cold caches (_common.CacheEvictor; --warm skips it).  cynorm
+functions that do not exist yet (or that raise on a case) are skipped; the
+script then times torch and NumPy alone.  In the first setting every library's outputs are checked once
 against a float64 NumPy computation on the same inputs.
 """
 import argparse
@@ -37,8 +37,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import (  # noqa: E402
-    HERE, SETTINGS, CacheEvictor, cpu_snapshot, median_ms, other_cpu_share, run_child, setting_heading, stream_triad_gbs,
-    time_interleaved,
+    HERE, SETTINGS, CacheEvictor, cpu_snapshot, median_ms, other_cpu_share, run_child, setting_heading,
+    stream_triad_gbs, time_interleaved,
 )
 
 EPS = 1e-5
@@ -419,11 +419,8 @@ def run_setting(args):
                     small = op.size_bytes < (8 << 20)
                     reps = args.repeats * (8 if small else 1)
                     inner = 20 if op.size_bytes < (1 << 20) else 1
-                    before = None
-                    if evictors and op.bytes > DRAM_BYTES:    # cold caches; the output is x-sized
-                        ev, share = evictors[threads], op.size_bytes / op.bytes
-                        before = lambda: ev(dirty=share)    # noqa: E731
-                    samples = time_interleaved(fns, reps, inner, before=before)
+                    samples = time_interleaved(fns, reps, inner,
+                                               before=cold_caches(evictors.get(threads), op))
                     ms = {k: median_ms(s) for k, s in samples.items()}
                     order += 1
                     results.append({
@@ -438,6 +435,16 @@ def run_setting(args):
             gc.collect()
     results.sort(key=lambda r: (r["threads"], r["order"]))
     return results
+
+
+def cold_caches(evictor, op):
+    """time_interleaved's `before` for op: evictor (a CacheEvictor, or None
+    for warm timing) run before every call of a DRAM-bound op, writing the
+    op's share of written bytes (its one output is the size of its input)."""
+    if evictor is None or op.bytes <= DRAM_BYTES:
+        return None
+    share = op.size_bytes / op.bytes
+    return lambda: evictor(dirty=share)
 
 
 # --------------------------------------------------------------------------- #

@@ -165,18 +165,19 @@ static inline float cn_bf16_half(uint32_t w, int odd) {
                         a1, a2, t1, t2);                                             \
     } while (0)
 
-/* Column loops read rows 4 at a time.  Short rows (a pitch of up to
- * CN_PREFETCH_ROW_BYTES: channels-last batch norm) are prefetched line by
- * line, rows_ahead rows (CN_PREFETCH_BYTES or more) ahead, since the hardware
- * streamer stops at every 4 KiB page: measured, channels-last (32, 56, 56, 64)
- * training 1.14x faster (float32, 1 and 2 threads).  Longer rows ((4096, 1024)
- * float32, 4 KiB) ran up to 1.15x slower with it and go without; so does a
- * task over part of a row (column chunks exist only for rows far longer). */
+/* Column loops read R rows at a time (4; bfloat16 word pairs 8).  Short
+ * rows (a pitch of up to CN_PREFETCH_ROW_BYTES: channels-last batch norm)
+ * are prefetched line by line, rows_ahead rows (CN_PREFETCH_BYTES or more)
+ * ahead, since the hardware streamer stops at every 4 KiB page: measured,
+ * channels-last (32, 56, 56, 64) training 1.14x faster (float32, 1 and 2
+ * threads).  Longer rows ((4096, 1024) float32, 4 KiB) ran up to 1.15x
+ * slower with whole rows prefetched ahead; they fetch the next row group
+ * line by line instead (CN_PREFETCH_NEXT_GROUP). */
 #define CN_PREFETCH_ROW(IO, p, n) CN_PREFETCH_SPAN(CN_PREFETCH_AT, p, (n) * sizeof(IO))
-#define CN_PREFETCH_ROWS(IO, p, n, ld, rows_ahead)                                    \
+#define CN_PREFETCH_ROWS(IO, p, n, ld, rows_ahead, R)                                 \
     do {                                                                              \
         if ((rows_ahead) > 0)                                                         \
-            for (int q_ = 0; q_ < 4; q_++)                                            \
+            for (int q_ = 0; q_ < (R); q_++)                                          \
                 CN_PREFETCH_ROW(IO, (p) + ((rows_ahead) + q_) * (ld), n);             \
     } while (0)
 /* Elementwise passes over one short row at a time, rows in memory order (the
@@ -327,7 +328,7 @@ CN_NOINLINE static void cn_cmom_##SFX(double *restrict a1, double *restrict a2, 
     for (; r + 4 <= rows; r += 4) {                                                  \
         const IO *restrict x0 = (const IO *)xs + r * ld;                             \
         const IO *restrict x1 = x0 + ld, *restrict x2 = x1 + ld, *restrict x3 = x2 + ld; \
-        CN_PREFETCH_ROWS(IO, x0, n, ld, ahead);                                      \
+        CN_PREFETCH_ROWS(IO, x0, n, ld, ahead, 4);                                   \
         CN_COLS_NEXT_GROUP(IO, n, ahead, j, CN_PREFETCH_NEXT_GROUP(x0 + j, ld, 4), {   \
             M d0 = cn_load_##SFX(x0[j]) - k[j], d1 = cn_load_##SFX(x1[j]) - k[j];    \
             M d2 = cn_load_##SFX(x2[j]) - k[j], d3 = cn_load_##SFX(x3[j]) - k[j];    \
@@ -354,8 +355,8 @@ CN_NOINLINE static void cn_ccdot_##SFX(double *restrict a1, double *restrict a2,
         const IO *restrict g0p = (const IO *)dys + r * ld, *restrict x0 = (const IO *)xs + r * ld; \
         const IO *restrict g1p = g0p + ld, *restrict g2p = g1p + ld, *restrict g3p = g2p + ld; \
         const IO *restrict x1 = x0 + ld, *restrict x2 = x1 + ld, *restrict x3 = x2 + ld; \
-        CN_PREFETCH_ROWS(IO, g0p, n, ld, ahead);                                     \
-        CN_PREFETCH_ROWS(IO, x0, n, ld, ahead);                                      \
+        CN_PREFETCH_ROWS(IO, g0p, n, ld, ahead, 4);                                  \
+        CN_PREFETCH_ROWS(IO, x0, n, ld, ahead, 4);                                   \
         CN_COLS_NEXT_GROUP(IO, n, ahead, j,                                          \
                            CN_PREFETCH_NEXT_GROUP(g0p + j, ld, 4);                   \
                            CN_PREFETCH_NEXT_GROUP(x0 + j, ld, 4), {                  \
@@ -541,8 +542,8 @@ CN_STATS_OPS(f16, cn_f16, uint16_t, float)
  * 2w + 1 at slot 16 + w (cn_col_slot; only full groups are reordered, and
  * the shifts/means come in the same order).  Eight rows go into each
  * float64 add, summed pairwise in float32 (off by at most ~4 * 2^-24 of
- * their magnitude, products included).  Measured in cache, 1 thread: 5.2 -> 8.5 G elements/s;
- * interleaved A/B of batch_norm_stats on (4096, 1024) and channels-last
+ * their magnitude, products included).  Measured in cache, 1 thread:
+ * 5.2 -> 8.5 G elements/s; interleaved A/B of batch_norm_stats on (4096, 1024) and channels-last
  * (32, 56, 56, 64): 1.25-1.27x at 1 thread, 1.14-1.18x at 2; training
  * forward (the statistics and the normalizing pass) 1.02-1.06x. */
 #define CN_COL_GROUP 32
@@ -565,7 +566,7 @@ static inline ptrdiff_t cn_col_slot(int code, ptrdiff_t j, ptrdiff_t n) {
 /* R rows (8 or 1) from x0, ld apart, into columns [0, n): a1[slot] += sum
  * of g, a2[slot] += sum of g * c, where c = x - k[slot] and g = c
  * (moments, HD 0) or g = dy0 (centred dot, HD 1, k the means) */
-#define CN_PAIR_COLS_ROWS(R, HD, PF, dy0, x0, ld, k, n, ng, a1, a2)                          \
+#define CN_PAIR_COLS_ROWS(R, HD, PF, dy0, x0, ld, k, n, ng, a1, a2)                  \
     do {                                                                             \
         for (ptrdiff_t g_ = 0; g_ < (ng); g_ += CN_COL_GROUP) {                      \
             if (PF) {                                                                \
@@ -609,7 +610,7 @@ static inline ptrdiff_t cn_col_slot(int code, ptrdiff_t j, ptrdiff_t n) {
 /* rows rows of n columns, ld elements apart; HD 0: moments about k, HD 1:
  * the centred dot of dys about the means k.  Short rows are prefetched ahead
  * as in cn_cmom (CN_PREFETCH_ROWS) */
-#define CN_PAIR_COLS(HD, dys, xs, k, n, rows, ld, a1, a2)                                \
+#define CN_PAIR_COLS(HD, dys, xs, k, n, rows, ld, a1, a2)                            \
     do {                                                                             \
         const ptrdiff_t ng_ = (n) - (n) % CN_COL_GROUP;                              \
         const ptrdiff_t ahead_ = cn_rows_ahead(ld, 2);                               \
@@ -617,18 +618,15 @@ static inline ptrdiff_t cn_col_slot(int code, ptrdiff_t j, ptrdiff_t n) {
         for (; r_ + 8 <= (rows); r_ += 8) {                                          \
             const uint16_t *restrict x0_ = (xs) + r_ * (ld);                         \
             const uint16_t *restrict dy0_ = (HD) ? (dys) + r_ * (ld) : NULL;         \
-            if (ahead_ > 0)                                                          \
-                for (int q_ = 0; q_ < 8; q_++) {                                     \
-                    CN_PREFETCH_ROW(uint16_t, x0_ + (ahead_ + q_) * (ld), n);        \
-                    if (HD)                                                          \
-                        CN_PREFETCH_ROW(uint16_t, dy0_ + (ahead_ + q_) * (ld), n);   \
-                }                                                                    \
-            CN_PAIR_COLS_ROWS(8, HD, ahead_ == 0, dy0_, x0_, ld, k, n, ng_, a1, a2);                  \
+            CN_PREFETCH_ROWS(uint16_t, x0_, n, ld, ahead_, 8);                       \
+            if (HD)                                                                  \
+                CN_PREFETCH_ROWS(uint16_t, dy0_, n, ld, ahead_, 8);                  \
+            CN_PAIR_COLS_ROWS(8, HD, ahead_ == 0, dy0_, x0_, ld, k, n, ng_, a1, a2);  \
         }                                                                            \
         for (; r_ < (rows); r_++) {                                                  \
             const uint16_t *restrict x0_ = (xs) + r_ * (ld);                         \
             const uint16_t *restrict dy0_ = (HD) ? (dys) + r_ * (ld) : NULL;         \
-            CN_PAIR_COLS_ROWS(1, HD, 0, dy0_, x0_, ld, k, n, ng_, a1, a2);                  \
+            CN_PAIR_COLS_ROWS(1, HD, 0, dy0_, x0_, ld, k, n, ng_, a1, a2);           \
         }                                                                            \
     } while (0)
 
