@@ -59,23 +59,47 @@ def c_aligned(a):
     return np.require(a, requirements="CA")
 
 
-def unalias(inputs, outs):
-    """inputs, with a private copy of any that overlaps a given output in
-    another layout.  An output that is exactly an input (out=v) is safe:
-    every kernel reads an element, or a whole slice, before writing it."""
+def unalias(inputs, outs, keep=None):
+    """inputs, with a private copy of each that shares memory with a given
+    output, so that no output is written before the inputs it overlaps are
+    read.  One sharing is kept: an input that is exactly `keep` (the
+    input-shaped output, out=v): pass only inputs of which every kernel
+    reads an element, or a whole slice, before writing that element."""
     given = [o for o in outs if o is not None]
     if not given:
         return inputs
     result = []
     for a in inputs:
-        for o in given if a is not None else ():
-            if np.may_share_memory(a, o) and not (
-                    a.__array_interface__["data"][0] == o.__array_interface__["data"][0]
-                    and a.strides == o.strides and a.shape == o.shape and a.dtype == o.dtype):
-                a = a.copy()
-                break
+        if a is not None and not (keep is not None and same_array(a, keep)) and any(
+                np.may_share_memory(a, o) for o in given):
+            a = a.copy()
         result.append(a)
     return result
+
+
+def same_array(a, b):
+    """a and b are the same elements in the same layout (out=v)."""
+    return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+            and a.strides == b.strides and a.shape == b.shape and a.dtype == b.dtype)
+
+
+def check_distinct(named):
+    """The arrays an op writes ((name, array or None) pairs: its outputs and
+    the statistics it updates in place) share no memory: one memory cannot
+    hold two results."""
+    given = [(n, a) for n, a in named if a is not None]
+    for i, (name_a, a) in enumerate(given):
+        for name_b, b in given[i + 1:]:
+            if np.may_share_memory(a, b) and _shares_memory(a, b):
+                raise ValueError(f"{name_a} and {name_b} share memory: each result needs "
+                                 f"its own array")
+
+
+def _shares_memory(a, b):
+    try:
+        return np.shares_memory(a, b, max_work=1 << 16)
+    except np.exceptions.TooHardError:    # strides too tangled to tell: assume they do
+        return True
 
 
 def big_out(out, shape, dtype, transposed):

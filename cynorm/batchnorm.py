@@ -32,7 +32,8 @@ import math
 import numpy as np
 
 from cynorm._arrays import (
-    big_out, check_big_out, kernel_dims, layout, small_out, streaming_threshold, unalias,
+    big_out, check_big_out, check_distinct, kernel_dims, layout, small_out, streaming_threshold,
+    unalias,
 )
 from cynorm._dtypes import from_float64
 from cynorm import _kernels
@@ -186,6 +187,8 @@ def batch_norm_args(x, weight, bias, running_mean, running_var, training, moment
     rv = _running(running_var, "running_var", C, policy, training)
     if not training and (rm is None or rv is None):
         raise ValueError("running_mean and running_var are required when training=False")
+    if training:
+        check_distinct([("running_mean", rm), ("running_var", rv)])   # both updated in place
     return BatchNormArgs(x, policy, axis, C, n, training, momentum, eps, weight, bias, rm, rv)
 
 
@@ -225,7 +228,11 @@ def batch_norm(x, weight=None, bias=None, running_mean=None, running_var=None, t
     kinv, save_invstd = small_out(invstd_out, "out[2] (save_invstd)", stat_shape, policy.stat)
     # the kernels write y, then the statistics, then the running stats: an
     # input overlapping any of them is read from a private copy
-    x, weight, bias = unalias([x, weight, bias], (y_out, mean_out, invstd_out, rm, rv))
+    written = (y_out, mean_out, invstd_out) + ((rm, rv) if training else ())
+    check_distinct(zip(("out[0] (y)", "out[1] (save_mean)", "out[2] (save_invstd)",
+                        "running_mean", "running_var"), written))
+    (x,) = unalias([x], written, keep=y_out)
+    weight, bias = unalias([weight, bias], written)
     (kx,), transposed, dims = prepare([x], axis, (y_out,))
     ky, y = big_out(y_out, x.shape, x.dtype, transposed)
     A, _, B = dims

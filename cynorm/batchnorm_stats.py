@@ -18,7 +18,7 @@ strides) are those of cynorm.batch_norm.
 """
 import numpy as np
 
-from cynorm._arrays import big_out, check_big_out, unalias
+from cynorm._arrays import big_out, check_big_out, check_distinct, unalias
 from cynorm._dtypes import from_float64
 from cynorm._validation import (
     as_float_array, check_bool, check_eps, check_real, check_same, check_updatable,
@@ -115,6 +115,7 @@ def batch_norm_gather_stats(mean, invstd, counts, running_mean=None, running_var
             as_float_array(a, name)
             if a.shape != (C,):
                 raise ValueError(f"{name} must have shape ({C},), got {a.shape}")
+        check_distinct([("running_mean", rm), ("running_var", rv)])
     m64, s64 = m.astype(np.float64), s.astype(np.float64)
     total = 0.0
     mu = np.zeros(C)
@@ -150,7 +151,7 @@ def batch_norm_elemt(x, weight, bias, mean, invstd, eps=1e-5, axis=1, *, out=Non
     m = channel_stat(mean, "mean", C)
     inv = channel_stat(invstd, "invstd", C)
     y_out = check_big_out(out, "out", x.shape, x.dtype)
-    (x,) = unalias([x], (y_out,))
+    (x,) = unalias([x], (y_out,), keep=y_out)
     (kx,), transposed, dims = prepare([x], axis, (y_out,))
     ky, y = big_out(y_out, x.shape, x.dtype, transposed)
     normalize_into(kx, ky, m, *affine(inv, weight, bias, C), dims, policy)
@@ -208,7 +209,7 @@ def batch_norm_backward_elemt(grad_out, x, mean, invstd, weight, sum_dy, sum_dy_
     if not total > 0:
         raise ValueError(f"count must add up to a positive number, got {total:g}")
     gx_out = check_big_out(out, "out", x.shape, x.dtype)
-    grad_out, x = unalias([grad_out, x], (gx_out,))
+    grad_out, x = unalias([grad_out, x], (gx_out,), keep=gx_out)
     (kdy, kx), transposed, dims = prepare([grad_out, x], axis, (gx_out,))
     kgx, gx = big_out(gx_out, x.shape, x.dtype, transposed)
     a, _ = affine(inv, weight, None, C)

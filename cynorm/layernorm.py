@@ -29,7 +29,9 @@ import operator
 import numpy as np
 
 from cynorm._dtypes import from_float64
-from cynorm._arrays import c_aligned, small_out, streaming_threshold, unalias
+from cynorm._arrays import (
+    c_aligned, check_distinct, small_out, streaming_threshold, unalias,
+)
 from cynorm import _kernels
 _k = _kernels.load("layer_norm")  # the SIMD level chosen at import
 from cynorm._kernels._alloc import empty as _empty
@@ -128,14 +130,17 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, *, out=Non
     if wvec is not None or bvec is not None:   # the kernel takes both or neither
         wvec = np.ones(N, policy.math) if wvec is None else wvec
         bvec = np.zeros(N, policy.math) if bvec is None else bvec
-    x, wvec, bvec = unalias([x, wvec, bvec], (y_out, mean_out, rstd_out))
+    kmean, mean = small_out(mean_out, "out[1] (mean)", stat_shape, policy.stat)
+    krstd, rstd = small_out(rstd_out, "out[2] (rstd)", stat_shape, policy.stat)
+    outs = (y_out, mean_out, rstd_out)
+    check_distinct(zip(("out[0] (y)", "out[1] (mean)", "out[2] (rstd)"), outs))
+    (x,) = unalias([x], outs, keep=y_out)
+    wvec, bvec = unalias([wvec, bvec], outs)
     kx = c_aligned(x)
     if y_out is None:
         y = _empty(x.shape, x.dtype, x.size * x.dtype.itemsize)
     else:
         y = y_out
-    kmean, mean = small_out(mean_out, "out[1] (mean)", stat_shape, policy.stat)
-    krstd, rstd = small_out(rstd_out, "out[2] (rstd)", stat_shape, policy.stat)
     if N == 0:
         kmean[...] = 0.0
         krstd[...] = np.nan

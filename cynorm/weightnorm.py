@@ -35,7 +35,8 @@ import numpy as np
 
 from cynorm import _dtypes
 from cynorm._arrays import (
-    big_out as _big_out, check_big_out as _check_big_out, kernel_dims as _kernel_dims,
+    big_out as _big_out, check_big_out as _check_big_out, check_distinct as _check_distinct,
+    kernel_dims as _kernel_dims,
     layout as _layout, small_out as _small_out, streaming_threshold, unalias as _unalias,
 )
 from cynorm import _kernels
@@ -119,11 +120,13 @@ def _forward(v, g, dim, w_out, w_name, norm_out):
     dim = normalize_dim(dim, v.ndim)
     g, g_vec = _prepare_g(g, v, dim, policy)
     w_out = _check_big_out(w_out, w_name, v.shape, v.dtype)
-    v, g_vec = _unalias([v, g_vec], (w_out, norm_out))
+    knorm, norm = _small_out(norm_out, "out[1] (norm)", g.shape, policy.stat)
+    _check_distinct([(w_name, w_out), ("out[1] (norm)", norm_out)])
+    (v,) = _unalias([v], (w_out, norm_out), keep=w_out)
+    (g_vec,) = _unalias([g_vec], (w_out, norm_out))
     (kv,), transposed = _layout([v], (w_out,))
     A, D, B = _kernel_dims(v.shape, dim, transposed)
     kw, w = _big_out(w_out, v.shape, v.dtype, transposed)
-    knorm, norm = _small_out(norm_out, "out[1] (norm)", g.shape, policy.stat)
     _k.weight_norm_forward(kv, g_vec, kw, knorm, A, D, B, policy.code, _threads())
     return w, norm
 
@@ -191,11 +194,13 @@ def weight_norm_backward(grad_w, saved_v, saved_g, saved_norm, dim=0, *, out=Non
     norm_vec = np.ascontiguousarray(norm)
     gv_out, gg_out = split_out(out, ("grad_v", "grad_g"))
     gv_out = _check_big_out(gv_out, "out[0] (grad_v)", v.shape, v.dtype)
-    grad_w, v, g_vec, norm_vec = _unalias([grad_w, v, g_vec, norm_vec], (gv_out, gg_out))
+    kgg, grad_g = _small_out(gg_out, "out[1] (grad_g)", g.shape, g.dtype)
+    _check_distinct([("out[0] (grad_v)", gv_out), ("out[1] (grad_g)", gg_out)])
+    grad_w, v = _unalias([grad_w, v], (gv_out, gg_out), keep=gv_out)
+    g_vec, norm_vec = _unalias([g_vec, norm_vec], (gv_out, gg_out))
     (kgw, kv), transposed = _layout([grad_w, v], (gv_out,))
     A, D, B = _kernel_dims(v.shape, dim, transposed)
     kgv, grad_v = _big_out(gv_out, v.shape, v.dtype, transposed)
-    kgg, grad_g = _small_out(gg_out, "out[1] (grad_g)", g.shape, g.dtype)
     if g.dtype != policy.stat:
         kgg = np.empty(D, policy.stat)     # 16-bit g: the kernel writes float32
     _k.weight_norm_backward(kgw, kv, g_vec, norm_vec, kgv, kgg, A, D, B, policy.code, _threads())
