@@ -87,8 +87,8 @@ def describe():
     """One line for `python -m cynorm`."""
     try:
         lib = _lib.get()
-    except CudnnUnavailableError as exc:
-        return f"cuDNN not found ({exc})"
+    except CudnnUnavailableError:
+        return f"cuDNN unavailable: {unavailable_reason()}"
     reason = unavailable_reason()
     state = "available" if not reason else f"unavailable: {reason}"
     return f"cuDNN {lib.version} from {lib.cudnn_path}, CUDA runtime {lib.cudart_path}; {state}"

@@ -167,12 +167,13 @@ def _open(candidates, what):
     raise CudnnUnavailableError(f"no {what} could be loaded ({'; '.join(errors[:4])}{more})")
 
 
-def _declare(lib, table, path):
+def _declare(lib, table, path, what):
     for name, (restype, argtypes) in table.items():
         try:
             fn = getattr(lib, name)
         except AttributeError:
-            raise CudnnUnavailableError(f"{path} has no symbol {name}") from None
+            raise CudnnUnavailableError(f"{path} has no symbol {name}: it is not a {what} "
+                                        "cudnn_bind can use") from None
         fn.restype = restype
         fn.argtypes = argtypes
 
@@ -186,22 +187,22 @@ class Library:
 
     def __init__(self, path=None, cudart=None):
         self.cudnn, self.cudnn_path = _open(cudnn_candidates(path), "cuDNN library (libcudnn)")
-        for name in ("cudnnGetVersion", "cudnnGetCudartVersion"):
-            getattr(self.cudnn, name).restype = c_size_t
-            getattr(self.cudnn, name).argtypes = []
+        _declare(self.cudnn, {name: CUDNN_FUNCTIONS[name] for name in
+                              ("cudnnGetVersion", "cudnnGetCudartVersion")},
+                 self.cudnn_path, "cuDNN library")
         self.version = int(self.cudnn.cudnnGetVersion())
         self.major = self.version // 10000 if self.version >= 10000 else self.version // 1000
         if self.major not in (8, 9):
             raise CudnnUnavailableError(f"{self.cudnn_path} is cuDNN {self.version}; "
                                         "cudnn_bind supports cuDNN 8 and 9")
-        _declare(self.cudnn, CUDNN_FUNCTIONS, self.cudnn_path)
+        _declare(self.cudnn, CUDNN_FUNCTIONS, self.cudnn_path, "cuDNN library")
         if self.major >= 9:
-            _declare(self.cudnn, CUDNN9_FUNCTIONS, self.cudnn_path)
+            _declare(self.cudnn, CUDNN9_FUNCTIONS, self.cudnn_path, "cuDNN library")
         self.cudart_version = int(self.cudnn.cudnnGetCudartVersion())
         cuda_major = self.cudart_version // 1000
         self.cudart, self.cudart_path = _open(cudart_candidates(cuda_major, cudart),
                                               f"CUDA {cuda_major} runtime (libcudart)")
-        _declare(self.cudart, CUDART_FUNCTIONS, self.cudart_path)
+        _declare(self.cudart, CUDART_FUNCTIONS, self.cudart_path, "CUDA runtime library")
         # cuDNN 8 requires eps >= 1e-5 (CUDNN_BN_MIN_EPSILON); 9 allows 0
         self.min_epsilon = 1e-5 if self.major == 8 else 0.0
 
@@ -241,6 +242,20 @@ _LOCK = threading.RLock()
 _STATE = {"lib": None, "error": None, "path": None, "cudart": None}
 
 
+def _path_arg(value, name):
+    """None, or a library path or name (str, bytes or os.PathLike) as a str."""
+    if value is None:
+        return None
+    if not isinstance(value, (str, bytes, os.PathLike)):
+        raise TypeError(f"{name} must be a library path (str, bytes or os.PathLike) or None, "
+                        f"got {type(value).__name__}")
+    value = os.fsdecode(value)
+    if not value or "\0" in value:
+        raise ValueError(f"{name} must be a non-empty library path without NUL characters, "
+                         f"got {value!r}")
+    return value
+
+
 def load(path=None, cudart=None):
     """Load (or reload) cuDNN from `path` (and the runtime from `cudart`).
 
@@ -248,6 +263,7 @@ def load(path=None, cudart=None):
     Returns the Library; raises CudnnUnavailableError if nothing loads.
     Every handle of the previous library is destroyed: do not call this
     while other threads are running batch norm."""
+    path, cudart = _path_arg(path, "path"), _path_arg(cudart, "cudart")
     with _LOCK:
         from cudnn_bind import handles  # handles belong to the library they came from
         handles.release_all()

@@ -9,9 +9,10 @@ import contextlib
 import ctypes
 
 from cudnn_bind import _lib
+from cudnn_bind._args import UINT64_MAX, integer, real, show
 from cudnn_bind.descriptors import (
     OPS_BN, OPS_BN_ACTIVATION, OPS_BN_ADD_ACTIVATION, PER_ACTIVATION, SPATIAL,
-    SPATIAL_PERSISTENT, MODES, ActivationDescriptor, TensorDescriptor, derive_bn_descriptor)
+    SPATIAL_PERSISTENT, ActivationDescriptor, TensorDescriptor, bn_mode, derive_bn_descriptor)
 from cudnn_bind.errors import CudnnBindError
 from cudnn_bind.handles import Handle, device_guard, handle_for
 from cudnn_bind.memory import DTYPE_SIZES, as_view, empty_like_layout
@@ -50,7 +51,12 @@ def _layout(v, name):
 
 
 def choose_mode(ndim, layout, training):
-    """The cudnnBatchNormMode_t ATen picks (getCudnnBatchNormMode)."""
+    """The cudnnBatchNormMode_t ATen picks (getCudnnBatchNormMode) for an
+    input of `ndim` (2 to 5) dimensions in `layout` ('contiguous' or
+    'channels_last')."""
+    ndim = integer(ndim, "ndim", 2, 5)
+    if not isinstance(layout, str) or layout not in ("contiguous", "channels_last"):
+        raise ValueError(f"layout must be 'contiguous' or 'channels_last', got {show(layout)}")
     if ndim == 2:
         return PER_ACTIVATION
     if training and layout == "channels_last":
@@ -61,18 +67,12 @@ def choose_mode(ndim, layout, training):
 def _mode(mode, ndim, layout, training):
     if mode is None:
         return choose_mode(ndim, layout, training)
-    if isinstance(mode, str):
-        if mode.lower() not in MODES:
-            raise ValueError(f"mode must be one of {sorted(MODES)} or None, got {mode!r}")
-        return MODES[mode.lower()]
-    if mode in (PER_ACTIVATION, SPATIAL, SPATIAL_PERSISTENT):
-        return int(mode)
-    raise ValueError(f"mode must be one of {sorted(MODES)} or None, got {mode!r}")
+    return bn_mode(mode)
 
 
 def _ops(activation, z):
-    if activation not in (None, "relu"):
-        raise ValueError(f"activation must be None or 'relu', got {activation!r}")
+    if activation is not None and not (isinstance(activation, str) and activation == "relu"):
+        raise ValueError(f"activation must be None or 'relu', got {show(activation)}")
     if z is not None:
         if activation != "relu":
             raise ValueError("z (the residual added before the activation) needs activation='relu': "
@@ -137,7 +137,7 @@ def _same_device(views):
 
 
 def _eps(eps, lib):
-    eps = float(eps)
+    eps = real(eps, "eps")
     if not eps >= lib.min_epsilon:
         raise ValueError(f"eps must be >= {lib.min_epsilon} (CUDNN_BN_MIN_EPSILON of cuDNN "
                          f"{lib.major}), got {eps}")
@@ -156,14 +156,16 @@ def _stream(stream, ref):
             with cupy.cuda.Device(ref.device):
                 return int(cupy.cuda.get_current_stream().ptr)
         return 0
-    if isinstance(stream, int):
-        return stream
+    try:
+        return integer(stream, "stream", 0, UINT64_MAX)
+    except TypeError:  # not an int: a stream object
+        pass
     for attr in ("cuda_stream", "ptr", "handle"):
         value = getattr(stream, attr, None)
         if isinstance(value, ctypes.c_void_p):  # Numba's stream.handle
             value = value.value or 0
-        if isinstance(value, int):
-            return value
+        if isinstance(value, int) and not isinstance(value, bool):
+            return integer(value, f"stream.{attr}", 0, UINT64_MAX)
     raise TypeError(f"stream must be None, an int cudaStream_t or an object with .ptr / "
                     f".cuda_stream, got {type(stream).__name__}")
 
@@ -294,6 +296,7 @@ def batch_norm_forward_training(x, weight, bias, running_mean=None, running_var=
     matching batch_norm_backward."""
     lib = _lib.get()
     eps = _eps(eps, lib)
+    factor = real(exponential_average_factor, "exponential_average_factor")
     call = _Call(x, True, mode, activation, z, lib)
     try:
         xv = call.x
@@ -332,7 +335,7 @@ def batch_norm_forward_training(x, weight, bias, running_mean=None, running_var=
         lib.call("cudnnBatchNormalizationForwardTrainingEx", h.ptr, call.mode, call.ops, one, zero,
                  call.xdesc.value, xv.ptr, call.xdesc.value if call.z else None, _ptr(call.z),
                  call.xdesc.value, yv.ptr, call.bndesc.value, p["weight"].ptr, p["bias"].ptr,
-                 float(exponential_average_factor), _ptr(p["running_mean"]),
+                 factor, _ptr(p["running_mean"]),
                  _ptr(p["running_var"]), eps, sm.ptr, si.ptr, call.actdesc, ws or None,
                  ws_size.value, rs.ptr or None, rs_size)
         return y, save_mean, save_invstd, reserve
@@ -493,6 +496,10 @@ def can_use_cudnn(x, weight=None, bias=None, running_mean=None, running_var=None
     limit = TRAINING_MAX_BATCH if training else INFERENCE_MAX_BATCH
     if xv.shape[0] > limit:
         return False, f"batch of {xv.shape[0]} exceeds {limit} ({'training' if training else 'inference'})"
+    try:
+        eps = real(eps, "eps")
+    except (TypeError, ValueError) as exc:
+        return False, str(exc)
     if eps < lib.min_epsilon:
         return False, f"eps {eps} is below CUDNN_BN_MIN_EPSILON ({lib.min_epsilon})"
     if xv.size >= _INT32_MAX:

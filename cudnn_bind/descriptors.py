@@ -9,11 +9,13 @@ the same layout would have (cuDNN rejects some layouts otherwise).
 import ctypes
 
 from cudnn_bind import _lib
+from cudnn_bind._args import C_INT_MAX, integer, integers, real, show
+from cudnn_bind.memory import c_strides, dtype_name
 
 __all__ = ["DATA_FLOAT", "DATA_DOUBLE", "DATA_HALF", "DATA_BFLOAT16", "PER_ACTIVATION",
            "SPATIAL", "SPATIAL_PERSISTENT", "OPS_BN", "OPS_BN_ACTIVATION",
            "OPS_BN_ADD_ACTIVATION", "MODES", "TensorDescriptor", "ActivationDescriptor",
-           "derive_bn_descriptor", "padded_geometry"]
+           "derive_bn_descriptor", "padded_geometry", "bn_mode"]
 
 # cudnnDataType_t
 DATA_FLOAT, DATA_DOUBLE, DATA_HALF, DATA_BFLOAT16 = 0, 1, 2, 9
@@ -92,16 +94,42 @@ class TensorDescriptor(_Descriptor):
     def __init__(self, shape=None, strides=None, dtype="float32", pad=4, channels_last=False):
         super().__init__()
         if shape is not None:
-            self.set(shape, strides, dtype, pad, channels_last)
+            try:
+                self.set(shape, strides, dtype, pad, channels_last)
+            except BaseException:
+                self.close()
+                raise
 
-    def set(self, shape, strides, dtype, pad=4, channels_last=False):
-        if dtype not in DATA_TYPES:
-            raise TypeError(f"no cuDNN data type for {dtype!r}; expected one of {sorted(DATA_TYPES)}")
+    def set(self, shape, strides=None, dtype="float32", pad=4, channels_last=False):
+        """Describe a tensor of `shape` and `strides` (elements; None: C order).
+        cuDNN takes C ints: every size must be 1 to 2**31 - 1 (cuDNN has no
+        empty tensors) and every stride, as padded_geometry gives it, 0 to
+        2**31 - 1; at most MAX_DIMS dimensions."""
+        try:
+            name = dtype_name(dtype)
+        except TypeError:
+            name = None
+        if name not in DATA_TYPES:
+            raise TypeError(f"dtype must be one of {sorted(DATA_TYPES)} (a cuDNN data type), "
+                            f"got {show(dtype)}")
+        shape = integers(shape, "shape", 1, C_INT_MAX)
+        if len(shape) > MAX_DIMS:
+            raise ValueError(f"cuDNN tensors have at most {MAX_DIMS} dimensions, got shape {shape}")
+        strides = c_strides(shape) if strides is None else integers(strides, "strides")
+        if len(strides) != len(shape):
+            raise ValueError(f"strides {show(strides)} must have one entry per dimension of "
+                             f"shape {shape}")
+        pad = integer(pad, "pad", 0, MAX_DIMS)
+        if max(len(shape), pad) < 2:
+            raise ValueError(f"shape {shape} with pad={pad} has fewer than 2 dimensions (N, C): "
+                             f"give at least 2, or pad to 2 to {MAX_DIMS}")
         dims, st = padded_geometry(shape, strides, pad, channels_last)
-        if len(dims) > MAX_DIMS:
-            raise ValueError(f"cuDNN tensors have at most {MAX_DIMS} dimensions, got {len(dims)}")
+        for i, s in enumerate(st):
+            if not 0 <= s <= C_INT_MAX:
+                raise ValueError(f"strides[{i}] is {show(s)} as cuDNN gets it (shape {tuple(dims)}); "
+                                 f"cuDNN takes a C int from 0 to {C_INT_MAX}")
         n = len(dims)
-        self._lib.call("cudnnSetTensorNdDescriptor", self.value, DATA_TYPES[dtype], n,
+        self._lib.call("cudnnSetTensorNdDescriptor", self.value, DATA_TYPES[name], n,
                        (ctypes.c_int * n)(*dims), (ctypes.c_int * n)(*st))
 
     def get(self):
@@ -119,9 +147,28 @@ class ActivationDescriptor(_Descriptor):
     _destroy = "cudnnDestroyActivationDescriptor"
 
     def __init__(self, mode=ACTIVATION_RELU, coef=0.0):
+        mode = integer(mode, "mode (a cudnnActivationMode_t: 1 is CUDNN_ACTIVATION_RELU)",
+                       -C_INT_MAX - 1, C_INT_MAX)
+        coef = real(coef, "coef")
         super().__init__()
-        self._lib.call("cudnnSetActivationDescriptor", self.value, mode, NOT_PROPAGATE_NAN,
-                       float(coef))
+        self._lib.call("cudnnSetActivationDescriptor", self.value, mode, NOT_PROPAGATE_NAN, coef)
+
+
+def bn_mode(mode):
+    """A cudnnBatchNormMode_t from PER_ACTIVATION, SPATIAL, SPATIAL_PERSISTENT
+    or their names in MODES; TypeError/ValueError otherwise."""
+    expected = f"PER_ACTIVATION, SPATIAL, SPATIAL_PERSISTENT or one of {sorted(MODES)}"
+    if isinstance(mode, str):
+        if mode.lower() not in MODES:
+            raise ValueError(f"mode must be {expected}, got {mode!r}")
+        return MODES[mode.lower()]
+    try:
+        mode = integer(mode, "mode")
+    except TypeError:
+        raise TypeError(f"mode must be {expected}, got {type(mode).__name__}") from None
+    if mode not in MODES.values():
+        raise ValueError(f"mode must be {expected}, got {show(mode)}")
+    return mode
 
 
 def derive_bn_descriptor(x_desc, mode):
@@ -131,8 +178,7 @@ def derive_bn_descriptor(x_desc, mode):
     BAD_PARAM, so a closed or missing one is refused here first."""
     if not isinstance(x_desc, TensorDescriptor):
         raise TypeError(f"x_desc must be a TensorDescriptor, got {type(x_desc).__name__}")
-    if mode not in (PER_ACTIVATION, SPATIAL, SPATIAL_PERSISTENT):
-        raise ValueError(f"mode must be PER_ACTIVATION, SPATIAL or SPATIAL_PERSISTENT, got {mode!r}")
+    mode = bn_mode(mode)
     xd = x_desc.value  # raises if closed
     derived = TensorDescriptor()
     x_desc._lib.call("cudnnDeriveBNTensorDescriptor", derived.value, xd, mode)

@@ -17,6 +17,7 @@ import threading
 import weakref
 
 from cudnn_bind import _lib
+from cudnn_bind._args import C_INT_MAX, UINT64_MAX, integer
 from cudnn_bind.errors import CudaError, CudnnError
 from cudnn_bind.memory import scratch
 
@@ -47,8 +48,11 @@ class Handle:
     """A cudnnHandle_t for one device, with its per-stream workspaces."""
 
     def __init__(self, lib, device):
+        if not isinstance(lib, _lib.Library):
+            raise TypeError(f"lib must be a cudnn_bind Library (cudnn_bind.load()), "
+                            f"got {type(lib).__name__}")
         self.lib = lib
-        self.device = device
+        self.device = integer(device, "device", 0, C_INT_MAX)
         self.ptr = ctypes.c_void_p()
         self._workspaces = {}
         # with no driver or GPU, cudnnCreate's own error (NOT_INITIALIZED and
@@ -75,6 +79,7 @@ class Handle:
         return self.ptr is not None and bool(self.ptr.value)
 
     def set_stream(self, stream):
+        stream = integer(0 if stream is None else stream, "stream (a cudaStream_t)", 0, UINT64_MAX)
         self.lib.call("cudnnSetStream", self.ptr, ctypes.c_void_p(stream or None))
 
     def workspace(self, nbytes, ref, stream=0):
@@ -109,6 +114,7 @@ class Handle:
 def handle_for(device, lib=None):
     """This thread's handle for `device` (created on first use)."""
     lib = lib or _lib.get()
+    device = integer(device, "device", 0, C_INT_MAX)
     cache = getattr(_local, "handles", None)
     if cache is None or getattr(_local, "lib", None) is not lib:
         cache = _local.handles = {}

@@ -14,10 +14,12 @@ Outputs, workspace and reserve space come from the inputs' own library when
 there is one (CuPy's memory pool, PyTorch's caching allocator), else cudaMalloc.
 """
 import ctypes
+import math
 
 import numpy as np
 
 from cudnn_bind import _lib
+from cudnn_bind._args import UINT64_MAX, integer, integers, show
 
 __all__ = ["DeviceArray", "DeviceBuffer", "View", "as_view", "DTYPE_SIZES"]
 
@@ -37,6 +39,8 @@ def _numpy_dtype(name):
 
 def dtype_name(dtype):
     """'float32', 'float64', 'float16', 'bfloat16' or 'uint8' for a NumPy/torch dtype or name."""
+    if dtype is None:  # np.dtype(None) is float64
+        raise TypeError("dtype must be given: float32, float64, float16 or bfloat16, got None")
     text = str(dtype).replace("torch.", "")
     if text in DTYPE_SIZES:
         return text
@@ -44,11 +48,11 @@ def dtype_name(dtype):
         return {"float": "float32", "half": "float16"}[text]
     try:
         dt = np.dtype(dtype)
-    except TypeError:
-        raise TypeError(f"unsupported dtype {dtype!r}") from None
+    except (TypeError, ValueError, KeyError):
+        raise TypeError(f"unsupported dtype {show(dtype)}") from None
     if dt.name in DTYPE_SIZES:
         return dt.name
-    raise TypeError(f"unsupported dtype {dtype!r}; expected float32, float64, float16 or bfloat16")
+    raise TypeError(f"unsupported dtype {show(dtype)}; expected float32, float64, float16 or bfloat16")
 
 
 def c_strides(shape):
@@ -64,7 +68,7 @@ class DeviceBuffer:
 
     def __init__(self, nbytes, lib=None):
         self._lib = lib or _lib.get()
-        self.nbytes = int(nbytes)
+        self.nbytes = integer(nbytes, "nbytes", 0, UINT64_MAX)
         self._ptr = ctypes.c_void_p()
         if self.nbytes:
             self._lib.cuda("cudaMalloc", ctypes.byref(self._ptr), self.nbytes)
@@ -99,14 +103,18 @@ class DeviceArray:
     """
 
     def __init__(self, shape, dtype="float32", strides=None, *, _ptr=None, _owner=None):
-        self.shape = tuple(int(s) for s in shape)
+        self.shape = integers(shape, "shape", 0)
         self.dtype = dtype_name(dtype)
         self.itemsize = DTYPE_SIZES[self.dtype]
-        self.strides = tuple(int(s) for s in strides) if strides is not None else c_strides(self.shape)
+        self.strides = (integers(strides, "strides", 0) if strides is not None
+                        else c_strides(self.shape))
         if len(self.strides) != len(self.shape):
-            raise ValueError(f"strides {self.strides} do not match shape {self.shape}")
+            raise ValueError(f"strides {show(self.strides)} do not match shape {show(self.shape)}")
         span = 1 + sum((d - 1) * s for d, s in zip(self.shape, self.strides)) if all(self.shape) else 0
         self.nbytes = span * self.itemsize
+        if self.nbytes > UINT64_MAX:
+            raise ValueError(f"shape {show(self.shape)} with strides {show(self.strides)} spans "
+                             f"{show(self.nbytes)} bytes, more than a size_t holds")
         if _ptr is None:
             self._buffer = DeviceBuffer(self.nbytes)
             self.ptr = self._buffer.ptr
@@ -120,8 +128,7 @@ class DeviceArray:
     def from_pointer(cls, ptr, shape, dtype, strides=None, owner=None):
         """A view of device memory at integer address `ptr` (not freed by us;
         `owner` is kept alive with the view)."""
-        if not isinstance(ptr, int) or ptr < 0:
-            raise TypeError(f"ptr must be a non-negative int device address, got {ptr!r}")
+        ptr = integer(ptr, "ptr (a device address)", 0, UINT64_MAX)
         return cls(shape, dtype, strides, _ptr=ptr, _owner=owner)
 
     @classmethod
@@ -183,7 +190,7 @@ class View:
 
     @property
     def size(self):
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)  # exact: np.prod would wrap at 2**63
 
 
 def _current_device(lib):
@@ -207,22 +214,42 @@ def _is_torch_tensor(obj):
 
 def _from_cai(obj, name, lib):
     cai = obj.__cuda_array_interface__
-    shape = tuple(cai["shape"])
+    what = f"{name}.__cuda_array_interface__"
+    if not isinstance(cai, dict):
+        raise TypeError(f"{what} must be a dict, got {type(cai).__name__}")
+    for key in ("shape", "typestr", "data", "version"):
+        if key not in cai:
+            raise TypeError(f"{what} has no {key!r} key (required by the CUDA Array Interface)")
+    integer(cai["version"], f"{what}['version']", 0)
+    if cai.get("mask") is not None:
+        raise ValueError(f"{what} has a mask: masked arrays are not supported")
+    shape = integers(cai["shape"], f"{what}['shape']", 0)
     typestr = cai["typestr"]
-    dtype = _TYPESTR.get(typestr[1:])
+    dtype = _TYPESTR.get(typestr[1:]) if isinstance(typestr, str) else None
     if dtype is None or typestr[0] not in "<|=":
-        raise TypeError(f"{name}: unsupported __cuda_array_interface__ typestr {typestr!r}")
-    ptr = cai["data"][0] or 0
+        raise TypeError(f"{what}['typestr'] must be one of '<f4', '<f8', '<f2' or '|u1', "
+                        f"got {show(typestr)}")
+    data = cai["data"]
+    if (not isinstance(data, (tuple, list)) or len(data) != 2
+            or not isinstance(data[1], (bool, np.bool_, int))):
+        raise TypeError(f"{what}['data'] must be a (pointer, read_only) tuple, got {show(data)}")
+    ptr = 0 if data[0] is None else integer(data[0], f"{what}['data'][0] (the pointer)", 0,
+                                             UINT64_MAX)
     size = DTYPE_SIZES[dtype]
     if cai.get("strides") is None:
         strides = c_strides(shape)
     else:
-        if any(s % size for s in cai["strides"]):
-            raise ValueError(f"{name}: strides {cai['strides']} are not multiples of the item size")
-        strides = tuple(s // size for s in cai["strides"])
+        strides = integers(cai["strides"], f"{what}['strides']")
+        if len(strides) != len(shape):
+            raise ValueError(f"{what}['strides'] {show(strides)} must have one entry per "
+                             f"dimension of shape {show(shape)}")
+        if any(s % size for s in strides):
+            raise ValueError(f"{what}['strides'] {show(strides)} are not multiples of the item "
+                             f"size {size}")
+        strides = tuple(s // size for s in strides)
     kind = "cupy" if type(obj).__module__.startswith("cupy") else "cai"
     device = _pointer_device(lib, ptr) if ptr else None
-    return View(ptr, shape, strides, dtype, device, kind, obj, read_only=bool(cai["data"][1]))
+    return View(ptr, shape, strides, dtype, device, kind, obj, read_only=bool(data[1]))
 
 
 class _DLDevice(ctypes.Structure):
@@ -252,19 +279,26 @@ _capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c
     ("PyCapsule_GetPointer", ctypes.pythonapi))
 
 
-def _dlpack_capsule(obj):
+def _dlpack_capsule(obj, name):
     if not hasattr(obj, "__dlpack__"):
         return obj
     try:  # ask for DLPack 1.x; older producers do not take max_version
         return obj.__dlpack__(max_version=(1, 0))
     except TypeError:
+        pass
+    try:
         return obj.__dlpack__()
+    except (TypeError, BufferError) as exc:
+        raise TypeError(f"{name}: its __dlpack__() failed: {exc}") from exc
 
 
 def _from_dlpack(obj, name):
-    capsule = _dlpack_capsule(obj)
+    capsule = _dlpack_capsule(obj, name)
     if _capsule_valid(capsule, b"dltensor_versioned"):
         base = _capsule_pointer(capsule, b"dltensor_versioned")
+        major = ctypes.c_uint32.from_address(base).value
+        if major != 1:
+            raise TypeError(f"{name}: DLPack version {major}.x is not supported (1.x is)")
         flags = ctypes.c_uint64.from_address(base + 24).value
         t = _DLTensor.from_address(base + _DL_VERSIONED_OFFSET)
         read_only = bool(flags & _DL_FLAG_READ_ONLY)
@@ -279,9 +313,16 @@ def _from_dlpack(obj, name):
     dtype = _DL_TYPES.get((t.dtype.code, t.dtype.bits))
     if dtype is None or t.dtype.lanes != 1:
         raise TypeError(f"{name}: unsupported DLPack dtype (code {t.dtype.code}, {t.dtype.bits} bits)")
+    if not 0 <= t.ndim <= 64 or (t.ndim and not t.shape):
+        raise ValueError(f"{name}: malformed DLPack tensor (ndim {t.ndim}, shape "
+                         f"{'NULL' if not t.shape else 'set'})")
     shape = tuple(t.shape[i] for i in range(t.ndim))
+    if any(d < 0 for d in shape):
+        raise ValueError(f"{name}: DLPack shape {shape} has a negative size")
     strides = tuple(t.strides[i] for i in range(t.ndim)) if t.strides else c_strides(shape)
     ptr = (t.data or 0) + t.byte_offset
+    if ptr > UINT64_MAX:
+        raise ValueError(f"{name}: DLPack data pointer plus byte_offset overflows 64 bits")
     # the capsule keeps the memory alive as long as the view holds it (it is
     # read, never consumed, so its deleter still runs)
     view = View(ptr, shape, strides, dtype, t.device.device_id, "dlpack", (obj, capsule))

@@ -1,6 +1,8 @@
 """Shared pieces of the cudnn_bind tests: finding the NVIDIA wheels' files,
 and skipping (or, in CI, failing) when they are missing."""
 import os
+import shutil
+import subprocess
 
 import pytest
 
@@ -32,3 +34,24 @@ def header_dirs():
         return None
     return [os.path.dirname(cudnn_h), os.path.dirname(runtime_h),
             os.path.dirname(os.path.dirname(crt))]
+
+
+STANDIN_SOURCE = os.path.join(os.path.dirname(__file__), "cudnn_standin", "standin.c")
+
+
+def build_standin(directory):
+    """Compile tests/cudnn_standin/standin.c against the real headers into
+    `directory`; the path of the .so (skips, or fails in CI, without them)."""
+    includes = header_dirs()
+    if includes is None:
+        missing("the cuDNN/CUDA headers are not installed (pip install --no-deps "
+                "nvidia-cudnn-cu12 nvidia-cuda-runtime-cu12 nvidia-cuda-nvcc-cu12)")
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        missing("no C compiler for the stand-in")
+    out = os.path.join(str(directory), "libstandin.so")
+    cmd = [cc, "-O1", "-shared", "-fPIC", "-Wall", "-Werror=implicit-function-declaration",
+           *[f"-I{d}" for d in includes], STANDIN_SOURCE, "-o", out, "-lm"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, f"stand-in does not compile against the real headers:\n{proc.stderr}"
+    return out

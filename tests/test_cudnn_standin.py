@@ -6,7 +6,6 @@ cynorm's CPU batch norm: marshalling, argument order, descriptors and mode
 choice, workspace caching and reserve plumbing."""
 import ctypes
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -18,28 +17,16 @@ import pytest
 import cudnn_bind
 import cynorm
 from cudnn_bind import _lib
-from cudnn_helpers import header_dirs, missing
+from cudnn_helpers import build_standin
 
 pytestmark = pytest.mark.cudnn
 
-SOURCE = os.path.join(os.path.dirname(__file__), "cudnn_standin", "standin.c")
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
 @pytest.fixture(scope="module")
 def standin(tmp_path_factory):
-    includes = header_dirs()
-    if includes is None:
-        missing("the cuDNN/CUDA headers are not installed (pip install --no-deps "
-                "nvidia-cudnn-cu12 nvidia-cuda-runtime-cu12 nvidia-cuda-nvcc-cu12)")
-    cc = shutil.which("gcc") or shutil.which("cc")
-    if cc is None:
-        missing("no C compiler for the stand-in")
-    out = str(tmp_path_factory.mktemp("standin") / "libstandin.so")
-    cmd = [cc, "-O1", "-shared", "-fPIC", "-Wall", "-Werror=implicit-function-declaration",
-           *[f"-I{d}" for d in includes], SOURCE, "-o", out, "-lm"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    assert proc.returncode == 0, f"stand-in does not compile against the real headers:\n{proc.stderr}"
+    out = build_standin(tmp_path_factory.mktemp("standin"))
     lib = cudnn_bind.load(out, cudart=out)
     hooks = ctypes.CDLL(out)
     hooks.standin_calls.restype, hooks.standin_calls.argtypes = ctypes.c_long, [ctypes.c_char_p]
