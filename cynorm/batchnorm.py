@@ -95,17 +95,17 @@ def prepare(arrays, axis, outs):
     return views, transposed, kernel_dims(arrays[0].shape, axis, transposed)
 
 
-def moments(kx, dims, policy):
-    """Per-channel (mean, biased var) in float64 from the kernels' shifted sums."""
+def moments(kx, dims, policy, eps):
+    """Per-channel (mean, biased var) in float64 from the kernels' shifted
+    sums; eps (what the variance will be added to) tells which channels
+    need float64 squares."""
     A, C, B = dims
-    n = A * B
-    if n == 0:
+    if A * B == 0:
         nan = np.full(C, np.nan)
         return nan, nan.copy()
-    shift, s1, s2 = np.empty(C), np.empty(C), np.empty(C)
-    _k.channel_moments(kx, shift, s1, s2, A, C, B, policy.code, _threads())
-    d = s1 / n
-    return shift + d, np.maximum(s2 / n - d * d, 0.0)
+    mean, var = np.empty(C), np.empty(C)
+    _k.channel_moments(kx, mean, var, A, C, B, eps, policy.code, _threads())
+    return mean, var
 
 
 def grad_sums(kdy, kx, mean, dims, policy):
@@ -244,7 +244,7 @@ def batch_norm(x, weight=None, bias=None, running_mean=None, running_var=None, t
         update_running(rm, rv, mean, var, n, momentum)
         return y, save_mean, save_invstd
     if training:
-        mean, var = moments(kx, dims, policy)
+        mean, var = moments(kx, dims, policy, eps)
         kmean[...] = from_float64(mean, policy.stat)
         kinv[...] = from_float64(invstd_of(var, eps), policy.stat)
         m, inv = kmean.astype(np.float64), kinv.astype(np.float64)

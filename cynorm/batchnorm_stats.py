@@ -41,7 +41,7 @@ def batch_norm_stats(x, eps=1e-5, axis=1):
     x, policy, axis, C, n = channel_input(x, axis)
     eps = check_eps(eps)
     (kx,), _, dims = prepare([x], axis, ())
-    mean, var = moments(kx, dims, policy)
+    mean, var = moments(kx, dims, policy, eps)
     return from_float64(mean, policy.stat), from_float64(invstd_of(var, eps), policy.stat)
 
 

@@ -182,9 +182,9 @@ def sync_batch_norm(x, weight=None, bias=None, running_mean=None, running_var=No
         (x, policy, axis, C, n, _, momentum, eps, weight, bias, rm, rv) = batch_norm_args(
             x, weight, bias, running_mean, running_var, True, momentum, eps, axis)
         (kx,), transposed, dims = prepare([x], axis, ())
-        local_mean, local_var = moments(kx, dims, policy) if n else (np.zeros(C), np.zeros(C))
+        local_mean, local_var = moments(kx, dims, policy, eps) if n else (np.zeros(C), np.zeros(C))
         fmt.check_local(local_var, eps)
-    except Exception:   # noqa: BLE001 - np.seterr(all="raise") in moments too: never hang
+    except Exception:   # noqa: BLE001 - whatever this rank raises, join first: never hang
         _global_moments(MPI, comm, fmt, C, None, stat)
         raise
     count, mean, var = _global_moments(MPI, comm, fmt, C, (n, local_mean, local_var), stat)

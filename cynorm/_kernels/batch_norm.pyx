@@ -31,12 +31,12 @@ from cynorm._kernels.stats cimport (
     cn_itemsize, cn_load_any, cn_store_math, cn_row_moments, cn_row_centered_dot,
     cn_col_moments, cn_col_centered_dot, cn_col_slot, cn_norm_row, cn_norm_cols, cn_grad_row,
     cn_grad_cols, cn_lane_moments, cn_lane_centered_dot, cn_lanes_add, CN_LANE_WORDS,
-    math_size, load_stat, store_stat, sum_blocks,
+    exact_moments, math_size, load_stat, store_stat, sum_blocks,
 )
 
 from cynorm._kernels.entry cimport data, data_or_null, threads_for
 # the row chunk of the determinism rule, shared with weight norm
-from cynorm._kernels.common cimport ROW_CHUNK
+from cynorm._kernels.common cimport ROW_CHUNK, float32_squares_ok
 
 cnp.import_array()
 
@@ -295,9 +295,12 @@ cdef void forward_channel(int code, const char* x, char* y, const void* w, const
     var = s[1] / n - d * d
     if var < 0.0:
         var = 0.0
-    mean64[c] = k + d
+    m = k + d
+    if code != 1 and not float32_squares_ok(var + eps):
+        exact_moments(code, x + c * B * isz, A, B, C * B, &m, &var)
+    mean64[c] = m
     var64[c] = var
-    m = store_stat(code, save_mean, c, k + d)
+    m = store_stat(code, save_mean, c, m)
     inv = store_stat(code, save_invstd, c, 1.0 / sqrt(var + eps))
     b0 = 0
     while b0 < B:
@@ -384,23 +387,41 @@ def training_backward(cnp.ndarray dy, cnp.ndarray x, object gx, object w, cnp.nd
             backward_channel(code, pdy, px, pgx, pw, pm, pi, p1, p2, A, C, B, c, stream)
 
 
-def channel_moments(cnp.ndarray x, cnp.ndarray shift, cnp.ndarray s1, cnp.ndarray s2,
-                    Py_ssize_t A, Py_ssize_t C, Py_ssize_t B, int code, int n_threads):
-    """shift[c] = x[0, c, 0]; s1[c] = sum(x - shift[c]); s2[c] = sum((x - shift[c])^2).
+def channel_moments(cnp.ndarray x, cnp.ndarray mean, cnp.ndarray var, Py_ssize_t A,
+                    Py_ssize_t C, Py_ssize_t B, double eps, int code, int n_threads):
+    """mean[c] and biased var[c] (float64 vectors of length C) of channel c,
+    from the sums of x - k and (x - k)^2 for the shift k = x[0, c, 0]; a
+    channel whose float32 squares left float32's range (var + eps tells) is
+    recomputed with float64 squares.
 
-    x: C-contiguous storage array; shift, s1, s2: float64 vectors of length C.
-    Needs A * B > 0."""
+    x: C-contiguous storage array.  Needs A * B > 0."""
     cdef const char* px = <const char*>data(x)
-    cdef double* pk = <double*>data(shift)
+    cdef double* pm = <double*>data(mean)
+    cdef double* pv = <double*>data(var)
     cdef int nt = threads_for(A * C * B, n_threads)
     cdef Py_ssize_t c
-    cdef double* p1 = <double*>data(s1)
-    cdef double* p2 = <double*>data(s2)
-    cdef int rc
+    cdef Py_ssize_t n = A * B
+    cdef size_t isz = cn_itemsize(code)
+    cdef double d, v
+    cdef double* sums
+    cdef int rc = -1
     with nogil:
-        for c in range(C):
-            pk[c] = cn_load_any(code, px, c * B)
-        rc = reduce_channels(OP_MOMENTS, code, px, NULL, pk, p1, p2, A, C, B, nt)
+        sums = <double*>malloc((2 * C + 1) * sizeof(double))
+        if sums != NULL:
+            for c in range(C):
+                pm[c] = cn_load_any(code, px, c * B)      # the shifts
+            rc = reduce_channels(OP_MOMENTS, code, px, NULL, pm, sums, sums + C, A, C, B, nt)
+        if rc == 0:
+            for c in range(C):
+                d = sums[c] / n
+                v = sums[C + c] / n - d * d
+                if v < 0.0:
+                    v = 0.0
+                pm[c] = pm[c] + d
+                if code != 1 and not float32_squares_ok(v + eps):
+                    exact_moments(code, px + c * B * isz, A, B, C * B, &pm[c], &v)
+                pv[c] = v
+        free(sums)
     if rc != 0:
         raise MemoryError("batch norm: could not allocate the reduction workspace")
 

@@ -7,6 +7,8 @@
 # tree (cn_rows.h), chunk results then added left to right.  Every code path
 # (fused or not, any thread count) computes exactly that expression.
 
+from libc.math cimport INFINITY
+
 cdef extern from "cn_scalar.h" nogil:
     ctypedef struct cn_bf16:
         unsigned short bits
@@ -74,6 +76,17 @@ cdef enum:
     # Elements per row chunk: bounds the serial part of a long row and fixes
     # where partial sums meet, independently of the thread count.
     ROW_CHUNK = 32768
+
+
+cdef inline bint float32_squares_ok(double mean_square) noexcept nogil:
+    """Whether a mean of squares formed in float32 (a variance plus eps, or a
+    sum of squares over its count) is as accurate as float64 squares would
+    make it: finite (no square or shifted value overflowed) and at least
+    2**-96 (a square below float32's normal range, 2**-126, is off by at most
+    that much: 2**-30 of the result).  NaN is not ok.  Rows and channels that
+    fail are recomputed with float64 squares: data beyond about 1e19 or
+    below 1e-19 in magnitude."""
+    return mean_square >= 1.2621774483536189e-29 and mean_square < INFINITY   # 2**-96
 
 
 cdef inline double load(storage_t x) noexcept nogil:

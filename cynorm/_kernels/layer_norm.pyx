@@ -27,13 +27,13 @@ cimport numpy as cnp
 
 from cynorm._kernels.stats cimport (
     cn_itemsize, cn_load_any, cn_row_moments, cn_row_centered_dot, cn_col_scaled_dot,
-    cn_col_scaled_dot2, cn_grad_rows_acc, cn_norm_row, cn_grad_row, math_size, load_stat, store_stat,
-    sum_blocks,
+    cn_col_scaled_dot2, cn_grad_rows_acc, cn_norm_row, cn_grad_row, exact_moments, math_size,
+    load_stat, store_stat, sum_blocks,
 )
 
 from cynorm._kernels.entry cimport data, data_or_null, threads_for
 # the row chunk of the determinism rule, shared with weight norm
-from cynorm._kernels.common cimport ROW_CHUNK
+from cynorm._kernels.common cimport ROW_CHUNK, float32_squares_ok
 
 cnp.import_array()
 
@@ -69,7 +69,10 @@ cdef void forward_row(int code, const char* x, char* y, const void* w, const voi
     var = s[1] / N - mu * mu
     if var < 0.0:
         var = 0.0
-    m = store_stat(code, mean, r, k + mu)
+    m = k + mu
+    if code != 1 and not float32_squares_ok(var + eps):
+        exact_moments(code, x, 1, N, N, &m, &var)
+    m = store_stat(code, mean, r, m)
     rs = store_stat(code, rstd, r, 1.0 / sqrt(var + eps))
     cn_norm_row(code, y, x, N, 1, 0, m, rs, 0.0, w, b, stream)
 

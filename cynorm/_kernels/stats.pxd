@@ -87,3 +87,23 @@ cdef inline void sum_blocks(double* out, const double* p, Py_ssize_t nblk, Py_ss
         q = p + blk * stride
         for j in range(n):
             out[j] = out[j] + q[j]
+
+
+cdef inline void exact_moments(int code, const char* x, Py_ssize_t rows, Py_ssize_t n,
+                               Py_ssize_t ld, double* mean, double* var) noexcept nogil:
+    # mean and biased variance of `rows` rows of n elements, `ld` elements
+    # apart, in two float64 passes with every square formed in float64: the
+    # slow path for the rare row or channel whose float32 squares left
+    # float32's range (see float32_squares_ok in common.pxd)
+    cdef Py_ssize_t r, j
+    cdef double s = 0.0, q = 0.0, d
+    for r in range(rows):
+        for j in range(n):
+            s += cn_load_any(code, x, r * ld + j)
+    s = s / (rows * n)
+    for r in range(rows):
+        for j in range(n):
+            d = cn_load_any(code, x, r * ld + j) - s
+            q += d * d
+    mean[0] = s
+    var[0] = q / (rows * n)

@@ -21,13 +21,14 @@ validated shapes, dtypes and contiguity and allocated every output.
 """
 from cython.parallel cimport prange
 from libc.stdlib cimport malloc, free
+from libc.float cimport FLT_MAX, FLT_MIN
 from libc.math cimport sqrt, pow, fabs
 cimport numpy as cnp
 
 from cynorm._kernels.common cimport (
-    storage_t, cn_bf16, cn_f16, load, chunk_sumsq, chunk_dot, col_sumsq, col_dot,
-    col_sumsq2, col_dot2,
-    row_sumsq, row_dot, scale_row, scale_cols, axpby_row, axpby_cols, ROW_CHUNK,
+    storage_t, cn_bf16, cn_f16, cn_f32_to_bf16, cn_f32_to_f16, load, chunk_sumsq, chunk_dot,
+    col_sumsq, col_dot, col_sumsq2, col_dot2, row_sumsq, row_dot, scale_row, scale_cols,
+    axpby_row, axpby_cols, float32_squares_ok, ROW_CHUNK,
 )
 
 from cynorm._kernels.entry cimport SERIAL_BELOW, data, threads_for
@@ -232,13 +233,54 @@ cdef int reduce_over_d(int op, const storage_t* x, const storage_t* y,
     return 0
 
 
+cdef double sumsq_in_range(const storage_t* x, double s, Py_ssize_t A, Py_ssize_t D,
+                           Py_ssize_t B, Py_ssize_t d) noexcept nogil:
+    """s, the sum of squares of x[:, d, :] formed in the math type, or, where
+    float32 squares left float32's range (common.pxd), the sum again with
+    every square formed in float64 (a slow serial pass, for rare slices)."""
+    cdef Py_ssize_t a, b
+    cdef double t
+    if storage_t is double or A * B == 0 or float32_squares_ok(s / (A * B)):
+        return s
+    s = 0.0
+    for a in range(A):
+        for b in range(B):
+            t = load(x[(a * D + d) * B + b])
+            s += t * t
+    return s
+
+
+cdef int norms(int op, const storage_t* x, Py_ssize_t A, Py_ssize_t D, Py_ssize_t B, double p,
+               double* result, int nt) noexcept nogil:
+    """result[d] = the norm of x[:, d, :] (op: OP_SUMSQ, OP_SUMABS, OP_MAXABS
+    or OP_SUMPOW); -1 when a work buffer cannot be allocated."""
+    cdef Py_ssize_t d
+    if reduce_over_d(op, x, <const storage_t*>NULL, A, D, B, p, result, nt) != 0:
+        return -1
+    for d in range(D):
+        if op == OP_SUMSQ:
+            result[d] = sumsq_in_range(x, result[d], A, D, B, d)
+        result[d] = finish(op, result[d], p)
+    return 0
+
+
+cdef inline bint full_precision(float f, double operand) noexcept nogil:
+    # f, computed from a factor or dividend `operand`, kept its 24 bits: a
+    # finite normal float32, or a zero that is exact (operand zero), not an
+    # underflow
+    return FLT_MIN <= fabs(f) <= FLT_MAX or (f == 0.0 and operand == 0.0)
+
+
 cdef inline double forward_scale(const storage_t* tag, double sumsq, const void* g,
-                                 void* norm, Py_ssize_t d) noexcept nogil:
-    """Stores norm[d]; returns g[d] / norm[d] computed in the math type.
+                                 void* norm, Py_ssize_t d, bint* exact) noexcept nogil:
+    """Stores norm[d]; returns g[d] / norm[d] computed in the math type, or,
+    where that float32 scale is not a full-precision number (norms beyond
+    float32's range, or below 1 / FLT_MAX), in float64 with exact[0] set.
     (g is read before norm is written: a caller may pass g's own memory as
     the norm output.)"""
     cdef double nd, s
     cdef float nf, sf
+    exact[0] = False
     if storage_t is double:
         nd = sqrt(sumsq)
         s = (<const double*>g)[d] / nd
@@ -247,28 +289,86 @@ cdef inline double forward_scale(const storage_t* tag, double sumsq, const void*
     nf = <float>sqrt(sumsq)
     sf = (<const float*>g)[d] / nf
     (<float*>norm)[d] = nf
-    return <double>sf
+    if full_precision(sf, (<const float*>g)[d]) and nf <= FLT_MAX:
+        return <double>sf
+    exact[0] = True
+    return (<const float*>g)[d] / sqrt(sumsq)
 
 
-cdef inline void backward_coefs(const storage_t* tag, double s, const void* g, const void* norm,
-                                void* grad_g, Py_ssize_t d, double* a, double* b) noexcept nogil:
-    """grad_g[d] = s / norm; a = g / norm; b = a * grad_g / norm (math type).
+cdef inline bint backward_coefs(const storage_t* tag, double s, Py_ssize_t n, const void* g,
+                                const void* norm, void* grad_g, Py_ssize_t d, double* a,
+                                double* b) noexcept nogil:
+    """grad_g[d] = s / norm; a = g / norm; b = a * grad_g / norm (math type),
+    for s the dot product of n elements.  Returns False when float32 math
+    would lose them: s out of range (common.pxd), or a coefficient that is
+    not a full-precision float32; exact_backward_coefs then redoes them.
     (Inputs are read before grad_g is written: it may share g's memory.)"""
     cdef double nd, gg
-    cdef float nf, ggf, af
+    cdef float nf, ggf, af, t
     if storage_t is double:
         nd = (<const double*>norm)[d]
         gg = s / nd
         a[0] = (<const double*>g)[d] / nd
         b[0] = a[0] * gg / nd
         (<double*>grad_g)[d] = gg
-    else:
-        nf = (<const float*>norm)[d]
-        ggf = <float>s / nf
-        af = (<const float*>g)[d] / nf
-        a[0] = af
-        b[0] = <double>(af * ggf / nf)
-        (<float*>grad_g)[d] = ggf
+        return True
+    nf = (<const float*>norm)[d]
+    ggf = <float>s / nf
+    af = (<const float*>g)[d] / nf
+    t = af * ggf
+    a[0] = af
+    b[0] = <double>(t / nf)
+    (<float*>grad_g)[d] = ggf
+    return (n == 0 or float32_squares_ok(fabs(s) / n)) and full_precision(ggf, s) and \
+        full_precision(af, (<const float*>g)[d]) and full_precision(t, af) and \
+        full_precision(<float>b[0], t)
+
+
+cdef inline void exact_backward_coefs(double s, const void* g, const void* norm, void* grad_g,
+                                      Py_ssize_t d, double* a, double* b) noexcept nogil:
+    # backward_coefs in float64, for float32-math storage (s: exact_dot)
+    cdef double nd = (<const float*>norm)[d]
+    cdef double gg = s / nd
+    a[0] = (<const float*>g)[d] / nd
+    b[0] = a[0] * gg / nd
+    (<float*>grad_g)[d] = <float>gg
+
+
+cdef double exact_dot(const storage_t* x, const storage_t* y, Py_ssize_t A, Py_ssize_t D,
+                      Py_ssize_t B, Py_ssize_t d) noexcept nogil:
+    # the dot product of x[:, d, :] and y[:, d, :] with float64 products
+    cdef Py_ssize_t a, j, i
+    cdef double s = 0.0
+    for a in range(A):
+        for j in range(B):
+            i = (a * D + d) * B + j
+            s += load(x[i]) * load(y[i])
+    return s
+
+
+cdef void exact_slice(storage_t* out, const storage_t* x, const storage_t* y, Py_ssize_t A,
+                      Py_ssize_t D, Py_ssize_t B, Py_ssize_t d, double ca,
+                      double cb) noexcept nogil:
+    """out = ca * x (y NULL) or ca * x - cb * y over [:, d, :] in float64
+    math, rounded once (16-bit storage through float32, as ml_dtypes casts):
+    the slices whose float32 coefficients would lose precision.  Each
+    element is read before it is written (out may be x or y)."""
+    cdef Py_ssize_t a, j, i
+    cdef double r
+    for a in range(A):
+        for j in range(B):
+            i = (a * D + d) * B + j
+            r = ca * load(x[i])
+            if y != NULL:
+                r = r - cb * load(y[i])
+            if storage_t is float:
+                out[i] = <float>r
+            elif storage_t is double:
+                out[i] = r
+            elif storage_t is cn_bf16:
+                out[i] = cn_f32_to_bf16(<float>r)
+            else:
+                out[i] = cn_f32_to_f16(<float>r)
 
 
 cdef inline void pack_cols(const storage_t* tag, const double* per_d, Py_ssize_t D, Py_ssize_t B,
@@ -342,27 +442,62 @@ cdef int apply_rows_or_cols(storage_t* out, const storage_t* x, const storage_t*
     return 0
 
 
+cdef int apply_checked(storage_t* out, const storage_t* x, const storage_t* y,
+                       Py_ssize_t A, Py_ssize_t D, Py_ssize_t B, const double* coef_a,
+                       const double* coef_b, const bint* exact, bint any_exact,
+                       int nt) noexcept nogil:
+    """apply_rows_or_cols, where slices marked in `exact` take float64 math
+    (exact_slice).  With any marked, the pass runs a row at a time (the
+    column form packs every slice into each vector): a slow path, taken only
+    for data beyond float32's range."""
+    cdef Py_ssize_t q, d
+    if not any_exact:
+        return apply_rows_or_cols(out, x, y, A, D, B, coef_a, coef_b, nt)
+    for q in prange(A * D, schedule='static', num_threads=nt):
+        d = q % D
+        if exact[d]:
+            exact_slice(out + (q - d) * B, x + (q - d) * B,
+                        y + (q - d) * B if y != NULL else NULL, 1, D, B, d,
+                        coef_a[d], coef_b[d] if y != NULL else 0.0)
+        elif y == NULL:
+            scale_row(out + q * B, x + q * B, B, coef_a[d], False)
+        else:
+            axpby_row(out + q * B, x + q * B, y + q * B, B, coef_a[d], coef_b[d], False)
+    return 0
+
+
 cdef int forward(const storage_t* v, const void* g, storage_t* w, void* norm,
                  Py_ssize_t A, Py_ssize_t D, Py_ssize_t B, int nt) noexcept nogil:
     cdef Py_ssize_t d
     cdef double s
     cdef double* work
+    cdef bint* exact
+    cdef bint any_exact = False, one_exact
     cdef int rc
     cdef bint stream = A * D * B * <Py_ssize_t>sizeof(storage_t) >= STREAM_MIN_BYTES
     if use_fused(A, D, B):
         for d in prange(D, schedule='static', num_threads=nt):
-            s = forward_scale(w, row_sumsq(v + d * B, B), g, norm, d)
-            scale_row(w + d * B, v + d * B, B, s, stream)
+            s = forward_scale(w, sumsq_in_range(v, row_sumsq(v + d * B, B), A, D, B, d), g,
+                              norm, d, &one_exact)
+            if one_exact:
+                exact_slice(w, v, <const storage_t*>NULL, 1, D, B, d, s, 0.0)
+            else:
+                scale_row(w + d * B, v + d * B, B, s, stream)
         return 0
     work = <double*>malloc((D + 1) * sizeof(double))
-    if work == NULL:
-        return -1
-    rc = reduce_over_d(OP_SUMSQ, v, <const storage_t*>NULL, A, D, B, 0.0, work, nt)
+    exact = <bint*>malloc((D + 1) * sizeof(bint))
+    rc = -1
+    if work != NULL and exact != NULL:
+        rc = reduce_over_d(OP_SUMSQ, v, <const storage_t*>NULL, A, D, B, 0.0, work, nt)
     if rc == 0:
         for d in range(D):
-            work[d] = forward_scale(w, work[d], g, norm, d)
-        rc = apply_rows_or_cols(w, v, <const storage_t*>NULL, A, D, B, work, NULL, nt)
+            work[d] = forward_scale(w, sumsq_in_range(v, work[d], A, D, B, d), g, norm, d,
+                                    &exact[d])
+            any_exact = any_exact or exact[d]
+        rc = apply_checked(w, v, <const storage_t*>NULL, A, D, B, work, NULL, exact, any_exact,
+                           nt)
     free(work)
+    free(exact)
     return rc
 
 
@@ -372,8 +507,11 @@ cdef inline void backward_row(const storage_t* grad_w, const storage_t* v, const
     # one whole row while it is hot in cache; a and b are locals of this
     # call, so each OpenMP thread has its own
     cdef double a, b
-    backward_coefs(grad_v, row_dot(grad_w, v, n), g, norm, grad_g, d, &a, &b)
-    axpby_row(grad_v, grad_w, v, n, a, b, stream)
+    if backward_coefs(grad_v, row_dot(grad_w, v, n), n, g, norm, grad_g, d, &a, &b):
+        axpby_row(grad_v, grad_w, v, n, a, b, stream)
+    else:
+        exact_backward_coefs(exact_dot(grad_w, v, 1, 1, n, 0), g, norm, grad_g, d, &a, &b)
+        exact_slice(grad_v, grad_w, v, 1, 1, n, 0, a, b)
 
 
 cdef int backward(const storage_t* grad_w, const storage_t* v, const void* g,
@@ -381,6 +519,8 @@ cdef int backward(const storage_t* grad_w, const storage_t* v, const void* g,
                   Py_ssize_t A, Py_ssize_t D, Py_ssize_t B, int nt) noexcept nogil:
     cdef Py_ssize_t d
     cdef double* work
+    cdef bint* exact
+    cdef bint any_exact = False
     cdef int rc
     cdef bint stream = A * D * B * <Py_ssize_t>sizeof(storage_t) >= STREAM_MIN_BYTES
     if use_fused(A, D, B):
@@ -388,14 +528,21 @@ cdef int backward(const storage_t* grad_w, const storage_t* v, const void* g,
             backward_row(grad_w + d * B, v + d * B, g, norm, grad_v + d * B, grad_g, d, B, stream)
         return 0
     work = <double*>malloc((2 * D + 1) * sizeof(double))
-    if work == NULL:
-        return -1
-    rc = reduce_over_d(OP_DOT, grad_w, v, A, D, B, 0.0, work, nt)
+    exact = <bint*>malloc((D + 1) * sizeof(bint))
+    rc = -1
+    if work != NULL and exact != NULL:
+        rc = reduce_over_d(OP_DOT, grad_w, v, A, D, B, 0.0, work, nt)
     if rc == 0:
         for d in range(D):
-            backward_coefs(grad_v, work[d], g, norm, grad_g, d, &work[d], &work[D + d])
-        rc = apply_rows_or_cols(grad_v, grad_w, v, A, D, B, work, work + D, nt)
+            exact[d] = not backward_coefs(grad_v, work[d], A * B, g, norm, grad_g, d, &work[d],
+                                          &work[D + d])
+            if exact[d]:
+                exact_backward_coefs(exact_dot(grad_w, v, A, D, B, d), g, norm, grad_g, d,
+                                     &work[d], &work[D + d])
+                any_exact = True
+        rc = apply_checked(grad_v, grad_w, v, A, D, B, work, work + D, exact, any_exact, nt)
     free(work)
+    free(exact)
     return rc
 
 
@@ -461,19 +608,15 @@ def norm_except_dim(cnp.ndarray v, cnp.ndarray out, int kind, double p,
     cdef int nt = threads_for(A * D * B, n_threads)
     cdef int op = (OP_SUMSQ, OP_SUMABS, OP_MAXABS, OP_SUMPOW)[kind]
     cdef int rc
-    cdef Py_ssize_t d
     with nogil:
         if code == 0:
-            rc = reduce_over_d[float](op, <float*>pv, NULL, A, D, B, p, po, nt)
+            rc = norms[float](op, <float*>pv, A, D, B, p, po, nt)
         elif code == 1:
-            rc = reduce_over_d[double](op, <double*>pv, NULL, A, D, B, p, po, nt)
+            rc = norms[double](op, <double*>pv, A, D, B, p, po, nt)
         elif code == 2:
-            rc = reduce_over_d[cn_bf16](op, <cn_bf16*>pv, NULL, A, D, B, p, po, nt)
+            rc = norms[cn_bf16](op, <cn_bf16*>pv, A, D, B, p, po, nt)
         else:
-            rc = reduce_over_d[cn_f16](op, <cn_f16*>pv, NULL, A, D, B, p, po, nt)
-        if rc == 0:
-            for d in range(D):
-                po[d] = finish(op, po[d], p)
+            rc = norms[cn_f16](op, <cn_f16*>pv, A, D, B, p, po, nt)
     if rc != 0:
         raise MemoryError("norm_except_dim: could not allocate the reduction workspace")
 

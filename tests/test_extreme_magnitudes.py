@@ -1,0 +1,163 @@
+"""float32 and bfloat16 data far from 1: norms, variances and the weight-norm
+gradient keep float64's range.
+
+The kernels form squares and products in float32 (the math type of 32- and
+16-bit data).  Beyond about 1e19 a square overflows and below about 1e-19 it
+leaves float32's normal range; the rows, channels and slices where that
+happens are recomputed with float64 squares and float64 coefficients
+(common.pxd: float32_squares_ok).  Every result here is checked against the
+float64 reference of the same (rounded) input, and the rows of ordinary
+magnitude next to an extreme one must keep their bits.
+"""
+import ml_dtypes
+import numpy as np
+import pytest
+
+import cynorm
+from cynorm import reference as R
+from cynorm._kernels import load
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+DTYPES = [np.dtype(np.float32), BF16]
+SCALES = [1e20, 1e30, 1e37, 1e-20, 1e-30]
+# relative tolerance of a result that is rounded to the storage type once
+# (bfloat16: 8 bits) after float32 math
+RTOL = {np.dtype(np.float32): 2e-6, BF16: 1.6e-2}
+
+
+def close(got, want, dtype, what, rtol=None):
+    got = np.asarray(got, np.float64)
+    want = np.asarray(want, np.float64).reshape(got.shape)
+    rtol = RTOL[np.dtype(dtype)] if rtol is None else rtol
+    scale = np.max(np.abs(want))
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * scale, err_msg=what)
+
+
+def data(shape, scale, dtype, seed=0):
+    x = np.random.default_rng(seed).standard_normal(shape) * scale
+    return x.astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_issue_examples(dtype):
+    v = np.array([[3e20, 4e20]], dtype)
+    norm = cynorm.norm_except_dim(v, 2, 0)
+    close(norm, np.sqrt(np.sum(v.astype(np.float64) ** 2)), dtype, "norm of [3e20, 4e20]")
+    w = cynorm.weight_norm(v, np.ones((1, 1), np.float32), 0)
+    close(w, v.astype(np.float64) / float(norm[0, 0]), dtype, "weight_norm of [3e20, 4e20]")
+    y, mean, rstd = cynorm.layer_norm(v, 2)
+    close(y, [[-1, 1]], dtype, "layer_norm of [3e20, 4e20]", rtol=RTOL[np.dtype(dtype)] * 4)
+    assert rstd[0, 0] > 0
+    tiny = np.array([[3e-30, 4e-30]], dtype)
+    close(cynorm.norm_except_dim(tiny, 2, 0),
+          np.sqrt(np.sum(tiny.astype(np.float64) ** 2)), dtype, "norm of [3e-30, 4e-30]")
+
+
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape,dim", [((40, 300), 0), ((300, 40), 1), ((3, 5, 7), 1),
+                                       ((6, 5), None)])
+def test_weight_norm(shape, dim, dtype, scale):
+    v = data(shape, scale, dtype)
+    D = 1 if dim is None else shape[dim]
+    g = np.random.default_rng(1).uniform(0.5, 2, D).astype(np.float32)
+    if dim is None:
+        g = g.reshape(())
+    gw = data(shape, 1.0, dtype, seed=2)
+    norm_ref = R.norm_except_dim(v, 2.0, dim)
+    close(cynorm.norm_except_dim(v, 2, dim), norm_ref, dtype, "norm_except_dim (v's dtype)")
+    w, norm = cynorm.weight_norm_interface(v, g, dim)
+    close(norm, norm_ref, np.float32, "norm", rtol=1e-6)
+    w_ref, _ = R.weight_norm(v, g, dim)
+    close(w, w_ref, dtype, "w")
+    # the gradient from the norm as the forward returned it (float32)
+    g64, n64 = np.asarray(g, np.float64), np.asarray(norm, np.float64)
+    grad_v, grad_g = cynorm.weight_norm_backward(gw, v, g, norm, dim)
+    s = np.sum(R._rows(gw.astype(np.float64) * v.astype(np.float64), dim), axis=1)
+    kshape = R.keep_shape(shape, dim) if dim is not None else ()
+    n_k, g_k, s_k = n64.reshape(kshape), g64.reshape(kshape), s.reshape(kshape)
+    gv_ref = g_k / n_k * gw.astype(np.float64) - g_k * s_k / n_k ** 3 * v.astype(np.float64)
+    close(grad_v, gv_ref, dtype, "grad_v", rtol=RTOL[np.dtype(dtype)] * 4)
+    close(grad_g, (s_k / n_k).reshape(np.shape(grad_g)), np.float32, "grad_g", rtol=1e-5)
+
+
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(6, 300), (3, 4, 2)])
+def test_layer_norm(shape, dtype, scale):
+    x = data(shape, scale, dtype) + np.asarray(3 * scale, dtype)   # a mean 3x the spread
+    eps = 0.0 if scale < 1 else 1e-5
+    y, mean, rstd = cynorm.layer_norm(x, shape[-1], eps=eps)
+    y_ref, mean_ref, rstd_ref = R.layer_norm(x, shape[-1], eps=eps)
+    close(mean, mean_ref, np.float32, "mean", rtol=1e-6)
+    close(rstd, rstd_ref, np.float32, "rstd", rtol=1e-5)
+    close(y, y_ref, dtype, "y", rtol=RTOL[np.dtype(dtype)] * 4)
+
+
+def _fused(x, axis):
+    """Whether batch norm training takes the one-pass-per-channel kernel."""
+    from cynorm._arrays import kernel_dims
+    from cynorm._dtypes import POLICY
+    A, C, B = kernel_dims(x.shape, axis % x.ndim, False)
+    return load("batch_norm").fused_training(A, C, B, POLICY[x.dtype].code)
+
+
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape,axis", [((2, 16, 600), 1), ((8, 3, 2000), 1), ((50, 7), 1),
+                                        ((4, 5, 6, 16), -1)])
+def test_batch_norm(shape, axis, dtype, scale):
+    x = data(shape, scale, dtype) + np.asarray(2 * scale, dtype)
+    eps = 1e-300 if scale < 1 else 1e-5     # training needs eps > 0 (as in PyTorch)
+    C = shape[axis]
+    y, save_mean, save_invstd = cynorm.batch_norm(x, None, None, None, None, True, 0.1, eps,
+                                                  axis)
+    mean_ref, invstd_ref = R.batch_norm_stats(x, eps, axis)
+    close(save_mean, mean_ref, np.float32, "save_mean", rtol=1e-6)
+    close(save_invstd, invstd_ref, np.float32, "save_invstd", rtol=1e-5)
+    close(y, R.batch_norm_elemt(x, None, None, mean_ref, invstd_ref, axis), dtype, "y",
+          rtol=RTOL[np.dtype(dtype)] * 4)
+    mean, invstd = cynorm.batch_norm_stats(x, eps, axis)
+    close(mean, mean_ref, np.float32, "batch_norm_stats mean", rtol=1e-6)
+    close(invstd, invstd_ref, np.float32, "batch_norm_stats invstd", rtol=1e-5)
+    assert save_mean.shape == (C,)
+
+
+def test_batch_norm_cases_cover_both_kernels():
+    """The cases above reach both the fused and the two-pass training kernel."""
+    kinds = {_fused(np.empty(s, np.float32), a)
+             for s, a in [((2, 16, 600), 1), ((8, 3, 2000), 1)]}
+    assert kinds == {True, False}
+    assert _fused(np.empty((2, 16, 600), BF16), 1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_ordinary_rows_keep_their_bits_next_to_an_extreme_one(dtype):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((8, 500)).astype(dtype)
+    extreme = x.copy()
+    extreme[3] = (rng.standard_normal(500) * 1e25).astype(dtype)
+    ordinary = [0, 1, 2, 4, 5, 6, 7]
+    # layer norm rows
+    for a, b in zip(cynorm.layer_norm(x, 500), cynorm.layer_norm(extreme, 500)):
+        np.testing.assert_array_equal(a[ordinary], b[ordinary])
+    # weight norm slices, both kernel shapes
+    for dim, arr, ext in ((0, x, extreme), (1, x.T.copy(), extreme.T.copy())):
+        g = np.ones(8, np.float32)
+        for a, b in zip(cynorm.weight_norm_interface(arr, g, dim),
+                        cynorm.weight_norm_interface(ext, g, dim)):
+            axis = dim if a.ndim > 1 else 0
+            np.testing.assert_array_equal(np.take(a, ordinary, axis), np.take(b, ordinary, axis))
+    # batch norm channels
+    for a, b in zip(cynorm.batch_norm(x.T.copy(), axis=1), cynorm.batch_norm(extreme.T.copy(),
+                                                                             axis=1)):
+        np.testing.assert_array_equal(np.take(a, ordinary, -1), np.take(b, ordinary, -1))
+
+
+def test_float16_range_is_its_own():
+    """float16 squares never leave float32's range; a float16 norm above 65504
+    is inf, as in PyTorch."""
+    v = np.full((1, 4), 60000, np.float16)
+    assert np.isinf(cynorm.norm_except_dim(v, 2, 0)).all()
+    w = cynorm.weight_norm(v, np.ones((1, 1), np.float32), 0)
+    np.testing.assert_allclose(w.astype(np.float64), 0.5, rtol=1e-3)
