@@ -1,4 +1,5 @@
-"""What this build is and what it runs on: show_config() and config()."""
+"""What this build is and what it runs on: show_config() and config(); and
+set_alloc_cache_limit, the output-block cache's one setting."""
 import platform
 import sys
 
@@ -6,7 +7,9 @@ import numpy as np
 
 from cynorm._dtypes import SUPPORTED_DTYPES
 from cynorm import _kernels
+from cynorm._kernels import _alloc
 from cynorm._kernels._runtime import build_info, get_num_threads
+from cynorm._validation import check_byte_count
 from cynorm._version import __version__
 
 
@@ -77,3 +80,9 @@ def show_config():
     width = max(map(len, cfg))
     for key, value in cfg.items():
         print(f"  {key:<{width}}  {value}")
+
+
+def set_alloc_cache_limit(limit):
+    """Keep at most `limit` bytes (an int >= 0) of freed output blocks; 0
+    turns the cache off."""
+    _alloc.set_cache_limit(check_byte_count(limit))

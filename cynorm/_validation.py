@@ -15,11 +15,9 @@ def as_float_array(x, name):
     does; non-native byte order is converted to native (a copy).  Masked
     arrays are refused: their mask would be silently ignored."""
     if type(x) is not np.ndarray:
-        if isinstance(x, np.ma.MaskedArray):
-            raise TypeError(f"{name} is a masked array: pass its data and handle the mask yourself")
         if isinstance(x, np.ndarray) or hasattr(x, "__array__") or isinstance(
                 x, (list, tuple, float, int, np.generic)):
-            x = np.asarray(x)
+            x = as_array(x, name)
         else:
             raise TypeError(f"{name} must be a NumPy array, got {type(x).__name__}")
     policy = POLICY.get(x.dtype)
@@ -30,6 +28,89 @@ def as_float_array(x, name):
         raise TypeError(
             f"{name} must have a floating dtype ({SUPPORTED_NAMES}), got {x.dtype}")
     return x, policy
+
+
+def as_array(x, name):
+    """np.asarray(x), its errors (ragged nested lists, ...) naming the
+    argument.  Masked arrays are refused: their mask would be silently ignored."""
+    if isinstance(x, np.ma.MaskedArray):
+        raise TypeError(f"{name} is a masked array: pass its data and handle the mask yourself")
+    try:
+        return np.asarray(x)
+    except (TypeError, ValueError, OverflowError) as e:
+        kind = TypeError if isinstance(e, TypeError) else ValueError
+        raise kind(f"{name} could not be converted to an array: {e}") from None
+
+
+def in_memory(a):
+    """a, or a C-contiguous copy of it when it claims more elements than the
+    memory it spans holds (a broadcast or self-overlapping view).
+
+    The Cython kernels copy such an input before reading it (np.require in
+    cynorm._arrays), so one claiming more elements than memory can hold is
+    refused at once, with NumPy's MemoryError from that copy.  The NumPy-level
+    ops call this before reducing, to refuse it the same way instead of
+    reducing over every claimed element first (2**41 of them for
+    np.broadcast_to(np.float32(1), (2**20, 2**21)))."""
+    if a.size <= 1:
+        return a
+    span = a.itemsize + sum((n - 1) * abs(s) for n, s in zip(a.shape, a.strides))
+    return np.ascontiguousarray(a) if a.nbytes > span else a
+
+
+def as_dtype(value, name):
+    """value as a np.dtype (a dtype, a type or a name), or a TypeError naming `name`."""
+    if value is None:
+        raise TypeError(f"{name} must be a dtype, got None")
+    try:
+        return np.dtype(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a dtype, got {value!r}") from None
+
+
+def real_number(value, name, what="a real number"):
+    """value (an int or a float, NumPy's too; never a bool) as a Python float.
+    An int beyond float's range raises ValueError naming `name` (not
+    float()'s OverflowError)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(
+            value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be {what}, got {value!r}")
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError(f"{name} must be {what}, got an int too large for a float "
+                         f"({value.bit_length()} bits)") from None
+
+
+class IndexOutOfRange(ValueError, IndexError):
+    """An index argument out of range: a ValueError, as every bad argument,
+    and an IndexError, as NumPy's AxisError is, for code that catches that."""
+
+
+def check_index(index, size, name, where):
+    """index (an int) wrapped into [0, size); `where` names what is indexed."""
+    i = check_int(index, name)
+    if not -size <= i < size:
+        raise IndexOutOfRange(f"{name} {i} is out of range for {where} of size {size} "
+                              f"(expected {-size} <= {name} < {size})")
+    return i % size
+
+
+def int_tuple(value, name, what="an int or a tuple of ints"):
+    """value (an int, or a sequence of ints) as a tuple of Python ints."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be {what}, got {value!r}")
+    try:
+        return (operator.index(value),)
+    except TypeError:
+        pass
+    try:
+        if isinstance(value, (str, bytes)):
+            raise TypeError
+        items = tuple(value)
+    except TypeError:
+        raise TypeError(f"{name} must be {what}, got {value!r}") from None
+    return tuple(check_int(v, name, what) for v in items)
 
 
 def check_int(value, name, what="an int"):
@@ -106,6 +187,9 @@ def check_out(out, name, shape, dtype, order="C"):
     and contiguous in `order`: "C", or "CF" for either order."""
     if not isinstance(out, np.ndarray):
         raise TypeError(f"{name} must be a NumPy array or None, got {type(out).__name__}")
+    if isinstance(out, np.ma.MaskedArray):
+        raise TypeError(f"{name} is a masked array: its mask would be ignored (pass a plain "
+                        f"array, e.g. its .data)")
     if out.shape != shape:
         raise ValueError(f"{name} must have shape {shape}, got {out.shape}")
     if out.dtype != dtype:
@@ -131,23 +215,31 @@ def split_out(out, names):
     return out
 
 
+MAX_THREADS = 2**31 - 1      # omp_set_num_threads takes a C int
+
+
 def check_threads(n):
-    if isinstance(n, (bool, np.bool_)):
-        raise TypeError(f"n must be a positive int, got {n!r}")
-    try:
-        n = operator.index(n)
-    except TypeError:
-        raise TypeError(f"n must be a positive int, got {type(n).__name__}") from None
+    n = check_int(n, "n", "a positive int")
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
+    if n > MAX_THREADS:
+        raise ValueError(f"n must be at most {MAX_THREADS}, got {n}")
     return n
+
+
+def check_byte_count(limit, name="limit"):
+    """A byte count: an int, 0 <= limit < 2**64 (a C size_t)."""
+    limit = check_int(limit, name, "an int (a number of bytes)")
+    if limit < 0:
+        raise ValueError(f"{name} must be >= 0 bytes, got {limit}")
+    if limit >= 2**64:
+        raise ValueError(f"{name} must be below 2**64 bytes, got {limit}")
+    return limit
 
 
 def check_eps(eps, name="eps"):
     """eps as a float >= 0."""
-    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name} must be a real number >= 0, got {eps!r}")
-    e = float(eps)
+    e = real_number(eps, name, "a real number >= 0")
     if not e >= 0.0:        # also rejects NaN
         raise ValueError(f"{name} must be >= 0, got {eps!r}")
     return e
@@ -161,10 +253,7 @@ def check_bool(value, name):
 
 def check_real(value, name):
     """A finite real number (momentum and the like)."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(
-            value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name} must be a real number, got {value!r}")
-    v = float(value)
+    v = real_number(value, name)
     if not math.isfinite(v):
         raise ValueError(f"{name} must be finite, got {value!r}")
     return v

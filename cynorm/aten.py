@@ -8,21 +8,27 @@ accepted and not read.  cuDNN and MIOpen save the inverse standard
 deviation, so their `save_var` is invstd, and they always differentiate
 the training-mode formula.
 """
-from cynorm.batchnorm import batch_norm_backward as _native
+from cynorm.batchnorm import BACKWARD_NAMES, backward as _native
+
+# Errors name the arguments as these ops spell them (input, not x; save_var,
+# not save_invstd; ...).
+CUDNN_NAMES = dict(BACKWARD_NAMES, x="input", grad_out="grad_output", save_invstd="save_var",
+                   eps="epsilon")
+ATEN_NAMES = dict(BACKWARD_NAMES, x="input", save_invstd="save_var", training="update")
 
 
 def cudnn_batch_norm_backward(input, grad_output, weight, running_mean, running_var, save_mean,
                               save_var, epsilon, reserveSpace=None):
     """torch.ops.aten.cudnn_batch_norm_backward: (grad_input, grad_weight, grad_bias)."""
     return _native(grad_output, input, weight, running_mean, running_var, save_mean, save_var,
-                   True, epsilon, (True, True, True))
+                   True, epsilon, (True, True, True), 1, CUDNN_NAMES)
 
 
 def miopen_batch_norm_backward(input, grad_output, weight, running_mean, running_var, save_mean,
                                save_var, epsilon):
     """torch.ops.aten.miopen_batch_norm_backward: (grad_input, grad_weight, grad_bias)."""
     return _native(grad_output, input, weight, running_mean, running_var, save_mean, save_var,
-                   True, epsilon, (True, True, True))
+                   True, epsilon, (True, True, True), 1, CUDNN_NAMES)
 
 
 def batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_var,
@@ -32,4 +38,4 @@ def batch_norm_backward(grad_out, input, weight, running_mean, running_var, save
     cynorm.aten.batch_norm_backward (cynorm.batch_norm_backward is
     native_batch_norm_backward's argument order)."""
     return _native(grad_out, input, weight, running_mean, running_var, save_mean, save_var,
-                   update, eps, output_mask)
+                   update, eps, output_mask, 1, ATEN_NAMES)

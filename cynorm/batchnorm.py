@@ -40,7 +40,7 @@ from cynorm import _kernels
 _k = _kernels.load("batch_norm")  # the SIMD level chosen at import
 from cynorm._kernels._runtime import get_num_threads as _threads
 from cynorm._validation import (
-    as_float_array, check_bool, check_eps, check_mask, check_real, check_same,
+    as_float_array, check_bool, check_eps, check_int, check_mask, check_real, check_same,
     check_updatable, check_vector,
     normalize_dim, split_out,
 )
@@ -59,7 +59,7 @@ def channel_input(x, axis, name="x"):
     if x.ndim < 2:
         raise ValueError(f"{name} must have at least 2 dimensions (a batch axis and a "
                          f"channel axis), got shape {x.shape}")
-    axis = normalize_dim(axis, x.ndim, "axis")
+    axis = normalize_dim(check_int(axis, "axis", "an int (the channel axis)"), x.ndim, "axis")
     C = x.shape[axis]
     n = math.prod(x.shape) // C if C else math.prod(x.shape[:axis] + x.shape[axis + 1:])
     return x, policy, axis, C, n
@@ -221,6 +221,8 @@ def batch_norm(x, weight=None, bias=None, running_mean=None, running_var=None, t
     if training and n == 1:
         raise ValueError(f"Expected more than 1 value per channel when training, got x of "
                          f"shape {x.shape} with channel axis {axis}")
+    if training and not eps > 0:     # torch.nn.functional.batch_norm refuses it too
+        raise ValueError(f"eps must be positive during training, got {eps!r}")
     y_out, mean_out, invstd_out = split_out(out, ("y", "save_mean", "save_invstd"))
     y_out = check_big_out(y_out, "out[0] (y)", x.shape, x.dtype)
     stat_shape = (C,) if training else (0,)
@@ -273,19 +275,32 @@ def batch_norm_backward(grad_out, x, weight, running_mean, running_var, save_mea
     the others are None.  grad_weight and grad_bias have weight's dtype (the
     statistics' dtype when weight is None).
     """
-    x, policy, axis, C, n = channel_input(x, axis)
-    grad_out, _ = as_float_array(grad_out, "grad_out")
-    check_same(grad_out, "grad_out", x.shape, x.dtype, ref="x")
-    training = check_bool(training, "training")
-    eps = check_eps(eps)
+    return backward(grad_out, x, weight, running_mean, running_var, save_mean, save_invstd,
+                    training, eps, output_mask, axis, BACKWARD_NAMES)
+
+
+# How batch_norm_backward's errors spell the arguments that ATen's other
+# backward ops (cynorm.aten's adapters over `backward`) spell differently.
+BACKWARD_NAMES = {k: k for k in ("grad_out", "x", "save_invstd", "training", "eps")}
+
+
+def backward(grad_out, x, weight, running_mean, running_var, save_mean, save_invstd, training,
+             eps, output_mask, axis, names):
+    """batch_norm_backward, its errors naming the arguments as `names` spells them."""
+    x, policy, axis, C, n = channel_input(x, axis, names["x"])
+    grad_out, _ = as_float_array(grad_out, names["grad_out"])
+    check_same(grad_out, names["grad_out"], x.shape, x.dtype, ref=names["x"])
+    training = check_bool(training, names["training"])
+    eps = check_eps(eps, names["eps"])
     mask = check_mask(output_mask)
     weight = channel_vector(weight, "weight", C, policy)
     if training:
         mean = channel_stat(save_mean, "save_mean", C)
-        inv = channel_stat(save_invstd, "save_invstd", C)
+        inv = channel_stat(save_invstd, names["save_invstd"], C)
     else:
         if running_mean is None or running_var is None:
-            raise ValueError("running_mean and running_var are required when training=False")
+            raise ValueError(f"running_mean and running_var are required when "
+                             f"{names['training']}=False")
         mean = channel_vector(running_mean, "running_mean", C, policy).astype(np.float64)
         rv = channel_vector(running_var, "running_var", C, policy).astype(np.float64)
         inv = invstd_of(rv, eps)

@@ -21,7 +21,7 @@ import numpy as np
 from cynorm._arrays import big_out, check_big_out, check_distinct, unalias
 from cynorm._dtypes import from_float64
 from cynorm._validation import (
-    as_float_array, check_bool, check_eps, check_real, check_same, check_updatable,
+    as_array, as_float_array, check_bool, check_eps, check_real, check_same, check_updatable,
 )
 from cynorm.batchnorm import (
     affine, invstd_of, update_running, channel_input, channel_stat, channel_vector, grad_input_into, grad_sums, moments,
@@ -48,7 +48,7 @@ def batch_norm_stats(x, eps=1e-5, axis=1):
 def _counts(counts, name, W=None):
     """Per-shard value counts as float64: a 1-D array (of length W when
     given) or, with W None, also a single number; finite and >= 0."""
-    c = np.asarray(counts)
+    c = as_array(counts, name)
     if c.dtype.kind not in "iuf":
         raise TypeError(f"{name} must hold numbers (one count per shard), got dtype {c.dtype}")
     if W is not None and c.shape != (W,):

@@ -12,7 +12,7 @@ import operator
 import numpy as np
 
 from cynorm._dtypes import from_float64
-from cynorm._validation import as_float_array, check_int, check_same
+from cynorm._validation import as_array, as_float_array, check_int, check_same
 
 REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
 
@@ -44,7 +44,7 @@ class _Problem:
             if x.ndim not in (1, 2):
                 raise ValueError(f"{x_name} must be 1-D (C,) or 2-D (N, C), got shape {x.shape}")
             t_shape = x.shape[:1] if x.ndim == 2 else ()
-        target = np.asarray(target)
+        target = as_array(target, "target")
         if target.dtype.kind not in "iu":
             raise TypeError(f"target must be an integer array, got dtype {target.dtype}")
         if target.shape != t_shape:

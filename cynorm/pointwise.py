@@ -4,7 +4,7 @@ log_sigmoid_forward).  NumPy, in the math dtype."""
 import numpy as np
 
 from cynorm._dtypes import is_16bit
-from cynorm._validation import as_float_array
+from cynorm._validation import as_array, as_float_array
 
 
 def trace(x):
@@ -12,8 +12,8 @@ def trace(x):
 
     Floating x gives x's dtype (16-bit sums accumulate in float32, then
     round); integer x gives int64, as in PyTorch."""
-    if not isinstance(x, np.ndarray):
-        x = np.asarray(x)
+    if type(x) is not np.ndarray:
+        x = as_array(x, "x")
     if x.ndim != 2:
         raise ValueError(f"x must be a 2-D array (trace), got shape {x.shape}")
     if x.dtype.kind == "b":

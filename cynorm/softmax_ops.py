@@ -8,7 +8,9 @@ arrays are read as float32 and the result rounds once to 16 bits.
 import numpy as np
 
 from cynorm._dtypes import FLOAT32, is_16bit
-from cynorm._validation import as_float_array, check_bool, check_same, normalize_dim
+from cynorm._validation import (
+    as_dtype, as_float_array, check_bool, check_same, in_memory, normalize_dim,
+)
 
 
 def _math(x):
@@ -32,7 +34,7 @@ def _out_dtype(x, half_to_float):
 
 
 def _shifted(x, d):
-    xm = _math(x)
+    xm = _math(in_memory(x))      # a broadcast view too large for memory: refused at once
     with np.errstate(invalid="ignore"):       # all -inf along an axis: nan, as in torch
         return xm - np.max(xm, axis=d, keepdims=True) if xm.size else xm
 
@@ -64,16 +66,13 @@ def _backward_args(grad_output, output, dim, input_dtype):
     output, _ = as_float_array(output, "output")
     grad_output, _ = as_float_array(grad_output, "grad_output")
     check_same(grad_output, "grad_output", output.shape, output.dtype, ref="output")
-    if input_dtype is None:
-        raise TypeError("input_dtype must be a dtype (the forward input's), got None")
-    try:
-        in_dtype = np.dtype(input_dtype)
-    except TypeError:
-        raise TypeError(f"input_dtype must be a dtype, got {input_dtype!r}") from None
+    in_dtype = as_dtype(input_dtype, "input_dtype")
     if in_dtype != output.dtype and not (output.dtype == FLOAT32 and is_16bit(in_dtype)):
         raise ValueError(f"input_dtype must be output's dtype {output.dtype} (or a 16-bit type "
                          f"when output is float32: half_to_float), got {in_dtype}")
-    return grad_output, output, _dim(dim, output), in_dtype
+    d = _dim(dim, output)
+    # a broadcast view too large for memory: refused at once, not reduced over
+    return in_memory(grad_output), in_memory(output), d, in_dtype
 
 
 def softmax_backward_data(grad_output, output, dim, input_dtype):

@@ -44,7 +44,7 @@ _k = _kernels.load("weight_norm")  # the SIMD level chosen at import
 from cynorm._kernels._runtime import get_num_threads as _threads
 from cynorm._validation import (
     as_float_array, check_out, check_per_channel, check_same, kept_shape,
-    normalize_dim, split_out,
+    normalize_dim, real_number, split_out,
 )
 
 __all__ = ["norm_except_dim", "weight_norm", "weight_norm_interface", "weight_norm_backward"]
@@ -61,9 +61,7 @@ def _prepare_g(g, v, dim, policy, name="g"):
 
 
 def _norm_kind(pow):
-    if isinstance(pow, (bool, np.bool_)) or not isinstance(pow, (int, float, np.integer, np.floating)):
-        raise TypeError(f"pow must be a positive real number or inf, got {pow!r}")
-    p = float(pow)
+    p = real_number(pow, "pow", "a positive real number or inf")
     if not p > 0:  # also rejects NaN
         raise ValueError(f"pow must be > 0 (or inf), got {pow!r}")
     if p == 2.0:

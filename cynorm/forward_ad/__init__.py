@@ -101,6 +101,8 @@ def _check_tangent(rule, i, primal, tangent):
                         "pass None as its tangent")
     if not isinstance(tangent, np.ndarray):
         raise TypeError(f"{name} must be a NumPy array or None, got {type(tangent).__name__}")
+    if isinstance(tangent, np.ma.MaskedArray):     # its mask would be ignored
+        raise TypeError(f"{name} is a masked array: pass its data and handle the mask yourself")
     if tangent.shape != primal.shape:
         raise ValueError(f"{name} must have the primal's shape {primal.shape}, got {tangent.shape}")
     if tangent.dtype != primal.dtype:

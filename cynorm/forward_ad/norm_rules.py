@@ -21,7 +21,7 @@ from cynorm import weightnorm as _wn
 from cynorm.forward_ad import register_jvp
 from cynorm.forward_ad._common import bind, cast_like, m, math_dtype, zeros_like
 from cynorm._kernels._runtime import get_num_threads
-from cynorm._validation import normalize_dim
+from cynorm._validation import check_bool, check_updatable, normalize_dim
 
 
 def _group_mean(a, axes):
@@ -48,7 +48,7 @@ def _layer_norm_jvp(primals, tangents, kwargs):
     args, t = bind(_ln.layer_norm, primals, tangents, kwargs)
     outs = _ln.layer_norm(*primals, **kwargs)
     y, mean, rstd = outs
-    x, w = args["x"], args["weight"]
+    x, w = np.asarray(args["x"]), args["weight"]     # the op took an array-like x too
     if all(v is None for v in tangents):
         return outs, zeros_like(outs)
     M, N = _ln_rows(np.asarray(x), args["normalized_shape"])
@@ -95,8 +95,8 @@ def _layer_norm_backward_jvp(primals, tangents, kwargs):
     outs = _ln.layer_norm_backward(*primals, **kwargs)
     if all(t[k] is None for k in ("grad_out", "x", "weight")):
         return outs, zeros_like(outs)
-    x = args["x"]
-    M, N = _ln_rows(np.asarray(x), args["normalized_shape"])
+    x = np.asarray(args["x"])     # the op took an array-like x too
+    M, N = _ln_rows(x, args["normalized_shape"])
     mask = [o is not None for o in outs]
     with np.errstate(invalid="ignore", divide="ignore"):
         tg = _layer_norm_backward_tangents(args["grad_out"], x, args["rstd"], args["weight"],
@@ -123,12 +123,15 @@ def _vec(a, dt, C, fill=None):
 @register_jvp(_bn.batch_norm, nondiff=("training", "momentum", "eps", "axis"))
 def _batch_norm_jvp(primals, tangents, kwargs):
     args, t = bind(_bn.batch_norm, primals, tangents, kwargs)
-    x = args["x"]
-    axis = normalize_dim(args["axis"], np.ndim(x), "axis")
-    training = bool(args["training"])
+    training = check_bool(args["training"], "training")
+    for i, name in ((3, "running_mean"), (4, "running_var")):
+        if training and t[name] is not None:    # updated in place below, as the statistic
+            check_updatable(t[name], f"tangents[{i}] (for {name})")
+    outs = _bn.batch_norm(*primals, **kwargs)    # checks the arguments
+    x = np.asarray(args["x"])     # the op took an array-like x too
+    axis = normalize_dim(args["axis"], x.ndim, "axis")
     rm, rv = args["running_mean"], args["running_var"]
     dt = math_dtype(x.dtype)
-    outs = _bn.batch_norm(*primals, **kwargs)
     y, save_mean, save_invstd = outs
     C = x.shape[axis]
     X = _channels(x, axis, dt)
@@ -252,12 +255,19 @@ def batch_norm_backward_tangents(dy, x, weight, mean, inv, training, t, axis, ma
 def _batch_norm_backward_jvp(primals, tangents, kwargs):
     args, t = bind(_bn.batch_norm_backward, primals, tangents, kwargs)
     outs = _bn.batch_norm_backward(*primals, **kwargs)
+    return outs, batch_norm_backward_output_tangents(args, t, outs)
+
+
+def batch_norm_backward_output_tangents(args, t, outs):
+    """The tangents of batch_norm_backward's outputs `outs`; `args` and `t`
+    map its argument names to the (checked) arguments and their tangents.
+    ATen's adapters (cynorm.aten) share it."""
     training = bool(args["training"])
     used = ("grad_out", "x", "weight") + (() if training else ("running_mean", "running_var"))
     if all(t[k] is None for k in used):
-        return outs, zeros_like(outs)
-    x = args["x"]
-    axis = normalize_dim(args["axis"], np.ndim(x), "axis")
+        return zeros_like(outs)
+    x = np.asarray(args["x"])     # the op took an array-like x too
+    axis = normalize_dim(args["axis"], x.ndim, "axis")
     dt = math_dtype(x.dtype)
     if training:
         mean, inv = None, m(args["save_invstd"], np.float64)
@@ -268,8 +278,7 @@ def _batch_norm_backward_jvp(primals, tangents, kwargs):
     with np.errstate(invalid="ignore", divide="ignore"):
         tg = batch_norm_backward_tangents(args["grad_out"], x, args["weight"], mean, inv, training,
                                           t, axis, mask, dt)
-    return outs, tuple(None if o is None else cast_like(tt, o, fresh=True)
-                       for o, tt in zip(outs, tg))
+    return tuple(None if o is None else cast_like(tt, o, fresh=True) for o, tt in zip(outs, tg))
 
 
 # ----------------------------------------------------------------- weight norm
@@ -300,7 +309,7 @@ def _wn_tangents(v, g, dim, tv, tg, dt):
 def _weight_norm_jvp(primals, tangents, kwargs):
     args, t = bind(_wn.weight_norm, primals, tangents, kwargs)
     w = _wn.weight_norm(*primals, **kwargs)
-    v = args["v"]
+    v = np.asarray(args["v"])     # the op took an array-like v too
     with np.errstate(invalid="ignore", divide="ignore"):
         t_w, _ = _wn_tangents(v, args["g"], args["dim"], t["v"], t["g"], math_dtype(v.dtype))
     return w, cast_like(t_w, w)
@@ -310,7 +319,7 @@ def _weight_norm_jvp(primals, tangents, kwargs):
 def _weight_norm_interface_jvp(primals, tangents, kwargs):
     args, t = bind(_wn.weight_norm_interface, primals, tangents, kwargs)
     w, norm = _wn.weight_norm_interface(*primals, **kwargs)
-    v = args["v"]
+    v = np.asarray(args["v"])     # the op took an array-like v too
     with np.errstate(invalid="ignore", divide="ignore"):
         t_w, t_n = _wn_tangents(v, args["g"], args["dim"], t["v"], t["g"], math_dtype(v.dtype))
     return (w, norm), (cast_like(t_w, w), cast_like(t_n.reshape(norm.shape), norm))
@@ -322,7 +331,7 @@ def _weight_norm_backward_jvp(primals, tangents, kwargs):
     args, t = bind(_wn.weight_norm_backward, primals, tangents, kwargs)
     outs = _wn.weight_norm_backward(*primals, **kwargs)
     grad_v, grad_g = outs
-    v = args["saved_v"]
+    v = np.asarray(args["saved_v"])     # the op took an array-like saved_v too
     dt = math_dtype(v.dtype)
     _, axes = _wn_axes(v, args["dim"])
     V, GW = m(v, dt), m(args["grad_w"], dt)

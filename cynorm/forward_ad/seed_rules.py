@@ -5,8 +5,8 @@ and ATen's batch-norm backward adapters."""
 import numpy as np
 
 from cynorm import aten, nll_losses as _nll, pointwise as _pw, softmax_ops as _sm
-from cynorm.batchnorm import batch_norm_backward as _native_bn_backward
-from cynorm.forward_ad import jvp_rules, register_jvp
+from cynorm.forward_ad import register_jvp
+from cynorm.forward_ad.norm_rules import batch_norm_backward_output_tangents
 from cynorm.forward_ad._common import bind, cast_like, m, math_dtype, zeros_like
 
 
@@ -156,11 +156,11 @@ def _nll_backward_rule(op, two_d):
         p = _nll._Problem(args["x"], args["target"], args["weight"], args["ignore_index"], two_d)
         r = _nll._reduction(args["reduction"])
         g = m(args["grad_output"], np.float64).reshape(-1)
-        tw_total = float(np.asarray(args["total_weight"], np.float64))
-        scale = 1.0 / tw_total if r == 1 else 1.0
+        tw_total = np.float64(np.asarray(args["total_weight"], np.float64))
         w = p.weights()
         t_val = np.zeros(p.t.size)
-        with np.errstate(invalid="ignore", divide="ignore"):
+        with np.errstate(invalid="ignore", divide="ignore"):   # total_weight 0: inf/nan, as the op
+            scale = 1.0 / tw_total if r == 1 else 1.0
             if t["grad_output"] is not None:
                 t_val -= w * m(t["grad_output"], np.float64).reshape(-1) * scale
             if t["weight"] is not None:
@@ -181,19 +181,13 @@ for _op, _two_d in ((_nll.nll_loss_backward, False), (_nll.nll_loss2d_backward, 
 # ------------------------------------------- ATen's batch-norm backward adapters
 def _bn_adapter_rule(op, to_native):
     """A rule for an adapter: its arguments mapped to batch_norm_backward's
-    order by `to_native(args)` -> dict of batch_norm_backward's arguments."""
-    names = ("grad_out", "x", "weight", "running_mean", "running_var", "save_mean",
-             "save_invstd", "training", "eps", "output_mask")
-    native_rule = jvp_rules[_native_bn_backward]
-
+    by `to_native(args)` -> dict of batch_norm_backward's arguments."""
     @register_jvp(op, nondiff=("epsilon", "eps", "update", "output_mask", "reserveSpace", "reserve"),
                   ignored=("save_mean", "save_var"))
     def rule(primals, tangents, kwargs):
         args, t = bind(op, primals, tangents, kwargs)
-        a, ta = to_native(args), to_native(t)
-        return native_rule.fn(tuple(a[k] for k in names),
-                              tuple(ta[k] if k not in ("training", "eps", "output_mask") else None
-                                    for k in names), {})
+        outs = op(*primals, **kwargs)       # its errors name op's own arguments
+        return outs, batch_norm_backward_output_tangents(to_native(args), to_native(t), outs)
     return rule
 
 
@@ -201,7 +195,8 @@ def _common_args(a, training, eps, mask):
     return {"grad_out": a.get("grad_output", a.get("grad_out")), "x": a["input"],
             "weight": a["weight"], "running_mean": a["running_mean"],
             "running_var": a["running_var"], "save_mean": a["save_mean"],
-            "save_invstd": a["save_var"], "training": training, "eps": eps, "output_mask": mask}
+            "save_invstd": a["save_var"], "training": training, "eps": eps, "output_mask": mask,
+            "axis": 1}
 
 
 _bn_adapter_rule(aten.cudnn_batch_norm_backward,

@@ -12,7 +12,7 @@ APPROXIMATE = ("none", "tanh")
 
 
 def _approximate(approximate):
-    if approximate not in APPROXIMATE:
+    if not isinstance(approximate, str) or approximate not in APPROXIMATE:
         raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
     return approximate == "tanh"
 

@@ -8,6 +8,7 @@ dim d >= 1 is the components' dim d - 1, as in PyTorch's nested tensors.
 import numpy as np
 
 from cynorm._dtypes import SUPPORTED_DTYPES
+from cynorm._validation import as_array, as_dtype, as_float_array, int_tuple, real_number
 
 
 class NestedArray:
@@ -30,13 +31,15 @@ class NestedArray:
         if buffer.dtype not in SUPPORTED_DTYPES:
             raise TypeError(f"buffer must have a floating dtype "
                             f"({', '.join(map(str, SUPPORTED_DTYPES))}), got {buffer.dtype}")
-        sizes = np.asarray(sizes)
+        sizes = as_array(sizes, "sizes")
         if sizes.ndim != 2 or (sizes.size and sizes.dtype.kind not in "iu"):
             raise ValueError(f"sizes must be a 2-D integer array (ntensors x component ndim), "
                              f"got shape {sizes.shape} dtype {sizes.dtype}")
         sizes = sizes.astype(np.int64)
         if np.any(sizes < 0):
             raise ValueError("sizes must be non-negative")
+        if np.any(np.prod(sizes, axis=1, dtype=np.float64) >= 2.0**63):  # int64 would wrap
+            raise ValueError("sizes describe a component of 2**63 elements or more")
         numels = np.prod(sizes, axis=1, dtype=np.int64)
         if int(numels.sum()) != buffer.size:
             raise ValueError(f"sizes describe {int(numels.sum())} elements but buffer holds "
@@ -112,9 +115,10 @@ class NestedArray:
         """A dense (ntensors, *max sizes) array, components in the leading
         corner of each slot and `fill` elsewhere.  output_size (the full
         shape, ntensors first) may be larger than needed."""
+        fill = real_number(fill, "fill")
         shape = (len(self),) + self.max_sizes()
         if output_size is not None:
-            output_size = tuple(int(s) for s in output_size)
+            output_size = int_tuple(output_size, "output_size", "a tuple of ints (the shape)")
             if len(output_size) != len(shape) or any(o < s for o, s in zip(output_size, shape)):
                 raise ValueError(f"output_size {output_size} must have {len(shape)} dims, each at "
                                  f"least {shape}")
@@ -143,15 +147,16 @@ def nested_array(arrays, dtype=None):
     ndim).  Their dtypes must agree unless `dtype` is given."""
     if isinstance(arrays, np.ndarray) or not isinstance(arrays, (list, tuple)):
         raise TypeError(f"arrays must be a list or tuple of arrays, got {type(arrays).__name__}")
-    comps = [np.asarray(a) for a in arrays]
+    comps = [as_array(a, f"arrays[{i}]") for i, a in enumerate(arrays)]
+    what = "dtype"
     if dtype is not None:
-        dtype = np.dtype(dtype)
+        dtype = as_dtype(dtype, "dtype")
     elif comps:
         dtypes = {c.dtype for c in comps}
         if len(dtypes) > 1:
             raise TypeError(f"the arrays have different dtypes ({', '.join(sorted(map(str, dtypes)))}); "
                             "pass dtype= to convert them")
-        dtype = comps[0].dtype
+        dtype, what = comps[0].dtype, "the arrays' dtype"
         if dtype.kind in "iub":
             dtype = np.dtype(np.float64)
     else:
@@ -161,7 +166,7 @@ def nested_array(arrays, dtype=None):
         raise ValueError(f"the arrays must all have the same ndim, got ndims {sorted(ndims)}")
     ndim = ndims.pop() if ndims else 0
     if dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"dtype must be floating ({', '.join(map(str, SUPPORTED_DTYPES))}), got {dtype}")
+        raise TypeError(f"{what} must be floating ({', '.join(map(str, SUPPORTED_DTYPES))}), got {dtype}")
     sizes = np.array([c.shape for c in comps], dtype=np.int64).reshape(len(comps), ndim)
     buffer = np.empty(int(np.prod(sizes, axis=1).sum()), dtype)
     start = 0
@@ -174,8 +179,10 @@ def nested_array(arrays, dtype=None):
 def from_padded(padded, sizes):
     """A NestedArray of the leading corners of `padded`'s slots: component i
     is padded[i][:sizes[i][0], :sizes[i][1], ...]."""
-    padded = np.asarray(padded)
-    sizes = np.asarray(sizes)
+    padded, _ = as_float_array(padded, "padded")
+    if padded.ndim == 0:
+        raise ValueError("padded must have at least 1 dimension (the components), got a 0-d array")
+    sizes = as_array(sizes, "sizes")
     if sizes.size and sizes.dtype.kind not in "iu":
         raise TypeError(f"sizes must be integers, got dtype {sizes.dtype}")
     if np.any(sizes < 0):

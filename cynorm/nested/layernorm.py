@@ -5,14 +5,13 @@ run on it directly (no per-component loop)."""
 import numpy as np
 
 from cynorm import layernorm as _ln
-from cynorm._validation import check_mask
+from cynorm._validation import as_array, check_mask, int_tuple
 from cynorm.nested._common import check_nested, check_same_structure
 from cynorm.nested.container import NestedArray
 
 
 def _rows(x, normalized_shape, name="x"):
-    ns = (normalized_shape,) if np.ndim(normalized_shape) == 0 else tuple(normalized_shape)
-    ns = tuple(int(s) for s in ns)
+    ns = int_tuple(normalized_shape, "normalized_shape")
     k = len(ns)
     if not 1 <= k <= x.ndim - 1:
         raise ValueError(f"normalized_shape {ns} must name 1 to {x.ndim - 1} trailing component dims")
@@ -41,7 +40,7 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
 
 
 def _check_param(p, name, ns):
-    if p is not None and np.shape(p) != ns:
+    if p is not None and np.shape(as_array(p, name)) != ns:
         raise ValueError(f"{name} must have shape normalized_shape {ns}, got {np.shape(p)}")
 
 
@@ -58,7 +57,7 @@ def layer_norm_backward(grad, input, normalized_shape, mean, rstd, weight=None, 
     _check_param(bias, "bias", ns)
     mask = check_mask(output_mask)
     for name, s in (("mean", mean), ("rstd", rstd)):
-        if np.size(s) != M:
+        if np.size(as_array(s, name)) != M:
             raise ValueError(f"{name} must have {M} entries (one per normalized row), got shape "
                              f"{np.shape(s)}")
     gx, gw, gb = _ln.layer_norm_backward(

@@ -8,8 +8,6 @@ last-dim slice, of its component's length, in parallel Cython kernels
 (_kernels/segments.pyx); over another dim each component is reduced on its
 own (its slices are not contiguous runs of the buffer).
 """
-import operator
-
 import numpy as np
 
 from cynorm import _kernels
@@ -17,7 +15,7 @@ from cynorm._kernels._runtime import get_num_threads
 from cynorm.nested._common import (
     check_nested, check_same_structure, component_dim, math_buffer, row_lengths, stored,
 )
-from cynorm._validation import check_int
+from cynorm._validation import as_array, check_bool, check_index, check_int
 from cynorm.nested.container import NestedArray, nested_array
 
 _seg = _kernels.load("segments")  # the SIMD level chosen at import
@@ -82,7 +80,7 @@ def sum(x, dims, keepdim=False):
     accumulation, x's dtype."""
     check_nested(x, "x")
     cd = _dims(x, dims)
-    keepdim = bool(keepdim)
+    keepdim = check_bool(keepdim, "keepdim")
     # over the last dim alone, segmented over the buffer; a zero-length last
     # dim has no rows but sums to zeros, so it goes component by component
     if cd == (x.ndim - 2,) and not np.any(x.sizes[:, -1] == 0):
@@ -109,6 +107,7 @@ def sum_backward(grad, self, dims, keepdim=False):
     check_nested(grad, "grad")
     check_nested(self, "self")
     cd = _dims(self, dims)
+    keepdim = check_bool(keepdim, "keepdim")
     if grad.dtype != self.dtype:
         raise TypeError(f"grad must have self's dtype {self.dtype}, got {grad.dtype}")
     if len(grad) != len(self):
@@ -130,10 +129,7 @@ def sum_backward(grad, self, dims, keepdim=False):
 
 def _index(index, size, where):
     """index wrapped into [0, size); `where` names what is indexed."""
-    idx = check_int(index, "index")
-    if not -size <= idx < size:
-        raise IndexError(f"index {idx} is out of range for {where} of size {size}")
-    return idx % size
+    return check_index(index, size, "index", where)
 
 
 def select(x, dim, index):
@@ -152,11 +148,12 @@ def select(x, dim, index):
 
 
 def _is_dim0(x, dim):
-    try:
-        d = operator.index(dim)
-    except TypeError:
-        return False
-    return not isinstance(dim, (bool, np.bool_)) and -x.ndim <= d < x.ndim and d % x.ndim == 0
+    """Whether nested dim `dim` is 0 (the component index); an invalid dim
+    raises as component_dim does."""
+    d = check_int(dim, "dim")
+    if not -x.ndim <= d < x.ndim:
+        component_dim(x, d)     # raises: out of range
+    return d % x.ndim == 0
 
 
 def select_backward(grad, self, dim, index):
@@ -167,7 +164,7 @@ def select_backward(grad, self, dim, index):
     res = self.like(out)
     if _is_dim0(self, dim):
         i = _index(index, len(self), "the batch (dim 0)")
-        g = np.asarray(grad)
+        g = as_array(grad, "grad")
         if g.shape != self.component_shape(i):
             raise ValueError(f"grad must have component {i}'s shape {self.component_shape(i)}, got {g.shape}")
         res[i][...] = g
