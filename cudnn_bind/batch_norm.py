@@ -305,7 +305,7 @@ def batch_norm_forward_training(x, weight, bias, running_mean=None, running_var=
                              f"N <= {TRAINING_MAX_BATCH} (PyTorch's limit): split the batch or use "
                              "cynorm's split-statistics ops")
         if xv.size // xv.shape[1] <= 1:
-            raise ValueError("Expected more than 1 value per channel when training, got input of "
+            raise ValueError("Expected more than 1 value per channel when training, got x of "
                              f"shape {xv.shape}")
         if (running_mean is None) != (running_var is None):
             raise ValueError("running_mean and running_var must be given together or not at all")
@@ -408,8 +408,8 @@ def batch_norm_backward(x, dy, weight, save_mean, save_invstd, eps, reserve, *, 
     try:
         xv = call.x
         if xv.size // xv.shape[1] <= 1:
-            raise ValueError("batch norm backward needs more than 1 value per channel (training "
-                             f"statistics), got input of shape {xv.shape}")
+            raise ValueError("Expected more than 1 value per channel when training (batch norm "
+                             f"backward uses training statistics), got x of shape {xv.shape}")
         dyv = as_view(dy, "dy", lib)
         _check_like(dyv, xv, "dy", call.layout)
         yv = None

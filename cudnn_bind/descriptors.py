@@ -64,8 +64,15 @@ class _Descriptor:
 
     @property
     def value(self):
+        return self.value_of("this descriptor")
+
+    def value_of(self, name):
+        """The cuDNN pointer, for an argument called `name`; a ValueError
+        naming it when the descriptor is closed (the real library would
+        dereference the NULL or freed object instead of failing)."""
         if self._ptr is None or not self._ptr.value:
-            raise ValueError(f"{type(self).__name__} is closed")
+            raise ValueError(f"{name} is a closed {type(self).__name__} (closed by close() or "
+                             f"by leaving its with block): create a new one")
         return self._ptr
 
     def close(self):
@@ -179,7 +186,7 @@ def derive_bn_descriptor(x_desc, mode):
     if not isinstance(x_desc, TensorDescriptor):
         raise TypeError(f"x_desc must be a TensorDescriptor, got {type(x_desc).__name__}")
     mode = bn_mode(mode)
-    xd = x_desc.value  # raises if closed
+    xd = x_desc.value_of("x_desc")  # raises, naming x_desc, if closed
     derived = TensorDescriptor()
     x_desc._lib.call("cudnnDeriveBNTensorDescriptor", derived.value, xd, mode)
     return derived

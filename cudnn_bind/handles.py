@@ -80,6 +80,8 @@ class Handle:
 
     def set_stream(self, stream):
         stream = integer(0 if stream is None else stream, "stream (a cudaStream_t)", 0, UINT64_MAX)
+        if not self.alive:    # the real library would dereference the NULL handle
+            raise ValueError("this Handle has been destroyed: use cudnn_bind.handle_for(device)")
         self.lib.call("cudnnSetStream", self.ptr, ctypes.c_void_p(stream or None))
 
     def workspace(self, nbytes, ref, stream=0):

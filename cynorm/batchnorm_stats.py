@@ -132,8 +132,8 @@ def batch_norm_gather_stats(mean, invstd, counts, running_mean=None, running_var
     var = m2 / total
     if rm is not None:
         if total <= 1:
-            raise ValueError("Expected more than 1 value per channel when training "
-                             f"(the shards hold {total:g} in all)")
+            raise ValueError("Expected more than 1 value per channel when training, got "
+                             f"counts summing to {total:g} (the values the shards hold in all)")
         update_running(rm, rv, mu, var, total, momentum)
     return from_float64(mu, out_dtype), from_float64(invstd_of(var, eps), out_dtype)
 

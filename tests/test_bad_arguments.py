@@ -408,3 +408,59 @@ def test_nll_loss_backward_jvp_with_zero_total_weight():
                           (np.array(1.0), None, None, None, None, None, np.array(1.0)))
     np.testing.assert_array_equal(gi, cynorm.nll_loss_backward(g, x, target, None, "mean", -100, tw))
     assert t_gi.shape == x.shape and not np.any(t_gi)     # ignored entries: 0, as in the op
+
+
+# ------------------------------------------- register_jvp's arguments (fuzzer regressions)
+
+def _twice(x):
+    return 2 * x
+
+
+def _twice_rule(p, t, k):
+    return 2 * p[0], 2 * t[0]
+
+
+@pytest.mark.parametrize("kwargs,cls,name", [
+    ({"nondiff": 3}, TypeError, "nondiff"),           # cynorm.register_jvp:20261124:31
+    ({"nondiff": None}, TypeError, "nondiff"),
+    ({"nondiff": b"x"}, TypeError, "nondiff"),
+    ({"nondiff": ("x", 1)}, TypeError, "nondiff[1]"),
+    ({"ignored": 2.5}, TypeError, "ignored"),
+    ({"ignored": [None]}, TypeError, "ignored[0]"),
+    ({"nondiff": "x", "ignored": ("x",)}, ValueError, "ignored"),
+])
+def test_register_jvp_refuses_bad_names_naming_the_argument(kwargs, cls, name):
+    """register_jvp(op, nondiff=3) raised "'int' object is not iterable" (from
+    frozenset, naming nothing) and only when the rule was registered."""
+    try:
+        msg = raises_naming(cls, name, lambda: cynorm.register_jvp(_twice, **kwargs))
+        assert msg.startswith("register_jvp: ")
+        assert _twice not in cynorm.jvp_rules
+    finally:
+        cynorm.jvp_rules.pop(_twice, None)
+
+
+def test_register_jvp_takes_one_name_or_a_sequence():
+    try:
+        for nondiff in ("x", ("x",), ["x"], frozenset({"x"})):
+            cynorm.register_jvp(_twice, nondiff=nondiff)(_twice_rule)
+            assert cynorm.jvp_rules[_twice].nondiff == frozenset({"x"})
+            raises_naming(TypeError, "tangents[0]",
+                          lambda: cynorm.jvp(_twice, (np.ones(3),), (np.ones(3),)))
+        cynorm.register_jvp(_twice, nondiff=(), ignored=[])(_twice_rule)
+        out, t = cynorm.jvp(_twice, (np.arange(3.0),), (np.ones(3),))
+        np.testing.assert_array_equal(t, 2 * np.ones(3))
+    finally:
+        cynorm.jvp_rules.pop(_twice, None)
+
+
+def test_gather_stats_with_one_value_in_all_names_counts():
+    """batch_norm_gather_stats' "Expected more than 1 value per channel" named
+    no argument ("the shards hold 1 in all"): the total comes from counts."""
+    mean, invstd = np.zeros((2, 3), np.float32), np.ones((2, 3), np.float32)
+    rm, rv = np.zeros(3, np.float32), np.ones(3, np.float32)
+    msg = raises_naming(ValueError, "counts", lambda: cynorm.batch_norm_gather_stats(
+        mean, invstd, np.array([1, 0]), rm, rv))
+    assert msg.startswith("Expected more than 1 value per channel when training")
+    np.testing.assert_array_equal(rm, 0)        # nothing updated
+    np.testing.assert_array_equal(rv, 1)

@@ -438,3 +438,53 @@ def test_handles(standin):
         h.set_stream("default")
     with pytest.raises(ValueError, match=r"stream \(a cudaStream_t\) must be between 0"):
         h.set_stream(2 ** 64)
+
+
+# ---- closed descriptors and handles, messages naming the argument (fuzzer regressions) --
+
+def _names(msg, name):
+    return re.search(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])", msg) is not None
+
+
+def test_derive_bn_descriptor_of_a_closed_descriptor_names_x_desc(standin):
+    """cudnn_bind.derive_bn_descriptor:20261124:14 said "TensorDescriptor is
+    closed", naming no argument."""
+    x = TensorDescriptor((2, 3, 4, 5), (60, 20, 5, 1))
+    x.close()
+    with pytest.raises(ValueError, match="closed TensorDescriptor") as info:
+        cudnn_bind.derive_bn_descriptor(x, cudnn_bind.SPATIAL)
+    assert _names(str(info.value), "x_desc"), str(info.value)
+    with pytest.raises(ValueError, match="closed TensorDescriptor"):
+        x.get()
+    with pytest.raises(ValueError, match="closed TensorDescriptor"):
+        x.set((2, 3))
+    with pytest.raises(ValueError, match="closed ActivationDescriptor"):
+        with ActivationDescriptor() as a:
+            pass
+        a.value
+
+
+def test_set_stream_on_a_destroyed_handle_is_refused(standin):
+    lib, _ = standin
+    h = cudnn_bind.Handle(lib, 0)
+    h.set_stream(0)
+    h.destroy()
+    with pytest.raises(ValueError, match="Handle has been destroyed"):
+        h.set_stream(0)
+    with pytest.raises(ValueError, match=r"stream \(a cudaStream_t\) must be between 0"):
+        h.set_stream(-1)      # the argument is still checked first
+
+
+def test_one_value_per_channel_messages_name_x(arrays):
+    """cuDNN batch norm's "more than 1 value per channel" said "input", which
+    is no argument of these functions; it names x, in PyTorch's words."""
+    _, w, b = arrays
+    one = dev(np.ones((1, 3), np.float32))
+    with pytest.raises(ValueError) as info:
+        cudnn_bind.batch_norm_forward_training(one, w, b)
+    msg = str(info.value)
+    assert msg.startswith("Expected more than 1 value per channel when training") and _names(msg, "x")
+    with pytest.raises(ValueError) as info:
+        cudnn_bind.batch_norm_backward(one, one, w, b, b, 1e-5, None)
+    msg = str(info.value)
+    assert msg.startswith("Expected more than 1 value per channel when training") and _names(msg, "x")

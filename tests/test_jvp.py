@@ -290,3 +290,64 @@ def test_softmax_jvps_over_shapes_and_dims(shape, dim, log, seed):
     fd = (bwd(g + FD_STEP * tx, y + FD_STEP * ty, dim, np.float64)
           - bwd(g - FD_STEP * tx, y - FD_STEP * ty, dim, np.float64)) / (2 * FD_STEP)
     assert rel_err(tb, fd) <= 1e-6
+
+
+# ------------------------------------------- bugs a seeded fuzzer found (regressions)
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, ml_dtypes.bfloat16])
+def test_layer_norm_jvp_of_an_empty_row_mean_is_zero(dtype):
+    """cynorm.jvp.layer_norm:20261124:33: normalizing (3, 2, 5, 1, 0) over its
+    last 3 dims, the mean of each (empty) row is the constant 0 but its tangent
+    came back NaN (np.mean of nothing).  torch agrees on the primal."""
+    x = np.zeros((3, 2, 5, 1, 0), dtype)
+    w = np.zeros((5, 1, 0), dtype)
+    (y, mean, rstd), (ty, t_mean, t_rstd) = cn.jvp(
+        cn.layer_norm, (x, [5, 1, 0], w, None, 1e-5), (x.copy(), None, w.copy(), None, None))
+    assert t_mean.shape == mean.shape == (3, 2, 1, 1, 1) and t_mean.dtype == mean.dtype
+    np.testing.assert_array_equal(mean, 0)
+    np.testing.assert_array_equal(t_mean, 0)
+    assert ty.shape == y.shape == x.shape and t_rstd.shape == rstd.shape
+    torch = pytest.importorskip("torch")
+    _, tmean, _ = torch.ops.aten.native_layer_norm(torch.zeros(3, 2, 5, 1, 0), [5, 1, 0], None,
+                                                   None, 1e-5)
+    np.testing.assert_array_equal(tmean.numpy(), 0)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, ml_dtypes.bfloat16])
+def test_weight_norm_jvp_of_an_empty_slice_norm_is_zero(dtype):
+    """cynorm.jvp.weight_norm_interface:20261124:12: v (4, 0), dim=-2: every
+    slice is empty, its norm the constant 0, but the norm's tangent was 0/0."""
+    v = np.zeros((4, 0), dtype)
+    g = np.arange(1.0, 5.0).reshape(4, 1).astype(np.float32 if v.dtype.itemsize == 2 else dtype)
+    (w, norm), (tw, tn) = cn.jvp(cn.weight_norm_interface, (v, g, -2),
+                                 (v.copy(), np.ones_like(g), None))
+    np.testing.assert_array_equal(norm, 0)
+    assert tn.shape == norm.shape and tn.dtype == norm.dtype
+    np.testing.assert_array_equal(tn, 0)
+    assert tw.shape == w.shape == (4, 0)
+
+
+@pytest.mark.parametrize("target", [3, 1, -100])
+def test_nll_loss_forward_jvp_of_total_weight_for_one_sample_and_no_reduction(target):
+    """cynorm.jvp.nll_loss_forward:20261124:4: for 1-D x and reduction='none'
+    the op returns total_weight = weight[target] (as ATen does) but its tangent
+    was 0; it is t_weight[target] (0 for an ignored target)."""
+    x = np.array([0.5, 0.8, 1.4, 0.1])
+    w = np.array([3.0, -2.0, -2.0, -3.0])
+    tx, tw = np.array([0.9, 0.3, -0.4, 0.6]), np.array([0.7, -0.5, 1.1, -0.8])
+    t = np.array(target)
+    (out, total), (t_out, t_total) = cn.jvp(cn.nll_loss_forward, (x, t, w, "none", -100),
+                                            (tx, None, tw, None, None))
+    assert total == (w[target] if target >= 0 else 0.0)
+    assert t_total == (tw[target] if target >= 0 else 0.0)
+    fd = (cn.nll_loss_forward(x, t, w + FD_STEP * tw, "none")[1]
+          - cn.nll_loss_forward(x, t, w - FD_STEP * tw, "none")[1]) / (2 * FD_STEP)
+    np.testing.assert_allclose(t_total, fd, rtol=1e-8, atol=1e-12)
+    torch = pytest.importorskip("torch")
+    _, ttotal = torch.ops.aten.nll_loss_forward(torch.from_numpy(x), torch.tensor(target),
+                                                torch.from_numpy(w), 0, -100)
+    assert float(ttotal) == float(total)
+    # a batch of samples: total_weight is 0 for "none" (ATen's), and so its tangent
+    (_, total2), (_, t_total2) = cn.jvp(cn.nll_loss_forward, (x[None], t.reshape(1), w, "none"),
+                                        (tx[None], None, tw, None))
+    assert total2 == 0 and t_total2 == 0

@@ -337,3 +337,73 @@ def test_edge_semantics_found_in_review(rng):
         nt.from_padded(np.arange(3.0)[None], [[1.7]])
     with pytest.raises(IndexError, match=r"index 7 is out of range for the batch \(dim 0\) of size 2"):
         nt.select(a, 0, 7)
+
+
+# ------------------------------------------- bugs a seeded fuzzer found (regressions)
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, ml_dtypes.bfloat16])
+def test_sum_over_every_component_dim_gives_0d_components(dtype):
+    """cynorm.nested.sum:20261124:5: summing (8, 1), (4, 0), (1, 2) components
+    over dims [1, 2] gave components of shape (1,) (sizes (3, 1)) for
+    float32/float64: stored() went through np.ascontiguousarray, which makes a
+    0-d value 1-d.  As np.sum / torch.sum over every dim: 0-d components."""
+    rng = np.random.default_rng(5)
+    comps = [rng.standard_normal(s) for s in [(8, 1), (4, 0), (1, 2)]]
+    x = nt.nested_array(comps, dtype=dtype)
+    y = nt.sum(x, [1, 2], keepdim=False)
+    assert y.sizes.shape == (3, 0) and y.ndim == 1 and y.dtype == np.dtype(dtype)
+    for got, c in zip(y.unbind(), x.unbind()):
+        assert got.shape == ()
+        want = np.asarray(c, np.float64).sum()
+        np.testing.assert_allclose(np.float64(got), want, rtol=1e-2 if x.dtype.itemsize == 2 else 1e-6)
+    kept = nt.sum(x, [1, 2], keepdim=True)
+    assert kept.sizes.tolist() == [[1, 1]] * 3
+
+
+def test_from_padded_of_an_empty_batch_keeps_the_component_ndim():
+    """cynorm.nested.from_padded:20261124:0: padded (0, 6, 3) with sizes (0, 2)
+    gave sizes of shape (0, 0) (a nested array of 0-d components)."""
+    x = nt.from_padded(np.zeros((0, 6, 3), np.float16), np.zeros((0, 2), np.int64))
+    assert x.sizes.shape == (0, 2) and x.ndim == 3 and len(x) == 0
+    assert x.dtype == np.float16 and x.buffer.shape == (0,)
+    assert x.to_padded().shape == (0, 0, 0)
+
+
+def test_dense_operand_gradients_are_native_byte_order(rng):
+    """cynorm.nested.linear_backward:20261124:9 and matmul_backward:20261124:25:
+    a big-endian weight / other gave a '>f4' grad_weight / grad_other (the
+    result took the raw argument's dtype); every op returns native arrays."""
+    x = make(rng, [(3, 4), (6, 4)], np.float32)
+    g = make(rng, [(3, 5), (6, 5)], np.float32)
+    w = rng.standard_normal((5, 4)).astype(np.float32)
+    want = nt.linear_backward(x, g, w)
+    got = nt.linear_backward(x, g, w.astype(">f4"))
+    for a, b in zip(got, want):
+        a = a.buffer if isinstance(a, NestedArray) else a
+        b = b.buffer if isinstance(b, NestedArray) else b
+        assert a.dtype == np.float32 and a.dtype.isnative
+        np.testing.assert_array_equal(a, b)
+    s = make(rng, [(4, 5), (3, 5)], ml_dtypes.bfloat16)
+    gm = make(rng, [(4, 3), (3, 3)], ml_dtypes.bfloat16)
+    other = rng.standard_normal((5, 3)).astype(np.float32)
+    want = nt.matmul_backward(gm, s, other)
+    got = nt.matmul_backward(gm, s, other.astype(">f4"))
+    assert got[1].dtype == np.float32 and got[1].dtype.isnative
+    np.testing.assert_array_equal(got[1], want[1])
+    np.testing.assert_array_equal(got[0].buffer, want[0].buffer)
+    y = nt.linear(x, w.astype(">f4"), rng.standard_normal(5).astype(">f4"))
+    assert y.dtype == np.float32
+
+
+def test_nested_array_converts_non_native_byte_order():
+    """cynorm.nested.nested_array:11:101: a '>f8' component raised TypeError
+    ("the arrays' dtype must be floating"); as every op, it converts."""
+    a = np.arange(6.0).reshape(3, 2).astype(">f8")
+    x = nt.nested_array([a, np.ones((1, 2))])        # '>f8' and native float64 agree
+    assert x.dtype == np.float64 and x.dtype.isnative
+    np.testing.assert_array_equal(x[0], np.arange(6.0).reshape(3, 2))
+    e = nt.nested_array([np.zeros((0, 1), ">f8")])
+    assert e.dtype == np.float64 and e.sizes.tolist() == [[0, 1]]
+    y = nt.nested_array([a], dtype=">f4")
+    assert y.dtype == np.float32 and y.dtype.isnative
+    np.testing.assert_array_equal(y[0], np.arange(6.0).reshape(3, 2))

@@ -72,11 +72,17 @@ def register_jvp(op, *, nondiff=(), ignored=()):
     primal's shape and dtype, already checked), `kwargs` the keyword
     arguments.  The rule returns (outputs, output_tangents).  `nondiff`
     names positional arguments that must not get a tangent; `ignored` those
-    whose tangents are accepted and not used.  Registering an op again
-    replaces its rule.
+    whose tangents are accepted and not used (each a name or a sequence of
+    names).  Registering an op again replaces its rule.
     """
     if not callable(op):
         raise TypeError(f"register_jvp: op must be callable, got {type(op).__name__}")
+    nondiff = _names(nondiff, "nondiff")
+    ignored = _names(ignored, "ignored")
+    both = nondiff & ignored
+    if both:
+        raise ValueError(f"register_jvp: nondiff and ignored both name {sorted(both)}: an argument "
+                         "either takes no tangent (nondiff) or has its tangent dropped (ignored)")
 
     def decorator(fn):
         if not callable(fn):
@@ -84,6 +90,22 @@ def register_jvp(op, *, nondiff=(), ignored=()):
         jvp_rules[op] = Rule(op, fn, nondiff, ignored)
         return fn
     return decorator
+
+
+def _names(value, name):
+    """register_jvp's nondiff / ignored as a frozenset of argument names: one
+    name (a str) or an iterable of them."""
+    if isinstance(value, str):
+        return frozenset((value,))
+    if isinstance(value, (bytes, bytearray, np.ndarray)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"register_jvp: {name} must be an argument name or a sequence of argument "
+                        f"names (str), got {type(value).__name__}")
+    names = tuple(value)
+    for i, n in enumerate(names):
+        if not isinstance(n, str):
+            raise TypeError(f"register_jvp: {name}[{i}] must be an argument name (str), got "
+                            f"{type(n).__name__}")
+    return frozenset(names)
 
 
 def _differentiable(x):

@@ -24,7 +24,21 @@ from cynorm._kernels._runtime import get_num_threads
 from cynorm._validation import check_bool, check_updatable, normalize_dim
 
 
+def _axes(axes):
+    return (axes,) if np.ndim(axes) == 0 else tuple(axes)
+
+
+def _group_size(shape, axes):
+    """The number of elements in one group reduced over `axes` (an int or a tuple)."""
+    return int(np.prod([shape[i] for i in _axes(axes)], dtype=np.int64))
+
+
 def _group_mean(a, axes):
+    """The mean over `axes`; 0 for empty groups: the mean of no values is the
+    constant 0 the primal ops return (np.mean's 0/0 would make it NaN)."""
+    if _group_size(a.shape, axes) == 0:
+        axes = _axes(axes)
+        return np.zeros(tuple(1 if i in axes else n for i, n in enumerate(a.shape)), a.dtype)
     return np.mean(a, axis=axes, keepdims=True)
 
 
@@ -298,7 +312,8 @@ def _wn_tangents(v, g, dim, tv, tg, dt):
     t_n = np.zeros_like(n)
     if tv is not None:
         TV = m(tv, dt)
-        t_n = (V * TV).sum(axis=axes, keepdims=True) / n
+        if _group_size(V.shape, axes):      # an empty slice's norm is the constant 0
+            t_n = (V * TV).sum(axis=axes, keepdims=True) / n
         t_w = G * (TV / n - V * (t_n / (n * n)))
     if tg is not None:
         t_w = t_w + m(tg, dt).reshape(n.shape) * V / n

@@ -124,7 +124,9 @@ def _nll_forward_rule(op, two_d):
         if t["weight"] is not None:
             tw = p.weights(t["weight"])
             t_losses -= tw * p.picked()
-            t_total = tw.sum() if r else 0.0
+            # total_weight is weight's sum, as the primal reports it: also for
+            # "none" on a single 1-D sample (ATen's weight[target] there)
+            t_total = tw.sum() if r or p.x.ndim == 1 else 0.0
         if r == 0:
             t_out = t_losses.reshape(p.t_shape)
         elif r == 2:

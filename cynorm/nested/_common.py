@@ -43,7 +43,8 @@ def stored(values, dtype):
     """Math-dtype values as storage dtype (16-bit: rounded from float32)."""
     if is_16bit(dtype):
         return np.asarray(values, np.float32).astype(dtype)
-    return np.ascontiguousarray(values, dtype=dtype)
+    # np.asarray, not np.ascontiguousarray: that one makes a 0-d value 1-d
+    return np.asarray(values, dtype=dtype, order="C")
 
 
 def row_lengths(x):

@@ -142,6 +142,11 @@ class NestedArray:
                 f"shapes=[{', '.join(map(str, shapes))}{more}])")
 
 
+def _native(dtype):
+    """dtype in native byte order (NestedArray buffers are native)."""
+    return dtype if dtype.isnative else dtype.newbyteorder("=")
+
+
 def nested_array(arrays, dtype=None):
     """A NestedArray holding copies of `arrays` (a list of array-likes of one
     ndim).  Their dtypes must agree unless `dtype` is given."""
@@ -150,13 +155,14 @@ def nested_array(arrays, dtype=None):
     comps = [as_array(a, f"arrays[{i}]") for i, a in enumerate(arrays)]
     what = "dtype"
     if dtype is not None:
-        dtype = as_dtype(dtype, "dtype")
+        dtype = _native(as_dtype(dtype, "dtype"))
     elif comps:
-        dtypes = {c.dtype for c in comps}
+        # non-native byte order is converted, as every op converts its inputs
+        dtypes = {_native(c.dtype) for c in comps}
         if len(dtypes) > 1:
             raise TypeError(f"the arrays have different dtypes ({', '.join(sorted(map(str, dtypes)))}); "
                             "pass dtype= to convert them")
-        dtype, what = comps[0].dtype, "the arrays' dtype"
+        dtype, what = _native(comps[0].dtype), "the arrays' dtype"
         if dtype.kind in "iub":
             dtype = np.dtype(np.float64)
     else:
@@ -192,5 +198,7 @@ def from_padded(padded, sizes):
                          f"shape {padded.shape}, got {sizes.shape}")
     if len(sizes) and np.any(sizes > np.array(padded.shape[1:])):
         raise ValueError(f"sizes exceed the padded shape {padded.shape[1:]}")
+    if not len(sizes):     # no components: keep the component ndim (padded's dims but the first)
+        return NestedArray(np.empty(0, padded.dtype), np.zeros((0, padded.ndim - 1), np.int64))
     comps = [padded[(i,) + tuple(slice(0, int(s)) for s in row)] for i, row in enumerate(sizes)]
     return nested_array(comps, dtype=padded.dtype)

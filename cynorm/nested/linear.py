@@ -39,6 +39,9 @@ def _with_last(x, buffer2d, n_out):
 
 
 def _dense(a, name, x, shape_hint):
+    """Dense operand `a` checked against nested x: (a in x's math dtype, a's
+    own dtype), both native (as_float_array converts non-native byte order),
+    so a gradient returned in a's dtype is native too."""
     a, _ = as_float_array(a, name)
     ok = a.dtype == x.dtype or (x.dtype.itemsize == 2 and a.dtype == np.float32)
     if not ok:
@@ -46,7 +49,7 @@ def _dense(a, name, x, shape_hint):
                         + f" dtype, got {a.dtype}")
     if a.ndim != len(shape_hint):
         raise ValueError(f"{name} must be {len(shape_hint)}-D {shape_hint}, got shape {a.shape}")
-    return a.astype(math_buffer(x).dtype, copy=False)
+    return a.astype(math_buffer(x).dtype, copy=False), a.dtype
 
 
 def _mm(x, y):
@@ -80,7 +83,7 @@ def matmul(a, b):
         # component by component: their shapes differ
         return _per_component(_mm, a, b, a)
     k = _uniform_last(a, "a")
-    b = _dense(b, "b", a, ("k", "m"))
+    b, _ = _dense(b, "b", a, ("k", "m"))
     if len(a) and b.shape[0] != k:
         raise ValueError(f"b must have {k} rows (a's last dim), got shape {b.shape}")
     if a.ndim < 3:
@@ -115,7 +118,7 @@ def matmul_backward(grad, self, other, output_mask=(True, True)):
         go = _per_component(lambda s, g: _mm(np.swapaxes(s, -1, -2), g), self, grad, other) \
             if mask[1] else None
         return gs, go
-    other_m = _dense(other, "other", self, ("k", "m"))
+    other_m, other_dtype = _dense(other, "other", self, ("k", "m"))
     k = _uniform_last(self, "self") if len(self) else other_m.shape[0]
     m = other_m.shape[1]
     if (len(grad) != len(self) or (len(self) and grad.uniform_size(grad.ndim - 2) != m)
@@ -127,7 +130,7 @@ def matmul_backward(grad, self, other, output_mask=(True, True)):
     go = None
     if mask[1]:
         go = _rows(self, k).T @ g2
-        go = go.astype(np.asarray(other).dtype, copy=False)
+        go = go.astype(other_dtype, copy=False)
     return gs, go
 
 
@@ -136,12 +139,12 @@ def linear(x, weight, bias=None):
     buffer viewed as (total_rows, in_features)."""
     check_nested(x, "x")
     k = _uniform_last(x, "x")
-    w = _dense(weight, "weight", x, ("out", "in"))
+    w, _ = _dense(weight, "weight", x, ("out", "in"))
     if len(x) and w.shape[1] != k:
         raise ValueError(f"weight must have shape (out_features, {k}), got {w.shape}")
     y = _rows(x, w.shape[1]) @ w.T
     if bias is not None:
-        b = _dense(bias, "bias", x, ("out",))
+        b, _ = _dense(bias, "bias", x, ("out",))
         if b.shape != (w.shape[0],):
             raise ValueError(f"bias must have shape ({w.shape[0]},), got {b.shape}")
         y += b
@@ -157,7 +160,7 @@ def linear_backward(input, grad_output, weight, output_mask=(True, True, True)):
     mask = check_mask(output_mask)
     if grad_output.dtype != input.dtype:
         raise TypeError(f"grad_output must have input's dtype {input.dtype}, got {grad_output.dtype}")
-    w = _dense(weight, "weight", input, ("out", "in"))
+    w, wdtype = _dense(weight, "weight", input, ("out", "in"))
     k = _uniform_last(input, "input") if len(input) else w.shape[1]
     n_out = w.shape[0]
     if len(input) and (w.shape[1] != k or grad_output.uniform_size(grad_output.ndim - 2) != n_out
@@ -166,7 +169,6 @@ def linear_backward(input, grad_output, weight, output_mask=(True, True, True)):
         raise ValueError(f"grad_output must have input's structure with last dim {n_out} "
                          f"(weight's rows), got {grad_output!r} for input {input!r}")
     g2 = _rows(grad_output, n_out)
-    wdtype = np.asarray(weight).dtype
     gi = _with_last(input, g2 @ w, w.shape[1]) if mask[0] else None
     gw = (g2.T @ _rows(input, k)).astype(wdtype, copy=False) if mask[1] else None
     gb = g2.sum(axis=0, dtype=np.float64).astype(wdtype) if mask[2] else None

@@ -1565,7 +1565,8 @@ def gen_nested_array(g):
         src[0] = np.zeros((2,) * (k + 1), dt)
         c.want("error", "components of different ndim")
     elif r < 0.15 and len(src) > 1:
-        src[0] = np.asarray(src[0]).astype(F16 if np.asarray(src[1]).dtype != F16 else F32)
+        other = np.asarray(src[1]).dtype.newbyteorder("=")    # byte order is converted
+        src[0] = np.asarray(src[0]).astype(F16 if other != F16 else F32)
         given = None
         c.want("error", "components of different dtypes, no dtype=")
     elif r < 0.2:
@@ -1587,6 +1588,7 @@ def gen_nested_array(g):
             arrs[0].dtype if arrs else F64)
         if dtype.kind in "iub":
             dtype = F64
+        dtype = dtype.newbyteorder("=")      # a NestedArray holds native data
         sizes = np.array([a.shape for a in arrs], np.int64).reshape(len(arrs), arrs[0].ndim if arrs else 0)
         with np.errstate(all="ignore"):
             data = np.concatenate([a.reshape(-1).astype(dtype) for a in arrs]) if arrs else np.zeros(0, dtype)

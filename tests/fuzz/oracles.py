@@ -1301,6 +1301,28 @@ for _n in ("cudnn_batch_norm_backward", "miopen_batch_norm_backward"):
         None, a["grad_output"], t.get("grad_output")) * max(1, math.prod(np.shape(a["input"])))] * 3
 
 
+def _nll_condition(a, two_d=False):
+    """(sum |w[target]| / |sum w[target]|)**2 for a weighted mean reduction:
+    its total weight can cancel (mixed-sign weights), and the tangent, which
+    divides by the total squared, feels the rounding of that sum squared;
+    1 otherwise."""
+    if a.get("weight") is None or a.get("reduction", "mean") not in ("mean", 1):
+        return LD(1)
+    w = _nll_parts(a["x"], a["target"], a["weight"], a.get("ignore_index", -100), two_d)[-1].v
+    total = abs(w.sum())
+    return (np.abs(w).sum() / total) ** 2 if total > 0 else LD(1)
+
+
+# a factor on a rule's whole tolerance, for ops whose conditioning the
+# scales above do not see
+JVP_CONDITION = {
+    "nll_loss_forward": _nll_condition,
+    "nll_loss": _nll_condition,
+    "nll_loss2d_forward": lambda a: _nll_condition(a, True),
+    "nll_loss2d": lambda a: _nll_condition(a, True),
+}
+
+
 def complex_step(fn, args, tangents):
     """(output values, output tangents, in-place tangents) of fn(**args)
     along `tangents` (name -> array or None): Re and Im f(x + i h t) / h."""
@@ -1357,6 +1379,9 @@ def jvp_problems(op_name, args, tangents, out_values, out_tangents, live_tangent
         _, pr, _ = complex_step(fn, args, probe)
         scales = [s if r is None else np.maximum(s, np.abs(r).max(initial=0)) for s, r in zip(scales, pr)]
     u = PREC[np.dtype(dtype)].u * 64
+    if op_name in JVP_CONDITION:
+        with np.errstate(all="ignore"):
+            u = u * JVP_CONDITION[op_name](args)
     problems = []
     if not isinstance(out_tangents, tuple):
         out_tangents, out_values_t = (out_tangents,), (out_values,)
