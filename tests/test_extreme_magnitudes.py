@@ -161,3 +161,22 @@ def test_float16_range_is_its_own():
     assert np.isinf(cynorm.norm_except_dim(v, 2, 0)).all()
     w = cynorm.weight_norm(v, np.ones((1, 1), np.float32), 0)
     np.testing.assert_allclose(w.astype(np.float64), 0.5, rtol=1e-3)
+
+
+def test_slow_path_rows_are_thread_private(restore_threads):
+    """Rows of subnormal data (their float32 scale g / norm overflows: float64
+    path) between ordinary rows, split over threads: each row takes its own
+    path, with the same bits at any thread count."""
+    rng = np.random.default_rng(6)
+    v = rng.standard_normal((512, 300)).astype(np.float32)
+    v[1::2] *= np.float32(1e-41)
+    g = np.ones(512, np.float32)
+    results = []
+    for n in (1, 2, 4):
+        cynorm.set_num_threads(n)
+        results.append(cynorm.weight_norm_interface(v, g, 0))
+    for w, norm in results[1:]:
+        np.testing.assert_array_equal(w, results[0][0])
+        np.testing.assert_array_equal(norm, results[0][1])
+    w_ref, _ = R.weight_norm(v, g, 0)
+    close(results[0][0], w_ref, np.float32, "w", rtol=1e-5)

@@ -1,8 +1,10 @@
 """The fuzz suite (tests/fuzz): a fixed budget of seeded cases over every
 public function, each run in a restartable worker, asserting no crash, hang,
 wrong answer, wrong exception class or modified input; a long run is marked
-slow.  CYNORM_FUZZ_SEED picks the seed, CYNORM_FUZZ_BUDGET the seconds of the
-normal run; a failure's message lists the cases to replay:
+slow.  CYNORM_FUZZ_SEED picks the seed, CYNORM_FUZZ_CASES (LONG_CASES) the
+cases per target of the normal (long) run and CYNORM_FUZZ_BUDGET
+(LONG_BUDGET) the seconds that cap it; a failure's message lists the cases
+to replay:
 
     python -m tests.fuzz.runner --replay TARGET:SEED:INDEX
 """
@@ -15,7 +17,13 @@ import pytest
 from fuzz import cases, oracles, runner
 
 SEED = int(os.environ.get("CYNORM_FUZZ_SEED", runner.DEFAULT_SEED))
-BUDGET = float(os.environ.get("CYNORM_FUZZ_BUDGET", "120"))
+# A run is the first CASES indices of every target, the same cases on every
+# machine (a run that passed here passes anywhere); the seconds only cap a
+# slow machine's run, which then stops early.
+CASES = int(os.environ.get("CYNORM_FUZZ_CASES", "500"))
+BUDGET = float(os.environ.get("CYNORM_FUZZ_BUDGET", "300"))
+LONG_CASES = int(os.environ.get("CYNORM_FUZZ_LONG_CASES", "3000"))
+LONG_BUDGET = float(os.environ.get("CYNORM_FUZZ_LONG_BUDGET", "1800"))
 WORKERS = min(2, os.cpu_count() or 1)
 
 
@@ -42,7 +50,7 @@ needs_wide = pytest.mark.skipif(
 
 @needs_wide
 def test_fuzz_budget():
-    report = _run(BUDGET)
+    report = _run(BUDGET, cases=CASES)
     assert report["cases"] > 0
     assert not report["failures"], _message(report)
 
@@ -50,7 +58,7 @@ def test_fuzz_budget():
 @needs_wide
 @pytest.mark.slow
 def test_fuzz_long():
-    report = _run(float(os.environ.get("CYNORM_FUZZ_LONG_BUDGET", "900")), seed=SEED + 1)
+    report = _run(LONG_BUDGET, seed=SEED + 1, cases=LONG_CASES)
     assert not report["failures"], _message(report)
 
 

@@ -89,6 +89,11 @@ cdef inline bint float32_squares_ok(double mean_square) noexcept nogil:
     return mean_square >= 1.2621774483536189e-29 and mean_square < INFINITY   # 2**-96
 
 
+cdef inline bint float32_sum_of_squares_ok(double s, Py_ssize_t n) noexcept nogil:
+    # float32_squares_ok(s / n) for a sum s of n squares (or products), n > 0
+    return s >= n * 1.2621774483536189e-29 and s < INFINITY
+
+
 cdef inline double load(storage_t x) noexcept nogil:
     if storage_t is cn_bf16:
         return cn_bf16_to_f32(x)

@@ -28,7 +28,7 @@ cimport numpy as cnp
 from cynorm._kernels.common cimport (
     storage_t, cn_bf16, cn_f16, cn_f32_to_bf16, cn_f32_to_f16, load, chunk_sumsq, chunk_dot,
     col_sumsq, col_dot, col_sumsq2, col_dot2, row_sumsq, row_dot, scale_row, scale_cols,
-    axpby_row, axpby_cols, float32_squares_ok, ROW_CHUNK,
+    axpby_row, axpby_cols, float32_sum_of_squares_ok, ROW_CHUNK,
 )
 
 from cynorm._kernels.entry cimport SERIAL_BELOW, data, threads_for
@@ -233,16 +233,21 @@ cdef int reduce_over_d(int op, const storage_t* x, const storage_t* y,
     return 0
 
 
-cdef double sumsq_in_range(const storage_t* x, double s, Py_ssize_t A, Py_ssize_t D,
-                           Py_ssize_t B, Py_ssize_t d) noexcept nogil:
+cdef inline double sumsq_in_range(const storage_t* x, double s, Py_ssize_t A, Py_ssize_t D,
+                                  Py_ssize_t B, Py_ssize_t d) noexcept nogil:
     """s, the sum of squares of x[:, d, :] formed in the math type, or, where
-    float32 squares left float32's range (common.pxd), the sum again with
-    every square formed in float64 (a slow serial pass, for rare slices)."""
-    cdef Py_ssize_t a, b
-    cdef double t
-    if storage_t is double or A * B == 0 or float32_squares_ok(s / (A * B)):
+    float32 squares left float32's range (common.pxd), exact_sumsq."""
+    if storage_t is double or A * B == 0 or float32_sum_of_squares_ok(s, A * B):
         return s
-    s = 0.0
+    return exact_sumsq(x, A, D, B, d)
+
+
+cdef double exact_sumsq(const storage_t* x, Py_ssize_t A, Py_ssize_t D, Py_ssize_t B,
+                        Py_ssize_t d) noexcept nogil:
+    # the sum of squares of x[:, d, :] with every square formed in float64 (a
+    # slow serial pass, for rare slices)
+    cdef Py_ssize_t a, b
+    cdef double t, s = 0.0
     for a in range(A):
         for b in range(B):
             t = load(x[(a * D + d) * B + b])
@@ -271,28 +276,26 @@ cdef inline bint full_precision(float f, double operand) noexcept nogil:
     return FLT_MIN <= fabs(f) <= FLT_MAX or (f == 0.0 and operand == 0.0)
 
 
-cdef inline double forward_scale(const storage_t* tag, double sumsq, const void* g,
-                                 void* norm, Py_ssize_t d, bint* exact) noexcept nogil:
-    """Stores norm[d]; returns g[d] / norm[d] computed in the math type, or,
-    where that float32 scale is not a full-precision number (norms beyond
-    float32's range, or below 1 / FLT_MAX), in float64 with exact[0] set.
-    (g is read before norm is written: a caller may pass g's own memory as
-    the norm output.)"""
+cdef inline (double, bint) forward_scale(const storage_t* tag, double sumsq, const void* g,
+                                         void* norm, Py_ssize_t d) noexcept nogil:
+    """Stores norm[d]; returns (g[d] / norm[d] computed in the math type,
+    False), or, where that float32 scale is not a full-precision number
+    (norms beyond float32's range, or below 1 / FLT_MAX), (the scale in
+    float64, True).  (g is read before norm is written: a caller may pass
+    g's own memory as the norm output.)"""
     cdef double nd, s
     cdef float nf, sf
-    exact[0] = False
     if storage_t is double:
         nd = sqrt(sumsq)
         s = (<const double*>g)[d] / nd
         (<double*>norm)[d] = nd
-        return s
+        return s, False
     nf = <float>sqrt(sumsq)
     sf = (<const float*>g)[d] / nf
     (<float*>norm)[d] = nf
     if full_precision(sf, (<const float*>g)[d]) and nf <= FLT_MAX:
-        return <double>sf
-    exact[0] = True
-    return (<const float*>g)[d] / sqrt(sumsq)
+        return <double>sf, False
+    return (<const float*>g)[d] / sqrt(sumsq), True
 
 
 cdef inline bint backward_coefs(const storage_t* tag, double s, Py_ssize_t n, const void* g,
@@ -319,7 +322,7 @@ cdef inline bint backward_coefs(const storage_t* tag, double s, Py_ssize_t n, co
     a[0] = af
     b[0] = <double>(t / nf)
     (<float*>grad_g)[d] = ggf
-    return (n == 0 or float32_squares_ok(fabs(s) / n)) and full_precision(ggf, s) and \
+    return (n == 0 or float32_sum_of_squares_ok(fabs(s), n)) and full_precision(ggf, s) and \
         full_precision(af, (<const float*>g)[d]) and full_precision(t, af) and \
         full_precision(<float>b[0], t)
 
@@ -477,8 +480,8 @@ cdef int forward(const storage_t* v, const void* g, storage_t* w, void* norm,
     cdef bint stream = A * D * B * <Py_ssize_t>sizeof(storage_t) >= STREAM_MIN_BYTES
     if use_fused(A, D, B):
         for d in prange(D, schedule='static', num_threads=nt):
-            s = forward_scale(w, sumsq_in_range(v, row_sumsq(v + d * B, B), A, D, B, d), g,
-                              norm, d, &one_exact)
+            s, one_exact = forward_scale(w, sumsq_in_range(v, row_sumsq(v + d * B, B), A, D, B, d),
+                                         g, norm, d)
             if one_exact:
                 exact_slice(w, v, <const storage_t*>NULL, 1, D, B, d, s, 0.0)
             else:
@@ -491,8 +494,8 @@ cdef int forward(const storage_t* v, const void* g, storage_t* w, void* norm,
         rc = reduce_over_d(OP_SUMSQ, v, <const storage_t*>NULL, A, D, B, 0.0, work, nt)
     if rc == 0:
         for d in range(D):
-            work[d] = forward_scale(w, sumsq_in_range(v, work[d], A, D, B, d), g, norm, d,
-                                    &exact[d])
+            work[d], exact[d] = forward_scale(w, sumsq_in_range(v, work[d], A, D, B, d), g,
+                                              norm, d)
             any_exact = any_exact or exact[d]
         rc = apply_checked(w, v, <const storage_t*>NULL, A, D, B, work, NULL, exact, any_exact,
                            nt)

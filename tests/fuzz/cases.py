@@ -643,7 +643,9 @@ def _mut_ns(g, c, a):
         a.value = g.pick((float(ns[-1]), True, "3", None, 10 ** 400, -1, [1.5], (ns[-1], None)))
         c.want("error", f"normalized_shape={a.value!r:.30}")
     elif r == 3:
-        a.value = (g.int(1, 3),) + tuple(ns) if len(ns) >= nd else tuple(ns) + (1,)
+        # more axes than x has, or a last axis that is not x's last
+        a.value = ((g.int(1, 3),) + tuple(ns) if len(ns) >= nd
+                   else tuple(ns) + ((ns[-1] + 1) if len(ns) else 1,))
         c.want("error", f"normalized_shape={a.value} (longer)")
     elif r == 4 and len(ns) > 1:
         a.value = tuple(ns[1:])
