@@ -246,6 +246,19 @@ def test_layer_norm_backward(rng):
 ragged = st.lists(st.integers(0, 6), min_size=0, max_size=6)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_softmax_of_nan_and_inf(dtype):
+    # a NaN, or +inf (inf - inf), makes its row NaN, -inf gives 0, the other
+    # rows keep their values; float32's exp (cn_segments.h) must take NaN
+    # without undefined behaviour (converting it to int), which UBSan checks
+    # in .ci/sanitize
+    rows = [[np.nan, 1.0, 2.0], [np.inf, 1.0], [-np.inf, 0.0, 1.0], [1.0, 2.0, 3.0]]
+    x = nt.nested_array([np.array(r, dtype) for r in rows])
+    with np.errstate(invalid="ignore"):
+        want = [ref_softmax(np.array(r), 0) for r in rows]
+    assert_nested_close(nt.softmax(x, -1), want, rtol=1e-6, atol=0)
+
+
 @settings(max_examples=40, deadline=None)
 @given(lengths=ragged, width=st.integers(1, 5), seed=st.integers(0, 2 ** 32 - 1))
 def test_ops_over_ragged_batches(lengths, width, seed):

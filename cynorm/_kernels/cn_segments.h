@@ -25,7 +25,10 @@
  * 2^n leaves the float range and the result is inf. */
 static inline float cn_expf(float x) {
     const float log2e = 1.44269504088896341f;
-    float xc = x < -87.3f ? -87.3f : (x > 88.7f ? 88.7f : x);
+    /* !(x >= -87.3f), not x < -87.3f: NaN takes the low end too, so n stays
+     * in range (converting NaN to int, and shifting the negative result,
+     * would be undefined); one unordered compare, as before */
+    float xc = !(x >= -87.3f) ? -87.3f : (x > 88.7f ? 88.7f : x);
     float t = xc * log2e;
     /* nearbyintf, not a select on t's sign: GCC vectorizes it (roundps) */
     int32_t n = (int32_t)nearbyintf(t);
@@ -42,7 +45,7 @@ static inline float cn_expf(float x) {
     float scale;
     memcpy(&scale, &bits, sizeof scale);
     float e = p * scale;
-    e = x < -87.3f ? 0.0f : e;
+    e = !(x >= -87.3f) ? 0.0f : e;
     e = x > 88.7f ? INFINITY : e;
     return x != x ? x : e;
 }
