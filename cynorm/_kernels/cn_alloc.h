@@ -14,6 +14,12 @@
  * 528 bytes, and glibc places a fresh block right after the previous one.
  * Large NumPy arrays start 16 bytes into a page, so a half-page stagger keeps
  * outputs 2 KiB away from them in every such modulus.
+ *
+ * Under AddressSanitizer (CYNORM_SANITIZE=address, setup.py) the padding
+ * around each block and the blocks the cache keeps are poisoned, so that an
+ * access before or past an output, or to one already freed into the cache,
+ * is reported as it is for malloc's own blocks (the padding would otherwise
+ * hide up to a page of overrun, and the cache every use after free).
  */
 #ifndef CN_ALLOC_H
 #define CN_ALLOC_H
@@ -26,6 +32,22 @@
 #include <sys/mman.h>
 #endif
 
+#if defined(__SANITIZE_ADDRESS__)
+#define CN_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define CN_ASAN 1
+#endif
+#endif
+#if defined(CN_ASAN)
+#include <sanitizer/asan_interface.h>
+#define CN_POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
+#define CN_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#else
+#define CN_POISON(p, n) ((void)(p), (void)(n))
+#define CN_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
 #define CN_CACHE_SLOTS 8
 #define CN_STAGGER 2048
 
@@ -36,8 +58,11 @@ typedef struct {
     size_t size;
 } cn_header;
 
+/* the bytes each block takes beyond its size */
+#define CN_PAD (4096 + CN_STAGGER + sizeof(cn_header))
+
 static void *cn_raw_alloc(size_t size) {
-    size_t pad = 4096 + CN_STAGGER + sizeof(cn_header);
+    size_t pad = CN_PAD;
     char *raw, *user;
     if (size > SIZE_MAX - pad) return NULL;
     raw = (char *)malloc(size + pad);
@@ -46,11 +71,25 @@ static void *cn_raw_alloc(size_t size) {
                     + CN_STAGGER);
     ((cn_header *)user)[-1].raw = raw;
     ((cn_header *)user)[-1].size = size;
+    CN_POISON(raw, (size_t)(user - raw));                      /* header included */
+    CN_POISON(user + size, (size_t)(raw + pad - user));
     return user;
 }
 
+static cn_header cn_header_of(void *user) {
+    cn_header h, *p = (cn_header *)user - 1;
+    CN_UNPOISON(p, sizeof *p);
+    h = *p;
+    CN_POISON(p, sizeof *p);
+    return h;
+}
+
 static void cn_raw_free(void *user) {
-    if (user) free(((cn_header *)user)[-1].raw);
+    if (user) {
+        cn_header h = cn_header_of(user);
+        CN_UNPOISON(h.raw, h.size + CN_PAD);
+        free(h.raw);
+    }
 }
 
 typedef struct {
@@ -102,6 +141,7 @@ static void *cn_malloc(void *ctx, size_t size) {
         for (i = 0; i < CN_CACHE_SLOTS; i++) {
             if (cn_cache.slots[i].ptr && cn_cache.slots[i].size == size) {
                 p = cn_cache.slots[i].ptr;
+                CN_UNPOISON(p, size);
                 cn_cache.slots[i].ptr = NULL;
                 cn_cache.held -= size;
                 cn_cache.hits++;
@@ -131,7 +171,7 @@ static void *cn_realloc(void *ctx, void *ptr, size_t new_size) {
     size_t old;
     (void)ctx;
     if (ptr == NULL) return cn_raw_alloc(new_size ? new_size : 1);
-    old = ((cn_header *)ptr)[-1].size;
+    old = cn_header_of(ptr).size;
     p = cn_raw_alloc(new_size ? new_size : 1);
     if (p == NULL) return NULL;      /* the old block stays valid, as realloc's does */
     memcpy(p, ptr, old < new_size ? old : new_size);
@@ -148,6 +188,7 @@ static void cn_free(void *ctx, void *ptr, size_t size) {
         if (cn_cache.held + size <= cn_cache.limit) {
             for (i = 0; i < CN_CACHE_SLOTS; i++) {
                 if (cn_cache.slots[i].ptr == NULL) {
+                    CN_POISON(ptr, size);
                     cn_cache.slots[i].ptr = ptr;
                     cn_cache.slots[i].size = size;
                     cn_cache.held += size;
