@@ -804,7 +804,9 @@ def gen_batch_norm(g):
     if not (isinstance(tr, (bool, np.bool_)) and tr):      # only training updates them
         c.inplace -= {"running_mean", "running_var"}
     elif n == 1 and c.value("x") is not None and np.shape(c.value("x")) == shape:
-        c.want("error", "one value per channel in training")
+        c.one_value = True
+        if not getattr(g, "defer_one_value", False):    # sync_batch_norm decides after its mutation
+            c.want("error", "one value per channel in training")
     if not getattr(g, "no_out", False) and isinstance(tr, (bool, np.bool_)) and tr and _is_zero(c.value("eps")):
         c.want("error", "eps=0 in training (README: as torch.nn.functional.batch_norm)")
     return c
@@ -2355,13 +2357,19 @@ def gen_nested_layer_norm_backward(g):
         else:
             probs += O.check("grad_input", res[0].buffer.reshape(M, N), outs[0].refs.reshape(M, N), xs.dtype,
                              (M, N), skip=None if outs[0].skip is None else np.asarray(outs[0].skip).reshape(M, N))
+        # a normalized_shape accepted with fewer (size-1) axes shapes the parameter gradients
+        try:
+            ns_out = tuple(int(d) for d in np.reshape(np.asarray(s["normalized_shape"]), -1))
+        except (TypeError, ValueError):
+            ns_out = ns
+        ns_out = ns_out if math.prod(ns_out) == N else ns
         for i in (1, 2):
             if outs[i] is None:
                 if res[i] is not None:
                     probs.append(f"output {i}: expected None")
             else:
-                probs += O.check(outs[i].name, res[i], outs[i].refs.reshape(ns), outs[i].dtype, ns,
-                                 skip=outs[i].skip)
+                probs += O.check(outs[i].name, res[i], outs[i].refs.reshape(ns_out), outs[i].dtype,
+                                 ns_out, skip=outs[i].skip)
         return probs
     c.oracle = oracle
     return finish(g, c, p_mutate=0.3)
@@ -2415,9 +2423,9 @@ class _SyncCase(Case):
 
 @target("cynorm.distributed.sync_batch_norm", lambda: cynorm.distributed.sync_batch_norm, unavailable=_no_mpi)
 def gen_sync_batch_norm(g):
-    g.no_out = g.no_mutate = True
+    g.no_out = g.no_mutate = g.defer_one_value = True
     base = TARGETS["cynorm.batch_norm"].gen(g)
-    g.no_mutate = False
+    g.no_mutate = g.defer_one_value = False
     c = _SyncCase("cynorm.distributed.sync_batch_norm", g)
     c.args, c.expect, c.notes, c.huge, c.inplace = base.args, base.expect, base.notes, base.huge, base.inplace
     c.add("comm", _Comm(g.pick(("self", "self", "world", "none"))), "custom", kw=True, mutate=mut_comm)
@@ -2476,6 +2484,8 @@ def gen_sync_batch_norm(g):
     tr = c.value("training")
     if isinstance(tr, (bool, np.bool_)) and tr:
         c.inplace |= {"running_mean", "running_var"}
+        if getattr(base, "one_value", False) and np.shape(c.value("x")) == np.shape(x):
+            c.want("error", "one value per channel in training")
     else:
         c.inplace -= {"running_mean", "running_var"}
     return c
