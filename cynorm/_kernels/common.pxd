@@ -86,12 +86,12 @@ cdef inline bint float32_squares_ok(double mean_square) noexcept nogil:
     that much: 2**-30 of the result).  NaN is not ok.  Rows and channels that
     fail are recomputed with float64 squares: data beyond about 1e19 or
     below 1e-19 in magnitude."""
-    return mean_square >= 1.2621774483536189e-29 and mean_square < INFINITY   # 2**-96
+    return float32_sum_of_squares_ok(mean_square, 1)
 
 
 cdef inline bint float32_sum_of_squares_ok(double s, Py_ssize_t n) noexcept nogil:
     # float32_squares_ok(s / n) for a sum s of n squares (or products), n > 0
-    return s >= n * 1.2621774483536189e-29 and s < INFINITY
+    return s >= n * 1.2621774483536189e-29 and s < INFINITY     # n * 2**-96
 
 
 cdef inline double load(storage_t x) noexcept nogil:

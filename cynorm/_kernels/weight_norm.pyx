@@ -236,23 +236,11 @@ cdef int reduce_over_d(int op, const storage_t* x, const storage_t* y,
 cdef inline double sumsq_in_range(const storage_t* x, double s, Py_ssize_t A, Py_ssize_t D,
                                   Py_ssize_t B, Py_ssize_t d) noexcept nogil:
     """s, the sum of squares of x[:, d, :] formed in the math type, or, where
-    float32 squares left float32's range (common.pxd), exact_sumsq."""
+    float32 squares left float32's range (common.pxd), the sum again with
+    float64 squares (exact_dot of x with itself)."""
     if storage_t is double or A * B == 0 or float32_sum_of_squares_ok(s, A * B):
         return s
-    return exact_sumsq(x, A, D, B, d)
-
-
-cdef double exact_sumsq(const storage_t* x, Py_ssize_t A, Py_ssize_t D, Py_ssize_t B,
-                        Py_ssize_t d) noexcept nogil:
-    # the sum of squares of x[:, d, :] with every square formed in float64 (a
-    # slow serial pass, for rare slices)
-    cdef Py_ssize_t a, b
-    cdef double t, s = 0.0
-    for a in range(A):
-        for b in range(B):
-            t = load(x[(a * D + d) * B + b])
-            s += t * t
-    return s
+    return exact_dot(x, x, A, D, B, d)
 
 
 cdef int norms(int op, const storage_t* x, Py_ssize_t A, Py_ssize_t D, Py_ssize_t B, double p,
@@ -339,7 +327,8 @@ cdef inline void exact_backward_coefs(double s, const void* g, const void* norm,
 
 cdef double exact_dot(const storage_t* x, const storage_t* y, Py_ssize_t A, Py_ssize_t D,
                       Py_ssize_t B, Py_ssize_t d) noexcept nogil:
-    # the dot product of x[:, d, :] and y[:, d, :] with float64 products
+    # the dot product of x[:, d, :] and y[:, d, :] with float64 products (a
+    # slow serial pass, for rare slices; y = x: the sum of squares)
     cdef Py_ssize_t a, j, i
     cdef double s = 0.0
     for a in range(A):
@@ -474,7 +463,7 @@ cdef void forward_row_exactly(const storage_t* v, const void* g, storage_t* w, v
     # one fused row whose float32 squares or scale left float32's range
     cdef double s
     cdef bint exact
-    s, exact = forward_scale(w, exact_sumsq(v, 1, D, B, d), g, norm, d)
+    s, exact = forward_scale(w, exact_dot(v, v, 1, D, B, d), g, norm, d)
     exact_slice(w, v, <const storage_t*>NULL, 1, D, B, d, s, 0.0)
 
 
