@@ -30,6 +30,7 @@ Environment switches (all optional):
                        preloaded, as .ci/sanitize does (its comments give the
                        settings).
 """
+import glob
 import os
 import platform
 import shlex
@@ -64,6 +65,33 @@ class build_ext_always(build_ext):
         super().run()
 
 KERNELS = "cynorm/_kernels"
+
+# The storage types every kernel template is written for (Tempita, which
+# ships with Cython): (suffix, storage C type, math C type, NumPy name).
+# bfloat16 and float16 are stored as raw uint16 bits and computed in float32;
+# each type gets its own functions, named by suffix, at compile time.
+DTYPES = [
+    ("f32", "float", "float", "float32"),
+    ("f64", "double", "double", "float64"),
+    ("bf16", "uint16_t", "float", "bfloat16"),
+    ("f16", "uint16_t", "float", "float16"),
+]
+
+
+def render_templates():
+    """Write every cynorm/_kernels/<name>.tp to <name> (a .pyx or .pxd),
+    substituting DTYPES; a file already newer than its template (and than
+    this script) is left alone."""
+    from Cython import Tempita
+    for tp in sorted(glob.glob(os.path.join(KERNELS, "*.tp"))):
+        target = tp[:-3]
+        newest = max(os.path.getmtime(tp), os.path.getmtime(__file__))
+        if os.path.exists(target) and os.path.getmtime(target) >= newest:
+            continue
+        with open(tp, encoding="utf-8") as f:
+            text = Tempita.sub(f.read(), DTYPES=DTYPES)
+        with open(target, "w", encoding="utf-8") as f:
+            f.write(text)
 
 
 def compile_flags():
@@ -141,6 +169,7 @@ def dispatch_levels():
 
 
 def extensions():
+    render_templates()
     cflags, ldflags, openmp = compile_flags()
     common = dict(
         include_dirs=[np.get_include(), KERNELS],

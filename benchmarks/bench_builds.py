@@ -4,6 +4,9 @@ portable (dispatching) wheel build vs a -march=native build.
     python benchmarks/bench_builds.py                     # build both, compare
     python benchmarks/bench_builds.py --repeats 41 --dtypes bfloat16 --ops bn
     python benchmarks/bench_builds.py --dirs A B          # two existing `pip install --target` dirs
+    python benchmarks/bench_builds.py --packages A B --threads 1
+                                   # two whole installs, Python layers too: every case of
+                                   # bench_norms.py and bench_weight_norm.py
 
 Without --dirs it installs this checkout twice with `pip install --target`
 (no build isolation): CYNORM_MARCH=none (the wheels' build: baseline,
@@ -17,6 +20,13 @@ between processes, which swamps a 10 % target when the two builds run in
 separate processes.  DRAM-bound cases start every call with cold caches, as
 in bench_norms.py (--warm: without): otherwise B, run right after A on the
 same input, finds part of it in the L3.
+
+--packages compares two builds whose kernels differ in their interface (a
+kernel rewrite, say): the child imports all of A's cynorm, sets its modules
+aside, imports all of B's, and calls each package's own public functions
+(cynorm imports nothing at call time, so each function keeps its own
+package).  The cases are bench_norms.py's and bench_weight_norm.py's, every
+dtype given.
 """
 import argparse
 import glob
@@ -115,10 +125,103 @@ def child(args):
     json.dump(rows, sys.stdout)
 
 
+def import_package(path):
+    """All of the cynorm installed under `path`, as {module name: module},
+    imported without disturbing (and then without staying in) sys.modules."""
+    def ours(name):
+        return name == "cynorm" or name.startswith("cynorm.")
+    saved = {k: sys.modules.pop(k) for k in list(sys.modules) if ours(k)}
+    sys.path.insert(0, path)
+    try:
+        import cynorm
+        for sub in ("layernorm", "batchnorm", "weightnorm", "batchnorm_stats", "nested",
+                    "forward_ad", "distributed", "aten"):
+            importlib.import_module(f"cynorm.{sub}")
+        if not os.path.abspath(cynorm.__file__).startswith(os.path.abspath(path)):
+            raise RuntimeError(f"imported {cynorm.__file__}, not the package under {path}")
+        mods = {k: v for k, v in sys.modules.items() if ours(k)}
+    finally:
+        sys.path.remove(path)
+        for k in [k for k in sys.modules if ours(k)]:
+            del sys.modules[k]
+        sys.modules.update(saved)
+    return mods
+
+
+def weight_norm_cases(cn, dtype, rng):
+    """(label, size_bytes, callable) for bench_weight_norm.py's cases."""
+    import ml_dtypes
+    import numpy as np
+
+    import bench_weight_norm as bw
+    npdt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    out = []
+    for shape, dim in bw.CASES:
+        gshape = tuple(s if i == dim else 1 for i, s in enumerate(shape))
+        v = rng.standard_normal(shape).astype(npdt)
+        gw = rng.standard_normal(shape).astype(npdt)
+        g = (rng.random(gshape) + 0.5).astype(npdt)
+        _, norm = cn.weight_norm_interface(v, g, dim)
+        out.append((f"WN fwd {dtype} {shape} dim={dim}", v.nbytes,
+                    lambda v=v, g=g, dim=dim: cn.weight_norm_interface(v, g, dim)))
+        out.append((f"WN bwd {dtype} {shape} dim={dim}", v.nbytes,
+                    lambda gw=gw, v=v, g=g, norm=norm, dim=dim:
+                    cn.weight_norm_backward(gw, v, g, norm, dim)))
+    return out
+
+
+def norms_cases(cn, dtype, ops, rng, evict):
+    """(label, size_bytes, callable, before) for bench_norms.py's cases."""
+    import bench_norms as bn
+    out = []
+    for family, shape, layout in bn.CASES:
+        fops = [op for op in ops if op.startswith(family)]
+        if not fops:
+            continue
+        if family == "layer_norm":
+            case = bn.layer_norm_case(cn, shape, dtype, fops, rng, False, "float32", False)
+        else:
+            case = bn.batch_norm_case(cn, shape, layout, dtype, fops, rng, False, False)
+        for op in fops:
+            out.append((f"{LABEL[op]} {dtype} {shape} {layout}", case[op].size_bytes,
+                        case[op].fns["cynorm"], bn.cold_caches(evict, case[op])))
+    return out
+
+
+def packages_child(args):
+    import numpy as np
+
+    pkgs = {role: import_package(path) for role, path in zip(("A", "B"), args.packages)}
+    for role, mods in pkgs.items():
+        print(f"{role}: {os.path.dirname(mods['cynorm'].__file__)}", file=sys.stderr)
+        mods["cynorm"].set_num_threads(args.threads)
+    evict = None if args.warm else CacheEvictor(args.threads)
+    rows = []
+    for dtype in args.dtypes:
+        # the same inputs for both: each package's cases from the same seed
+        cases = {}
+        for role, mods in pkgs.items():
+            cn = mods["cynorm"]
+            cases[role] = ([c + (None,) for c in weight_norm_cases(cn, dtype, np.random.default_rng(0))]
+                           + norms_cases(cn, dtype, args.ops, np.random.default_rng(1), evict))
+        for ca, cb in zip(cases["A"], cases["B"]):
+            label, nbytes, fa, before = ca
+            fns = {"A": fa, "B": cb[2]}
+            small = nbytes < (8 << 20)
+            samples = time_interleaved(fns, args.repeats * (4 if small else 1), before=before)
+            rows.append({"case": label, "ms": {w: median_ms(s) for w, s in samples.items()},
+                         "ratios": [a / b for a, b in zip(samples["A"], samples["B"])]})
+            print(f"  {label:52s} A/B {rows[-1]['ms']['A'] / rows[-1]['ms']['B']:.3f}",
+                  file=sys.stderr, flush=True)
+    json.dump(rows, sys.stdout)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dirs", nargs=2, metavar=("A", "B"), help="two install dirs to compare (A/B)")
+    p.add_argument("--packages", nargs=2, metavar=("A", "B"),
+                   help="two install dirs whose whole packages (Python layer too) are compared")
     p.add_argument("--repeats", type=int, default=25, help="interleaved calls per case (default 25, "
                    "x4 for inputs under 8 MiB)")
     p.add_argument("--threads", type=int, default=2)
@@ -133,9 +236,13 @@ def main():
     import bench_norms
     args.ops = bench_norms.parse_ops(args.ops)
     args.dtypes = args.dtypes.split(",")
+    if args.child and args.packages:
+        return packages_child(args)
     if args.child:
         args.other_files = json.loads(args.other_files)
         return child(args)
+    if args.packages:
+        return packages_main(args)
 
     if args.dirs:
         dirs = dict(zip(("A", "B"), args.dirs))
@@ -161,18 +268,38 @@ def main():
     print(f"\n{args.threads} threads, fault-free allocation; median of {args.repeats} interleaved calls "
           "(x4 for inputs under 8 MiB) in one process" + ("" if args.warm else "; DRAM-bound cases "
           "with cold caches") + "\n")
-    print("| case | A ms | B ms | A/B | A/B, quartiles of per-call pairs |")
-    print("|---|---|---|---|---|")
-    ratios = []
-    for r in rows:
-        a, b = r["ms"]["A"], r["ms"]["B"]
-        q = statistics.quantiles(r["ratios"], n=4)
-        ratios.append(a / b)
-        print(f"| {LABEL[r['op']]} {r['dtype']} {tuple(r['shape'])} {r['layout']} | {a:.3f} | {b:.3f} | "
-              f"{a / b:.2f} | {q[0]:.2f}–{q[2]:.2f} |")
+    ratios = ratio_table([(f"{LABEL[r['op']]} {r['dtype']} {tuple(r['shape'])} {r['layout']}", r)
+                          for r in rows])
     within = sum(x <= 1 + args.tolerance for x in ratios)
     print(f"\nA within {100 * args.tolerance:.0f} % of B in {within} of {len(ratios)} cases; "
           f"median A/B {statistics.median(ratios):.3f}, worst {max(ratios):.2f}")
+
+
+def ratio_table(labelled):
+    """Print the markdown table of (label, row) pairs; return the A/B ratios."""
+    print("| case | A ms | B ms | A/B | A/B, quartiles of per-call pairs |")
+    print("|---|---|---|---|---|")
+    ratios = []
+    for label, r in labelled:
+        a, b = r["ms"]["A"], r["ms"]["B"]
+        q = statistics.quantiles(r["ratios"], n=4)
+        ratios.append(a / b)
+        print(f"| {label} | {a:.3f} | {b:.3f} | {a / b:.2f} | {q[0]:.2f}–{q[2]:.2f} |")
+    return ratios
+
+
+def packages_main(args):
+    rows = run_child(__file__, "faultfree",
+                     ["--packages", *args.packages, "--repeats", str(args.repeats),
+                      "--threads", str(args.threads), "--dtypes", ",".join(args.dtypes),
+                      "--ops", ",".join(args.ops)] + ["--warm"] * args.warm,
+                     capture_stderr=False)
+    print(f"\nA: {args.packages[0]}\nB: {args.packages[1]}\n{args.threads} threads, fault-free "
+          f"allocation; median of {args.repeats} interleaved calls (x4 for inputs under 8 MiB) in "
+          "one process" + ("" if args.warm else "; DRAM-bound cases with cold caches") + "\n")
+    ratios = ratio_table([(r["case"], r) for r in rows])
+    print(f"\nmedian A/B {statistics.median(ratios):.3f}, best {min(ratios):.2f}, "
+          f"worst {max(ratios):.2f} ({len(ratios)} cases)")
 
 
 if __name__ == "__main__":

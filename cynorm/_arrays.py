@@ -53,6 +53,17 @@ def layout(arrays, outs):
     return [c_aligned(a) for a in arrays], False
 
 
+_UINT16 = np.dtype(np.uint16)
+
+
+def kernel_flat(a):
+    """a C-contiguous array as the 1-D array a kernel's typed memoryview
+    takes: 16-bit floats as their uint16 bits.  (A view: the callers'
+    layout() made every kernel array C-contiguous, so reshape never copies.)"""
+    flat = a.reshape(-1)
+    return flat.view(_UINT16) if flat.itemsize == 2 else flat
+
+
 def c_aligned(a):
     """a itself if C-contiguous and aligned (the kernels cast its data to
     typed pointers), else a C-contiguous aligned copy."""

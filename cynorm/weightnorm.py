@@ -36,7 +36,7 @@ import numpy as np
 from cynorm import _dtypes
 from cynorm._arrays import (
     big_out as _big_out, check_big_out as _check_big_out, check_distinct as _check_distinct,
-    kernel_dims as _kernel_dims,
+    kernel_dims as _kernel_dims, kernel_flat as _flat,
     layout as _layout, small_out as _small_out, streaming_threshold, unalias as _unalias,
 )
 from cynorm import _kernels
@@ -51,6 +51,17 @@ __all__ = ["norm_except_dim", "weight_norm", "weight_norm_interface", "weight_no
 
 
 _k.set_stream_min_bytes(streaming_threshold())
+
+
+# (kernel name, storage suffix) -> that storage type's entry point
+_KERNELS = {(name, p.suffix): getattr(_k, f"{name}_{p.suffix}")
+            for name in ("norm_except_dim", "weight_norm_forward", "weight_norm_backward")
+            for p in _dtypes.POLICY.values()}
+
+
+def _kernel(name, policy):
+    """The kernel `name` for policy's storage type (weight_norm_forward_bf16 ...)."""
+    return _KERNELS[name, policy.suffix]
 
 
 def _prepare_g(g, v, dim, policy, name="g"):
@@ -102,7 +113,7 @@ def norm_except_dim(v, pow=2, dim=0, *, out=None):
     (kv,), transposed = _layout([v], ())
     A, D, B = _kernel_dims(v.shape, dim, transposed)
     norms = np.empty(D, np.float64)
-    _k.norm_except_dim(kv, norms, kind, p, A, D, B, policy.code, _threads())
+    _kernel("norm_except_dim", policy)(_flat(kv), norms, kind, p, A, D, B, _threads())
     with np.errstate(over="ignore"):      # a float16 norm above 65504 is inf, as in torch
         if _dtypes.is_16bit(v.dtype):
             norms = norms.astype(np.float32)  # float64 -> float32 -> 16 bits, as ml_dtypes rounds
@@ -125,7 +136,8 @@ def _forward(v, g, dim, w_out, w_name, norm_out):
     (kv,), transposed = _layout([v], (w_out,))
     A, D, B = _kernel_dims(v.shape, dim, transposed)
     kw, w = _big_out(w_out, v.shape, v.dtype, transposed)
-    _k.weight_norm_forward(kv, g_vec, kw, knorm, A, D, B, policy.code, _threads())
+    _kernel("weight_norm_forward", policy)(_flat(kv), _flat(g_vec), _flat(kw), _flat(knorm), A, D, B,
+                                           _threads())
     return w, norm
 
 
@@ -201,7 +213,8 @@ def weight_norm_backward(grad_w, saved_v, saved_g, saved_norm, dim=0, *, out=Non
     kgv, grad_v = _big_out(gv_out, v.shape, v.dtype, transposed)
     if g.dtype != policy.stat:
         kgg = np.empty(D, policy.stat)     # 16-bit g: the kernel writes float32
-    _k.weight_norm_backward(kgw, kv, g_vec, norm_vec, kgv, kgg, A, D, B, policy.code, _threads())
+    _kernel("weight_norm_backward", policy)(_flat(kgw), _flat(kv), _flat(g_vec), _flat(norm_vec),
+                                            _flat(kgv), _flat(kgg), A, D, B, _threads())
     if kgg is not grad_g:
         grad_g[...] = kgg.reshape(g.shape)  # rounds to nearest even, as ml_dtypes casts
     return grad_v, grad_g
