@@ -104,6 +104,10 @@ def compile_flags():
     # -ffp-contract=off: no FMA contraction, so every build computes the same
     # expression and results do not change with the target's instruction set.
     cflags = ["-O3", "-ffp-contract=off", "-fno-math-errno"]
+    # the loop templates are shared by several modules (elementwise.pxi.tp,
+    # stats_loops.pxi.tp): each compiles every loop, and drops those it does
+    # not call
+    cflags.append("-Wno-unused-function")
     native_ok = sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64")
     march = os.environ.get("CYNORM_MARCH", "native" if native_ok else "none")
     if march and march != "none":

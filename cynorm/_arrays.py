@@ -59,7 +59,10 @@ _UINT16 = np.dtype(np.uint16)
 def kernel_flat(a):
     """a C-contiguous array as the 1-D array a kernel's typed memoryview
     takes: 16-bit floats as their uint16 bits.  (A view: the callers'
-    layout() made every kernel array C-contiguous, so reshape never copies.)"""
+    layout() made every kernel array C-contiguous, so reshape never copies.)
+    None (an absent optional array) stays None."""
+    if a is None:
+        return None
     flat = a.reshape(-1)
     return flat.view(_UINT16) if flat.itemsize == 2 else flat
 

@@ -32,8 +32,8 @@ import math
 import numpy as np
 
 from cynorm._arrays import (
-    big_out, check_big_out, check_distinct, kernel_dims, layout, small_out, streaming_threshold,
-    unalias,
+    big_out, check_big_out, check_distinct, kernel_dims, kernel_flat as _flat, layout, small_out,
+    streaming_threshold, unalias,
 )
 from cynorm._dtypes import from_float64
 from cynorm import _kernels
@@ -48,6 +48,15 @@ from cynorm._validation import (
 __all__ = ["batch_norm", "batch_norm_backward"]
 
 _k.set_stream_min_bytes(streaming_threshold())
+
+# (kernel name, storage suffix) -> that storage type's entry point
+_KERNELS = _kernels.entries(_k, ("training_forward", "training_backward", "channel_moments",
+                                 "channel_grad_sums", "channel_normalize", "channel_grad_input"))
+
+
+def _kernel(name, policy):
+    """The kernel `name` for policy's storage type (channel_moments_bf16 ...)."""
+    return _KERNELS[name, policy.suffix]
 
 
 # ---- shared by batch_norm* here and the split-statistics ops -------------
@@ -104,7 +113,7 @@ def moments(kx, dims, policy, eps):
         nan = np.full(C, np.nan)
         return nan, nan.copy()
     mean, var = np.empty(C), np.empty(C)
-    _k.channel_moments(kx, mean, var, A, C, B, eps, policy.code, _threads())
+    _kernel("channel_moments", policy)(_flat(kx), mean, var, A, C, B, eps, _threads())
     return mean, var
 
 
@@ -112,24 +121,25 @@ def grad_sums(kdy, kx, mean, dims, policy):
     """Per-channel (sum dy, sum dy * (x - mean)) in float64; mean is float64."""
     A, C, B = dims
     s1, s2 = np.empty(C), np.empty(C)
-    _k.channel_grad_sums(kdy, kx, as_math(mean, policy), s1, s2, A, C, B, policy.code,
-                         _threads())
+    _kernel("channel_grad_sums", policy)(_flat(kdy), _flat(kx), as_math(mean, policy), s1, s2,
+                                         A, C, B, _threads())
     return s1, s2
 
 
 def normalize_into(kx, ky, m, s, t, dims, policy):
     """ky = (kx - m) * s + t per channel (float64 coefficients, rounded once)."""
     A, C, B = dims
-    _k.channel_normalize(kx, ky, as_math(m, policy), as_math(s, policy), as_math(t, policy),
-                         A, C, B, policy.code, _threads())
+    _kernel("channel_normalize", policy)(_flat(kx), _flat(ky), as_math(m, policy),
+                                         as_math(s, policy), as_math(t, policy), A, C, B,
+                                         _threads())
 
 
 def grad_input_into(kdy, kx, kgx, p, m, q, a, dims, policy):
     """kgx = (kdy - p - (kx - m) * q) * a per channel."""
     A, C, B = dims
-    _k.channel_grad_input(kdy, kx, kgx, as_math(p, policy), as_math(m, policy),
-                          as_math(q, policy), as_math(a, policy), A, C, B, policy.code,
-                          _threads())
+    _kernel("channel_grad_input", policy)(_flat(kdy), _flat(kx), _flat(kgx), as_math(p, policy),
+                                          as_math(m, policy), as_math(q, policy),
+                                          as_math(a, policy), A, C, B, _threads())
 
 
 def invstd_of(var, eps):
@@ -147,7 +157,7 @@ def affine(inv, weight, bias, C):
 
 def math_vector(a, policy):
     """A per-channel parameter as a contiguous math-type vector, or None."""
-    return None if a is None else np.ascontiguousarray(a, dtype=policy.math)
+    return None if a is None else np.ascontiguousarray(a, dtype=policy.math).reshape(-1)
 
 
 def update_running(rm, rv, mean, var, n, momentum):
@@ -238,11 +248,12 @@ def batch_norm(x, weight=None, bias=None, running_mean=None, running_var=None, t
     (kx,), transposed, dims = prepare([x], axis, (y_out,))
     ky, y = big_out(y_out, x.shape, x.dtype, transposed)
     A, _, B = dims
-    if training and n > 0 and _k.fused_training(A, C, B, policy.code):
+    if training and n > 0 and _k.fused_training(A, C, B, x.dtype.itemsize):
         # one pass per channel: statistics, then y while the channel is in cache
         mean, var = np.empty(C), np.empty(C)
-        _k.training_forward(kx, ky, math_vector(weight, policy), math_vector(bias, policy),
-                            kmean, kinv, mean, var, A, C, B, eps, policy.code, _threads())
+        _kernel("training_forward", policy)(_flat(kx), _flat(ky), math_vector(weight, policy),
+                                            math_vector(bias, policy), _flat(kmean),
+                                            _flat(kinv), mean, var, A, C, B, eps, _threads())
         update_running(rm, rv, mean, var, n, momentum)
         return y, save_mean, save_invstd
     if training:
@@ -309,16 +320,17 @@ def backward(grad_out, x, weight, running_mean, running_var, save_mean, save_inv
     need_sums = mask[1] or mask[2] or (training and mask[0])
     A, _, B = dims
     grad_x = None
-    fused = training and n > 0 and _k.fused_training(A, C, B, policy.code)
+    fused = training and n > 0 and _k.fused_training(A, C, B, x.dtype.itemsize)
     if fused:
         # one pass per channel: the sums, then grad_x while the channel is in cache
         sum_dy, dotp = np.empty(C), np.empty(C)
         kgx = None
         if mask[0]:
             kgx, grad_x = big_out(None, x.shape, x.dtype, transposed)
-        _k.training_backward(kdy, kx, kgx, math_vector(weight, policy),
-                             mean.astype(policy.math), inv.astype(policy.math), sum_dy, dotp,
-                             A, C, B, policy.code, _threads())
+        _kernel("training_backward", policy)(_flat(kdy), _flat(kx), _flat(kgx),
+                                             math_vector(weight, policy),
+                                             mean.astype(policy.math), inv.astype(policy.math),
+                                             sum_dy, dotp, A, C, B, _threads())
     elif need_sums and n > 0:
         sum_dy, dotp = grad_sums(kdy, kx, mean, dims, policy)
     else:

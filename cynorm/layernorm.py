@@ -28,9 +28,9 @@ import operator
 
 import numpy as np
 
-from cynorm._dtypes import from_float64
+from cynorm._dtypes import POLICY, from_float64
 from cynorm._arrays import (
-    c_aligned, check_distinct, small_out, streaming_threshold, unalias,
+    c_aligned, check_distinct, kernel_flat as _flat, small_out, streaming_threshold, unalias,
 )
 from cynorm import _kernels
 _k = _kernels.load("layer_norm")  # the SIMD level chosen at import
@@ -43,6 +43,15 @@ from cynorm._validation import (
 __all__ = ["layer_norm", "layer_norm_backward"]
 
 _k.set_stream_min_bytes(streaming_threshold())
+
+# (kernel name, storage suffix) -> that storage type's entry point
+_KERNELS = _kernels.entries(_k, ("layer_norm_forward", "layer_norm_backward",
+                                 "layer_norm_backward_jvp"))
+
+
+def _kernel(name, policy):
+    """The kernel `name` for policy's storage type (layer_norm_forward_bf16 ...)."""
+    return _KERNELS[name, policy.suffix]
 
 
 def _normalized_shape(normalized_shape, x):
@@ -145,8 +154,8 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, *, out=Non
         kmean[...] = 0.0
         krstd[...] = np.nan
     elif M:
-        _k.layer_norm_forward(kx, wvec, bvec, y, kmean, krstd, M, N, eps, policy.code,
-                              _threads())
+        _kernel("layer_norm_forward", policy)(_flat(kx), wvec, bvec, _flat(y), _flat(kmean),
+                                              _flat(krstd), M, N, eps, _threads())
     return y, mean, rstd
 
 
@@ -188,8 +197,8 @@ def layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight=None, 
     gw = np.zeros(N, np.float64) if mask[1] else None
     gb = np.zeros(N, np.float64) if mask[2] else None
     if M and N and any(mask):
-        _k.layer_norm_backward(kdy, kx, mvec, rvec, wvec, gx, gw, gb, M, N, policy.code,
-                               _threads())
+        _kernel("layer_norm_backward", policy)(_flat(kdy), _flat(kx), mvec, rvec, wvec,
+                                               _flat(gx), gw, gb, M, N, _threads())
     grad_weight = grad_bias = None
     with np.errstate(over="ignore"):      # float16 sums above 65504 become inf, as in torch
         if gw is not None:
@@ -200,3 +209,15 @@ def layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight=None, 
             grad_bias = from_float64(gb, dt).reshape(ns)
     return gx, grad_weight, grad_bias
 
+
+
+def backward_jvp_kernel(dy, x, rstd, w, t_dy, t_x, t_w, t_gx, t_gw, t_gb, M, N):
+    """The fused kernel of layer_norm_backward's JVP (forward_ad's rule):
+    writes the tangents t_gx (x's dtype), t_gw and t_gb (float64, length N),
+    each skipped when None.  Every array is C-contiguous float32 or float64,
+    of x's dtype: dy, x, t_dy, t_x and t_gx M * N elements, rstd M, w and
+    t_w N; optional ones may be None."""
+    policy = POLICY[x.dtype]
+    _kernel("layer_norm_backward_jvp", policy)(
+        _flat(dy), _flat(x), _flat(rstd), _flat(w), _flat(t_dy), _flat(t_x), _flat(t_w),
+        _flat(t_gx), t_gw, t_gb, M, N, _threads())

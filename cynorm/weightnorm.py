@@ -54,9 +54,8 @@ _k.set_stream_min_bytes(streaming_threshold())
 
 
 # (kernel name, storage suffix) -> that storage type's entry point
-_KERNELS = {(name, p.suffix): getattr(_k, f"{name}_{p.suffix}")
-            for name in ("norm_except_dim", "weight_norm_forward", "weight_norm_backward")
-            for p in _dtypes.POLICY.values()}
+_KERNELS = _kernels.entries(_k, ("norm_except_dim", "weight_norm_forward",
+                                 "weight_norm_backward"))
 
 
 def _kernel(name, policy):

@@ -61,3 +61,14 @@ def load(name):
     """The kernel module `name` (weight_norm, layer_norm, batch_norm, segments, or the
     tests' _convert) at SIMD_LEVEL."""
     return importlib.import_module(f"cynorm._kernels.{name}{LEVELS[SIMD_LEVEL][0]}")
+
+
+def entries(module, names):
+    """{(name, storage suffix): module's entry point name_suffix} for each of
+    names: the kernel templates render one entry per storage type
+    (weight_norm_forward_bf16 ...), and the Python layer picks one by the
+    policy's suffix."""
+    from cynorm import _dtypes
+    return {(name, p.suffix): getattr(module, f"{name}_{p.suffix}")
+            for name in names for p in _dtypes.POLICY.values()
+            if hasattr(module, f"{name}_{p.suffix}")}

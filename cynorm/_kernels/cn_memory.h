@@ -61,6 +61,18 @@ static inline void cn_stream_block(void *dst, const void *src) {
 static inline void cn_stream_fence(void) {}
 #endif
 
+/* The 32-bit word holding the two 16-bit values p[0] and p[1] (p only
+ * 2-byte aligned: a bfloat16 row starts at any element).  GCC and clang are
+ * told the alignment and that the word aliases the uint16 data; other
+ * compilers copy it out. */
+#if defined(__GNUC__) || defined(__clang__)
+typedef uint32_t cn_u32_a2 __attribute__((aligned(2), may_alias));
+static inline uint32_t cn_load_pair(const uint16_t *p) { return *(const cn_u32_a2 *)p; }
+#else
+#include <string.h>
+static inline uint32_t cn_load_pair(const uint16_t *p) { uint32_t w; memcpy(&w, p, 4); return w; }
+#endif
+
 /* whether p is 64-byte aligned (where a streamed block may start) */
 static inline int cn_aligned64(const void *p) { return ((uintptr_t)p & 63u) == 0; }
 

@@ -44,6 +44,15 @@ static inline uint16_t cn_f32_to_bf16_bits(float f) {
 
 static inline float cn_bf16_to_f32(cn_bf16 h) { return cn_bf16_bits_to_f32(h.bits); }
 static inline cn_bf16 cn_f32_to_bf16(float f) { cn_bf16 r; r.bits = cn_f32_to_bf16_bits(f); return r; }
+/* The first (lower address) and second bfloat16 of a 32-bit word loaded
+ * from a pair (cn_load_pair), as float32: one mask or one shift. */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+static inline float cn_bf16_first(uint32_t w) { return cn_bits_f32(w & 0xffff0000u); }
+static inline float cn_bf16_second(uint32_t w) { return cn_bits_f32(w << 16); }
+#else
+static inline float cn_bf16_first(uint32_t w) { return cn_bits_f32(w << 16); }
+static inline float cn_bf16_second(uint32_t w) { return cn_bits_f32(w & 0xffff0000u); }
+#endif
 
 /* ---- float16 (IEEE binary16) ------------------------------------------- */
 /* Integer and float32 operations only, every case chosen by selects rather

@@ -1,11 +1,7 @@
-/* Row kernels of the segmented ops (segments.pyx): softmax of one row and
- * the sum of one row, written so that GCC vectorizes them without
- * -ffast-math:
- *   - float32 exp is cn_expf below (no libm call, so the loop vectorizes;
- *     setup.py compiles this module with -fno-trapping-math, without which
- *     GCC keeps cn_expf's selects as branches);
- *   - maxima and sums go into CN_SEG_LANES fixed lanes merged in a fixed
- *     order, so the result does not depend on the vector width.
+/* float32 exp for the segmented softmax (segments.pyx.tp): no libm call,
+ * so the loop that calls it vectorizes (setup.py compiles that module with
+ * -fno-trapping-math, without which GCC keeps cn_expf's selects as
+ * branches).
  */
 #ifndef CN_SEGMENTS_H
 #define CN_SEGMENTS_H
@@ -14,8 +10,6 @@
 #include <stdint.h>
 #include <string.h>
 #include <stddef.h>
-
-#define CN_SEG_LANES 16
 
 /* exp(x) for float32 to about 1 ulp: x = n ln2 + r (Cody-Waite split of ln2),
  * a degree-7 polynomial for exp(r) on |r| <= ln2/2 (Cephes' coefficients),
@@ -48,87 +42,6 @@ static inline float cn_expf(float x) {
     e = !(x >= -87.3f) ? 0.0f : e;
     e = x > 88.7f ? INFINITY : e;
     return x != x ? x : e;
-}
-
-/* max over a row, NaN-propagating (a NaN anywhere gives NaN) */
-#define CN_SEG_ROW_MAX(T, NAME)                                                  \
-static inline T NAME(const T* x, ptrdiff_t n) {                                  \
-    T lane[CN_SEG_LANES];                                                        \
-    int nan = 0;                                                                 \
-    for (int k = 0; k < CN_SEG_LANES; k++) lane[k] = -INFINITY;                   \
-    ptrdiff_t j = 0;                                                             \
-    for (; j + CN_SEG_LANES <= n; j += CN_SEG_LANES)                             \
-        for (int k = 0; k < CN_SEG_LANES; k++) {                                 \
-            T v = x[j + k];                                                      \
-            lane[k] = v > lane[k] ? v : lane[k];                                 \
-            nan |= v != v;                                                       \
-        }                                                                        \
-    T top = -INFINITY;                                                           \
-    for (int k = 0; k < CN_SEG_LANES; k++) top = lane[k] > top ? lane[k] : top;  \
-    for (; j < n; j++) { top = x[j] > top ? x[j] : top; nan |= x[j] != x[j]; }   \
-    return nan ? (T)NAN : top;                                                   \
-}
-
-/* float64 sum of a row in fixed lanes */
-#define CN_SEG_ROW_SUM(T, NAME)                                                  \
-static inline double NAME(const T* x, ptrdiff_t n) {                             \
-    double lane[CN_SEG_LANES];                                                   \
-    for (int k = 0; k < CN_SEG_LANES; k++) lane[k] = 0.0;                        \
-    ptrdiff_t j = 0;                                                             \
-    for (; j + CN_SEG_LANES <= n; j += CN_SEG_LANES)                             \
-        for (int k = 0; k < CN_SEG_LANES; k++) lane[k] += (double)x[j + k];      \
-    double s = 0.0;                                                              \
-    for (int k = 0; k < CN_SEG_LANES; k++) s += lane[k];                         \
-    for (; j < n; j++) s += (double)x[j];                                        \
-    return s;                                                                    \
-}
-
-/* float64 sum of products of two rows in fixed lanes */
-#define CN_SEG_ROW_DOT(T, NAME)                                                  \
-static inline double NAME(const T* x, const T* y, ptrdiff_t n) {                 \
-    double lane[CN_SEG_LANES];                                                   \
-    for (int k = 0; k < CN_SEG_LANES; k++) lane[k] = 0.0;                        \
-    ptrdiff_t j = 0;                                                             \
-    for (; j + CN_SEG_LANES <= n; j += CN_SEG_LANES)                             \
-        for (int k = 0; k < CN_SEG_LANES; k++)                                   \
-            lane[k] += (double)x[j + k] * (double)y[j + k];                      \
-    double s = 0.0;                                                              \
-    for (int k = 0; k < CN_SEG_LANES; k++) s += lane[k];                         \
-    for (; j < n; j++) s += (double)x[j] * (double)y[j];                         \
-    return s;                                                                    \
-}
-
-CN_SEG_ROW_MAX(float, cn_seg_max_f32)
-CN_SEG_ROW_MAX(double, cn_seg_max_f64)
-CN_SEG_ROW_SUM(float, cn_seg_sum_f32)
-CN_SEG_ROW_SUM(double, cn_seg_sum_f64)
-CN_SEG_ROW_DOT(float, cn_seg_dot_f32)
-CN_SEG_ROW_DOT(double, cn_seg_dot_f64)
-
-static inline void cn_seg_softmax_f32(const float* x, float* y, ptrdiff_t n) {
-    float top = cn_seg_max_f32(x, n);
-    for (ptrdiff_t j = 0; j < n; j++) y[j] = cn_expf(x[j] - top);
-    float inv = (float)(1.0 / cn_seg_sum_f32(y, n));
-    for (ptrdiff_t j = 0; j < n; j++) y[j] *= inv;
-}
-
-static inline void cn_seg_softmax_f64(const double* x, double* y, ptrdiff_t n) {
-    double top = cn_seg_max_f64(x, n);
-    for (ptrdiff_t j = 0; j < n; j++) y[j] = exp(x[j] - top);
-    double inv = 1.0 / cn_seg_sum_f64(y, n);
-    for (ptrdiff_t j = 0; j < n; j++) y[j] *= inv;
-}
-
-static inline void cn_seg_softmax_backward_f32(const float* g, const float* y, float* out,
-                                               ptrdiff_t n) {
-    float s = (float)cn_seg_dot_f32(g, y, n);
-    for (ptrdiff_t j = 0; j < n; j++) out[j] = y[j] * (g[j] - s);
-}
-
-static inline void cn_seg_softmax_backward_f64(const double* g, const double* y, double* out,
-                                               ptrdiff_t n) {
-    double s = cn_seg_dot_f64(g, y, n);
-    for (ptrdiff_t j = 0; j < n; j++) out[j] = y[j] * (g[j] - s);
 }
 
 #endif /* CN_SEGMENTS_H */

@@ -20,7 +20,6 @@ from cynorm import layernorm as _ln
 from cynorm import weightnorm as _wn
 from cynorm.forward_ad import register_jvp
 from cynorm.forward_ad._common import bind, cast_like, m, math_dtype, zeros_like
-from cynorm._kernels._runtime import get_num_threads
 from cynorm._validation import check_bool, check_updatable, normalize_dim
 
 
@@ -96,9 +95,8 @@ def _layer_norm_backward_tangents(dy, x, rstd, w, t_dy, t_x, t_w, mask, M, N, dt
     t_gx = np.empty(np.shape(x), dt) if mask[0] else None     # x's shape: no reshape (copy) later
     t_gw = np.zeros(N) if mask[1] else None
     t_gb = np.zeros(N) if mask[2] else None
-    _ln._k.layer_norm_backward_jvp(c(dy, (M, N)), c(x, (M, N)), c(rstd, (M,)), c(w, (N,)),
-                                   c(t_dy, (M, N)), c(t_x, (M, N)), c(t_w, (N,)), t_gx, t_gw, t_gb,
-                                   M, N, get_num_threads())
+    _ln.backward_jvp_kernel(c(dy, (M, N)), c(x, (M, N)), c(rstd, (M,)), c(w, (N,)),
+                            c(t_dy, (M, N)), c(t_x, (M, N)), c(t_w, (N,)), t_gx, t_gw, t_gb, M, N)
     return t_gx, t_gw, t_gb
 
 

@@ -21,6 +21,11 @@ from cynorm.nested.container import NestedArray, nested_array
 _seg = _kernels.load("segments")  # the SIMD level chosen at import
 
 
+def _kernel(name, buffer):
+    """The segmented kernel `name` for a float32 or float64 buffer."""
+    return getattr(_seg, f"{name}_{'f64' if buffer.dtype == np.float64 else 'f32'}")
+
+
 def softmax(x, dim):
     """exp(x) / sum(exp(x)) along nested dim `dim` (>= 1) of every component."""
     check_nested(x, "x")
@@ -29,7 +34,7 @@ def softmax(x, dim):
         starts, lengths = row_lengths(x)
         xb = math_buffer(x)
         y = np.empty_like(xb)
-        _seg.softmax(xb, y, starts, lengths, get_num_threads())
+        _kernel("softmax", xb)(xb, y, starts, lengths, get_num_threads())
         return x.like(stored(y, x.dtype))
 
     def one(c):
@@ -55,7 +60,7 @@ def softmax_backward(grad, output, dim):
         starts, lengths = row_lengths(output)
         g, y = math_buffer(grad), math_buffer(output)
         out = np.empty_like(y)
-        _seg.softmax_backward(g, y, out, starts, lengths, get_num_threads())
+        _kernel("softmax_backward", y)(g, y, out, starts, lengths, get_num_threads())
         return output.like(stored(out, output.dtype))
     parts = []
     for g, y in zip(grad.unbind(), output.unbind()):   # another dim: per component
@@ -86,7 +91,8 @@ def sum(x, dims, keepdim=False):
     if cd == (x.ndim - 2,) and not np.any(x.sizes[:, -1] == 0):
         starts, lengths = row_lengths(x)
         sums = np.empty(lengths.size)
-        _seg.row_sums(math_buffer(x), sums, starts, lengths, get_num_threads())
+        xb = math_buffer(x)
+        _kernel("row_sums", xb)(xb, sums, starts, lengths, get_num_threads())
         sizes = np.array(x.sizes, copy=True)
         sizes[:, -1] = 1
         return NestedArray(stored(sums, x.dtype), sizes if keepdim else sizes[:, :-1])

@@ -188,7 +188,7 @@ class EB:
 
     def ksum(self, axis, keepdims, pm, wide=False):
         """A kernel reduction: terms formed in the math type pm and added a
-        few at a time in it before each float64 accumulation (cn_stats.h):
+        few at a time in it before each float64 accumulation (stats_loops.pxi.tp):
         (4 u_m + n u_64) * sum|terms|."""
         with np.errstate(all="ignore"):
             v = np.sum(self.v, axis=axis, keepdims=keepdims)
@@ -399,7 +399,7 @@ def f64_range_ok(sq, axis_n, dtype):
 
 def moments(X, axis, dtype):
     """(mean, biased var) of X (EB, exact data) along axis, keepdims, as
-    cynorm computes them (cn_stats.h): float64 sums of x - k and (x - k)^2
+    cynorm computes them (stats_loops.pxi.tp): float64 sums of x - k and (x - k)^2
     for a shift k sampled from the group, the differences and squares formed
     in the math type and added a few at a time in it.  Error: a few u_m of
     the group's range (range^2 for the variance), plus n u_64."""
