@@ -64,6 +64,31 @@ class build_ext_always(build_ext):
                     os.remove(stale)
         super().run()
 
+    def build_extensions(self):
+        # A loop function called from one place (a prange body) is otherwise
+        # inlined into the OpenMP outlined function, where it runs slower
+        # (channels-last batch-norm eval 1.3x); GCC has the flag, clang
+        # (which does not inline this way) rejects it, MSVC has neither.
+        flag = "-fno-inline-functions-called-once"
+        if self.compiler.compiler_type == "unix" and self._accepts(flag):
+            for ext in self.extensions:
+                ext.extra_compile_args = list(ext.extra_compile_args) + [flag]
+        super().build_extensions()
+
+    def _accepts(self, flag):
+        """Whether the C compiler takes `flag` without a warning."""
+        import tempfile
+        from setuptools.errors import CompileError
+        with tempfile.TemporaryDirectory() as tmp:
+            src = os.path.join(tmp, "flag.c")
+            with open(src, "w") as f:
+                f.write("int main(void) { return 0; }\n")
+            try:
+                self.compiler.compile([src], output_dir=tmp, extra_postargs=[flag, "-Werror"])
+            except CompileError:
+                return False
+        return True
+
 KERNELS = "cynorm/_kernels"
 
 # The storage types every kernel template is written for (Tempita, which

@@ -5,7 +5,9 @@ import numpy as np
 
 from cynorm._kernels import activations as _act
 from cynorm._kernels._runtime import get_num_threads
-from cynorm.nested._common import check_nested, check_same_structure, math_buffer, stored
+from cynorm.nested._common import (
+    check_nested, check_same_structure, float_kernel, math_buffer, stored,
+)
 from cynorm._validation import check_real
 
 APPROXIMATE = ("none", "tanh")
@@ -23,7 +25,7 @@ GELU, SILU = 0, 1      # the kernels' activation codes
 def _forward_kernel(x, kind, approx_tanh=False):
     xb = math_buffer(x)
     out = np.empty_like(xb)
-    _act.forward(kind, xb, out, approx_tanh, get_num_threads())
+    float_kernel(_act, "forward", xb)(kind, xb, out, approx_tanh, get_num_threads())
     return x.like(stored(out, x.dtype))
 
 
@@ -31,7 +33,7 @@ def _backward_kernel(grad, x, kind, approx_tanh=False):
     check_same_structure(grad, "grad", x, "self")
     gb, xb = math_buffer(grad), math_buffer(x)
     out = np.empty_like(xb)
-    _act.backward(kind, gb, xb, out, approx_tanh, get_num_threads())
+    float_kernel(_act, "backward", xb)(kind, gb, xb, out, approx_tanh, get_num_threads())
     return x.like(stored(out, x.dtype))
 
 

@@ -13,17 +13,13 @@ import numpy as np
 from cynorm import _kernels
 from cynorm._kernels._runtime import get_num_threads
 from cynorm.nested._common import (
-    check_nested, check_same_structure, component_dim, math_buffer, row_lengths, stored,
+    check_nested, check_same_structure, component_dim, float_kernel, math_buffer, row_lengths,
+    stored,
 )
 from cynorm._validation import as_array, check_bool, check_index, check_int
 from cynorm.nested.container import NestedArray, nested_array
 
 _seg = _kernels.load("segments")  # the SIMD level chosen at import
-
-
-def _kernel(name, buffer):
-    """The segmented kernel `name` for a float32 or float64 buffer."""
-    return getattr(_seg, f"{name}_{'f64' if buffer.dtype == np.float64 else 'f32'}")
 
 
 def softmax(x, dim):
@@ -34,7 +30,7 @@ def softmax(x, dim):
         starts, lengths = row_lengths(x)
         xb = math_buffer(x)
         y = np.empty_like(xb)
-        _kernel("softmax", xb)(xb, y, starts, lengths, get_num_threads())
+        float_kernel(_seg, "softmax", xb)(xb, y, starts, lengths, get_num_threads())
         return x.like(stored(y, x.dtype))
 
     def one(c):
@@ -60,7 +56,7 @@ def softmax_backward(grad, output, dim):
         starts, lengths = row_lengths(output)
         g, y = math_buffer(grad), math_buffer(output)
         out = np.empty_like(y)
-        _kernel("softmax_backward", y)(g, y, out, starts, lengths, get_num_threads())
+        float_kernel(_seg, "softmax_backward", y)(g, y, out, starts, lengths, get_num_threads())
         return output.like(stored(out, output.dtype))
     parts = []
     for g, y in zip(grad.unbind(), output.unbind()):   # another dim: per component
@@ -92,7 +88,7 @@ def sum(x, dims, keepdim=False):
         starts, lengths = row_lengths(x)
         sums = np.empty(lengths.size)
         xb = math_buffer(x)
-        _kernel("row_sums", xb)(xb, sums, starts, lengths, get_num_threads())
+        float_kernel(_seg, "row_sums", xb)(xb, sums, starts, lengths, get_num_threads())
         sizes = np.array(x.sizes, copy=True)
         sizes[:, -1] = 1
         return NestedArray(stored(sums, x.dtype), sizes if keepdim else sizes[:, :-1])
