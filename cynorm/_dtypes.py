@@ -1,13 +1,13 @@
 """The dtype policy, in one table.
 
-| storage  | kernel code | kernel suffix | math    | saved statistics |
-|----------|-------------|---------------|---------|------------------|
-| float32  | 0           | f32           | float32 | float32          |
-| float64  | 1           | f64           | float64 | float64          |
-| bfloat16 | 2           | bf16          | float32 | float32          |
-| float16  | 3           | f16           | float32 | float32          |
+| storage  | kernel suffix | math    | saved statistics |
+|----------|---------------|---------|------------------|
+| float32  | f32           | float32 | float32          |
+| float64  | f64           | float64 | float64          |
+| bfloat16 | bf16          | float32 | float32          |
+| float16  | f16           | float32 | float32          |
 
-Kernel modules rendered from templates (setup.py's DTYPES) have one entry
+The kernel modules, rendered from templates (setup.py's DTYPES), have one entry
 point per storage type, named by suffix (weight_norm_forward_bf16), taking
 16-bit arrays as their uint16 bits (_arrays.kernel_flat).
 
@@ -27,7 +27,6 @@ FLOAT16 = np.dtype(np.float16)
 
 
 class Policy(NamedTuple):
-    code: int            # the kernels' storage code
     math: np.dtype       # dtype the kernels read per-channel coefficients in
     stat: np.dtype       # dtype of saved statistics (norm, mean, rstd ...)
     coefficients: tuple  # dtypes accepted for per-channel parameters (g, weight, bias)
@@ -35,10 +34,10 @@ class Policy(NamedTuple):
 
 
 POLICY = {
-    FLOAT32: Policy(0, FLOAT32, FLOAT32, (FLOAT32,), "f32"),
-    FLOAT64: Policy(1, FLOAT64, FLOAT64, (FLOAT64,), "f64"),
-    BFLOAT16: Policy(2, FLOAT32, FLOAT32, (BFLOAT16, FLOAT32), "bf16"),
-    FLOAT16: Policy(3, FLOAT32, FLOAT32, (FLOAT16, FLOAT32), "f16"),
+    FLOAT32: Policy(FLOAT32, FLOAT32, (FLOAT32,), "f32"),
+    FLOAT64: Policy(FLOAT64, FLOAT64, (FLOAT64,), "f64"),
+    BFLOAT16: Policy(FLOAT32, FLOAT32, (BFLOAT16, FLOAT32), "bf16"),
+    FLOAT16: Policy(FLOAT32, FLOAT32, (FLOAT16, FLOAT32), "f16"),
 }
 
 SUPPORTED_DTYPES = tuple(POLICY)
