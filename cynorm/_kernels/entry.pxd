@@ -1,5 +1,5 @@
 # Shared by the def entry points of every kernel module: the thread count a
-# call of a given size gets.
+# call of a given size gets, and the size check of an array argument.
 
 cdef enum:
     # below this many elements one thread beats waking a team
@@ -8,3 +8,11 @@ cdef enum:
 
 cdef inline int threads_for(Py_ssize_t size, int n_threads) noexcept nogil:
     return 1 if size < SERIAL_BELOW else max(1, n_threads)
+
+
+cdef inline int check_size(Py_ssize_t size, Py_ssize_t expected, str name) except -1:
+    # the kernels index exactly this many elements: say so here rather than
+    # read past an array
+    if size != expected:
+        raise ValueError(f"{name}: expected {expected} elements, got {size}")
+    return 0
