@@ -49,14 +49,10 @@ __all__ = ["batch_norm", "batch_norm_backward"]
 
 _k.set_stream_min_bytes(streaming_threshold())
 
-# (kernel name, storage suffix) -> that storage type's entry point
-_KERNELS = _kernels.entries(_k, ("training_forward", "training_backward", "channel_moments",
-                                 "channel_grad_sums", "channel_normalize", "channel_grad_input"))
-
-
-def _kernel(name, policy):
-    """The kernel `name` for policy's storage type (channel_moments_bf16 ...)."""
-    return _KERNELS[name, policy.suffix]
+# _kernel(name, policy): the entry point for policy's storage type
+_kernel = _kernels.by_storage(_k, ("training_forward", "training_backward",
+                                   "channel_moments", "channel_grad_sums",
+                                   "channel_normalize", "channel_grad_input"))
 
 
 # ---- shared by batch_norm* here and the split-statistics ops -------------

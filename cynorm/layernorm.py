@@ -44,14 +44,9 @@ __all__ = ["layer_norm", "layer_norm_backward"]
 
 _k.set_stream_min_bytes(streaming_threshold())
 
-# (kernel name, storage suffix) -> that storage type's entry point
-_KERNELS = _kernels.entries(_k, ("layer_norm_forward", "layer_norm_backward",
-                                 "layer_norm_backward_jvp"))
-
-
-def _kernel(name, policy):
-    """The kernel `name` for policy's storage type (layer_norm_forward_bf16 ...)."""
-    return _KERNELS[name, policy.suffix]
+# _kernel(name, policy): the entry point for policy's storage type
+_kernel = _kernels.by_storage(_k, ("layer_norm_forward", "layer_norm_backward",
+                                   "layer_norm_backward_jvp"))
 
 
 def _normalized_shape(normalized_shape, x):
@@ -208,7 +203,6 @@ def layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight=None, 
             dt = b.dtype if b is not None else x.dtype
             grad_bias = from_float64(gb, dt).reshape(ns)
     return gx, grad_weight, grad_bias
-
 
 
 def backward_jvp_kernel(dy, x, rstd, w, t_dy, t_x, t_w, t_gx, t_gw, t_gb, M, N):

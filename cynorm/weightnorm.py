@@ -53,14 +53,9 @@ __all__ = ["norm_except_dim", "weight_norm", "weight_norm_interface", "weight_no
 _k.set_stream_min_bytes(streaming_threshold())
 
 
-# (kernel name, storage suffix) -> that storage type's entry point
-_KERNELS = _kernels.entries(_k, ("norm_except_dim", "weight_norm_forward",
-                                 "weight_norm_backward"))
-
-
-def _kernel(name, policy):
-    """The kernel `name` for policy's storage type (weight_norm_forward_bf16 ...)."""
-    return _KERNELS[name, policy.suffix]
+# _kernel(name, policy): the entry point for policy's storage type
+_kernel = _kernels.by_storage(_k, ("norm_except_dim", "weight_norm_forward",
+                                   "weight_norm_backward"))
 
 
 def _prepare_g(g, v, dim, policy, name="g"):

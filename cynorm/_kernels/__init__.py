@@ -63,12 +63,15 @@ def load(name):
     return importlib.import_module(f"cynorm._kernels.{name}{LEVELS[SIMD_LEVEL][0]}")
 
 
-def entries(module, names):
-    """{(name, storage suffix): module's entry point name_suffix} for each of
-    names: the kernel templates render one entry per storage type
-    (weight_norm_forward_bf16 ...), and the Python layer picks one by the
-    policy's suffix."""
+def by_storage(module, names):
+    """The lookup `kernel(name, policy)` -> module's entry point
+    name_<policy.suffix> (weight_norm_forward_bf16 ...), for each of names:
+    the kernel templates render one entry per storage type."""
     from cynorm import _dtypes
-    return {(name, p.suffix): getattr(module, f"{name}_{p.suffix}")
-            for name in names for p in _dtypes.POLICY.values()
-            if hasattr(module, f"{name}_{p.suffix}")}
+    table = {(name, p.suffix): getattr(module, f"{name}_{p.suffix}")
+             for name in names for p in _dtypes.POLICY.values()
+             if hasattr(module, f"{name}_{p.suffix}")}
+
+    def kernel(name, policy):
+        return table[name, policy.suffix]
+    return kernel
