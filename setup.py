@@ -5,8 +5,7 @@ Environment switches (all optional):
   CYNORM_MARCH=<arch>  -march=<arch>.  A source build on x86-64 Linux defaults
                        to "native": it is tuned for, and runs on, the CPU that
                        builds it (the kernels are memory-bound only when the
-                       conversions vectorize wide; baseline SSE2 measured up
-                       to 2x slower on bfloat16).  CYNORM_MARCH=none gives
+                       16-bit conversions vectorize wide).  CYNORM_MARCH=none gives
                        the compiler's baseline, which runs on any CPU of the
                        architecture: use it to build for other machines.
   CYNORM_CFLAGS="..."  extra compiler flags, appended last
@@ -66,9 +65,9 @@ class build_ext_always(build_ext):
 
     def build_extensions(self):
         # A loop function called from one place (a prange body) is otherwise
-        # inlined into the OpenMP outlined function, where it runs slower
-        # (channels-last batch-norm eval 1.3x); GCC has the flag, clang
-        # (which does not inline this way) rejects it, MSVC has neither.
+        # inlined into the OpenMP outlined function, where it runs slower;
+        # GCC has the flag, clang (which does not inline this way) rejects
+        # it, MSVC has neither.
         flag = "-fno-inline-functions-called-once"
         if self.compiler.compiler_type == "unix" and self._accepts(flag):
             for ext in self.extensions:
@@ -138,7 +137,7 @@ def compile_flags():
     if march and march != "none":
         cflags.append(f"-march={march}")
         # GCC picks 256-bit vectors even where AVX-512 exists; the 16-bit
-        # conversions ran 1.3x faster with 512 (no effect without AVX-512)
+        # conversions want 512 (no effect without AVX-512)
         if platform.machine() in ("x86_64", "AMD64"):
             cflags.append("-mprefer-vector-width=512")
     ldflags = []
@@ -173,11 +172,9 @@ DISPATCHED = ["weight_norm", "layer_norm", "batch_norm", "segments", "_convert"]
 LEVEL_FLAGS = {
     "v3": ["-march=x86-64-v3"],
     # GCC picks 256-bit vectors even where AVX-512 exists (see compile_flags).
-    # Tuned for Ice Lake server, a middle member of the AVX-512 family: with
-    # generic tuning bfloat16 batch norm ran up to 11 % slower than a
-    # -march=native build on Sapphire Rapids; with it, within 2 %
-    # (benchmarks/README.md).  -mtune changes scheduling, not the instructions
-    # the code may use.
+    # Tuned for Ice Lake server, a middle member of the AVX-512 family, so
+    # the wheel keeps up with a -march=native build (benchmarks/README.md).
+    # -mtune changes scheduling, not the instructions the code may use.
     "v4": ["-march=x86-64-v4", "-mtune=icelake-server", "-mprefer-vector-width=512"],
 }
 # MSVC: /arch:AVX2 also enables FMA and F16C; /arch:AVX512 is F, CD, BW, DQ, VL

@@ -87,7 +87,7 @@ def last_level_cache_bytes(default=128 << 20):
     """The largest CPU cache, as cynorm reads it (`default` when cynorm cannot
     be imported or the size is unknown)."""
     try:
-        from cynorm._arrays import last_level_cache_bytes as llc
+        from cynorm._kernels._runtime import last_level_cache_bytes as llc
         return llc() or default
     except Exception:  # noqa: BLE001 - a broken cynorm must not stop a torch-only run
         return default

@@ -29,7 +29,6 @@ package).  The cases are bench_norms.py's and bench_weight_norm.py's, every
 dtype given.
 """
 import argparse
-import glob
 import importlib.util
 import json
 import os
@@ -43,7 +42,8 @@ from _common import HERE, CacheEvictor, median_ms, run_child, time_interleaved  
 
 ROOT = os.path.dirname(HERE)
 BUILDS = {"wheel": "none", "native": "native"}   # name -> CYNORM_MARCH
-PY_MODULES = {"layer_norm": "cynorm.layernorm", "batch_norm": "cynorm.batchnorm"}
+# the module of the Python layer that calls each kernel module (its _k, _kernel)
+PY_MODULES = {"layer_norm": "cynorm.layernorm", "batch_norm": "cynorm._channels"}
 LABEL = {"layer_norm_fwd": "LN fwd", "layer_norm_bwd": "LN bwd", "batch_norm_fwd_train": "BN train",
          "batch_norm_fwd_eval": "BN eval", "batch_norm_bwd": "BN bwd"}
 
@@ -78,21 +78,22 @@ def child(args):
 
     import bench_norms as bn
     import cynorm
-    from cynorm._arrays import streaming_threshold
+    from cynorm import _kernels
     kernels = {}
     for kname, pyname in PY_MODULES.items():
         py = importlib.import_module(pyname)
         path = args.other_files[kname]
+        # B's modules read A's streaming threshold (one _runtime per process)
         other = load_as("cynorm._kernels." + os.path.basename(path).split(".")[0], path)
-        other.set_stream_min_bytes(streaming_threshold())    # as the Python layer does at import
-        kernels[pyname] = {"A": py._k, "B": other}
+        kernels[pyname] = {"A": (py._k, py._kernel),
+                           "B": (other, _kernels.by_storage(other, py._kernel.names))}
 
     def with_kernels(which, family, f):
         py = sys.modules[PY_MODULES[family]]
-        mod = kernels[PY_MODULES[family]][which]
+        mod, lookup = kernels[PY_MODULES[family]][which]
 
         def call():
-            py._k = mod
+            py._k, py._kernel = mod, lookup
             return f()
         return call
 

@@ -240,6 +240,20 @@ class Library:
 
 _LOCK = threading.RLock()
 _STATE = {"lib": None, "error": None, "path": None, "cudart": None}
+# called before the library is replaced or forgotten: whatever belongs to it
+# (handles.py registers the release of every handle) goes first
+_BEFORE_UNLOAD = []
+
+
+def before_unload(fn):
+    """Register fn() to run before load() or reset() drops the library."""
+    _BEFORE_UNLOAD.append(fn)
+    return fn
+
+
+def _unload_hooks():
+    for fn in _BEFORE_UNLOAD:
+        fn()
 
 
 def _path_arg(value, name):
@@ -265,8 +279,7 @@ def load(path=None, cudart=None):
     while other threads are running batch norm."""
     path, cudart = _path_arg(path, "path"), _path_arg(cudart, "cudart")
     with _LOCK:
-        from cudnn_bind import handles  # handles belong to the library they came from
-        handles.release_all()
+        _unload_hooks()
         _STATE.update(lib=None, error=None, path=path, cudart=cudart)
         try:
             _STATE["lib"] = Library(path, cudart)
@@ -297,6 +310,5 @@ def get():
 def reset():
     """Forget the loaded library (the next use searches again)."""
     with _LOCK:
-        from cudnn_bind import handles
-        handles.release_all()
+        _unload_hooks()
         _STATE.update(lib=None, error=None, path=None, cudart=None)

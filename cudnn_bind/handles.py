@@ -129,6 +129,7 @@ def handle_for(device, lib=None):
     return h
 
 
+@_lib.before_unload     # handles belong to the library they came from
 def release_all():
     """Destroy every live handle (of every thread) and its workspaces."""
     with _all_lock:

@@ -1,39 +1,11 @@
 """Array plumbing shared by every op: which memory order the kernels work
-in, output allocation, aliasing between outputs and inputs, and the size
-above which outputs are written with streaming stores."""
-import glob
+in, output allocation, and aliasing between outputs and inputs."""
 import math
-import os
 
 import numpy as np
 
 from cynorm._kernels._alloc import empty as _empty
 from cynorm._validation import check_out, split_shape
-
-
-def last_level_cache_bytes():
-    """Size of the largest CPU cache (Linux sysfs), or 0 when unknown."""
-    sizes = []
-    for index in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
-        try:
-            with open(os.path.join(index, "size")) as f:
-                text = f.read().strip().upper()
-        except OSError:
-            continue
-        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-        digits = text.rstrip("KMG")
-        if digits.isdigit():
-            sizes.append(int(digits) * scale)
-    return max(sizes, default=0)
-
-
-def streaming_threshold():
-    """Outputs above half the last-level cache go out with streaming stores:
-    they would not stay cached anyway.  (Measured on a 105 MiB-L3 machine:
-    64 MiB float32 outputs 1.3-1.9x faster streamed, 32 MiB bfloat16 ones
-    slightly faster cached.)"""
-    llc = last_level_cache_bytes()
-    return max(16 << 20, llc // 2) if llc else 32 << 20
 
 
 def layout(arrays, outs):

@@ -26,176 +26,18 @@ Conventions:
   statistics and zero grad_weight/grad_bias.  A NaN or inf makes only its own
   channel non-finite.  Results are bitwise identical at any thread count.
 """
-import collections
-import math
-
 import numpy as np
 
-from cynorm._arrays import (
-    big_out, check_big_out, check_distinct, kernel_dims, kernel_flat as _flat, layout, small_out,
-    streaming_threshold, unalias,
+from cynorm._arrays import big_out, check_big_out, check_distinct, small_out, unalias
+from cynorm._channels import (
+    affine, batch_norm_args, channel_input, channel_stat, channel_vector, fused_training,
+    grad_input_into, grad_sums, invstd_of, moments, normalize_into, prepare,
+    training_backward_into, training_forward_into, update_running,
 )
 from cynorm._dtypes import from_float64
-from cynorm import _kernels
-_k = _kernels.load("batch_norm")  # the SIMD level chosen at import
-from cynorm._kernels._runtime import get_num_threads as _threads
-from cynorm._validation import (
-    as_float_array, check_bool, check_eps, check_int, check_mask, check_real, check_same,
-    check_updatable, check_vector,
-    normalize_dim, split_out,
-)
+from cynorm._validation import as_float_array, check_bool, check_eps, check_mask, check_same, split_out
 
 __all__ = ["batch_norm", "batch_norm_backward"]
-
-_k.set_stream_min_bytes(streaming_threshold())
-
-# _kernel(name, policy): the entry point for policy's storage type
-_kernel = _kernels.by_storage(_k, ("training_forward", "training_backward",
-                                   "channel_moments", "channel_grad_sums",
-                                   "channel_normalize", "channel_grad_input"))
-
-
-# ---- shared by batch_norm* here and the split-statistics ops -------------
-
-def channel_input(x, axis, name="x"):
-    """x checked (floating, rank >= 2); returns (x, policy, axis wrapped, C, n)
-    where n is the number of values per channel."""
-    x, policy = as_float_array(x, name)
-    if x.ndim < 2:
-        raise ValueError(f"{name} must have at least 2 dimensions (a batch axis and a "
-                         f"channel axis), got shape {x.shape}")
-    axis = normalize_dim(check_int(axis, "axis", "an int (the channel axis)"), x.ndim, "axis")
-    C = x.shape[axis]
-    n = math.prod(x.shape) // C if C else math.prod(x.shape[:axis] + x.shape[axis + 1:])
-    return x, policy, axis, C, n
-
-
-def channel_vector(a, name, C, policy):
-    """A per-channel parameter (weight, bias, running stats): None or (C,)
-    of x's dtype or float32 for 16-bit x."""
-    if a is None:
-        return None
-    return check_vector(a, name, C, policy.coefficients, "channel")
-
-
-def channel_stat(a, name, C):
-    """A per-channel statistic (mean, invstd, sums) of any float dtype, as float64."""
-    if a is None:
-        raise ValueError(f"{name} is required, got None")
-    a, _ = as_float_array(a, name)
-    if a.shape != (C,):
-        raise ValueError(f"{name} must have shape ({C},) (one value per channel), got {a.shape}")
-    return a.astype(np.float64)
-
-
-def as_math(a, policy):
-    """float64 values rounded to the math type (what the kernels compute with)."""
-    return np.asarray(a, np.float64).astype(policy.math).astype(np.float64)
-
-
-def prepare(arrays, axis, outs):
-    """Kernel views of the x-shaped inputs, whether they are transposed
-    (F order), and (A, C, B)."""
-    views, transposed = layout(list(arrays), outs)
-    return views, transposed, kernel_dims(arrays[0].shape, axis, transposed)
-
-
-def moments(kx, dims, policy, eps):
-    """Per-channel (mean, biased var) in float64 from the kernels' shifted
-    sums; eps (what the variance will be added to) tells which channels
-    need float64 squares."""
-    A, C, B = dims
-    if A * B == 0:
-        nan = np.full(C, np.nan)
-        return nan, nan.copy()
-    mean, var = np.empty(C), np.empty(C)
-    _kernel("channel_moments", policy)(_flat(kx), mean, var, A, C, B, eps, _threads())
-    return mean, var
-
-
-def grad_sums(kdy, kx, mean, dims, policy):
-    """Per-channel (sum dy, sum dy * (x - mean)) in float64; mean is float64."""
-    A, C, B = dims
-    s1, s2 = np.empty(C), np.empty(C)
-    _kernel("channel_grad_sums", policy)(_flat(kdy), _flat(kx), as_math(mean, policy), s1, s2,
-                                         A, C, B, _threads())
-    return s1, s2
-
-
-def normalize_into(kx, ky, m, s, t, dims, policy):
-    """ky = (kx - m) * s + t per channel (float64 coefficients, rounded once)."""
-    A, C, B = dims
-    _kernel("channel_normalize", policy)(_flat(kx), _flat(ky), as_math(m, policy),
-                                         as_math(s, policy), as_math(t, policy), A, C, B,
-                                         _threads())
-
-
-def grad_input_into(kdy, kx, kgx, p, m, q, a, dims, policy):
-    """kgx = (kdy - p - (kx - m) * q) * a per channel."""
-    A, C, B = dims
-    _kernel("channel_grad_input", policy)(_flat(kdy), _flat(kx), _flat(kgx), as_math(p, policy),
-                                          as_math(m, policy), as_math(q, policy),
-                                          as_math(a, policy), A, C, B, _threads())
-
-
-def invstd_of(var, eps):
-    """1 / sqrt(var + eps) in float64 (inf for a zero variance and eps = 0)."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return 1.0 / np.sqrt(var + eps)
-
-
-def affine(inv, weight, bias, C):
-    """Per-channel (scale, shift) of y = (x - mean) * scale + shift."""
-    scale = inv if weight is None else inv * weight.astype(np.float64)
-    shift = np.zeros(C) if bias is None else bias.astype(np.float64)
-    return scale, shift
-
-
-def math_vector(a, policy):
-    """A per-channel parameter as a contiguous math-type vector, or None."""
-    return None if a is None else np.ascontiguousarray(a, dtype=policy.math).reshape(-1)
-
-
-def update_running(rm, rv, mean, var, n, momentum):
-    """PyTorch's running-statistics rule, in float64, stored in place (each
-    of rm, rv may be None): new = momentum * batch + (1 - momentum) * old,
-    with the unbiased variance."""
-    if rm is not None:
-        rm[...] = from_float64(momentum * mean + (1.0 - momentum) * rm.astype(np.float64),
-                               rm.dtype)
-    if rv is not None:
-        unbiased = var * (n / (n - 1))
-        rv[...] = from_float64(momentum * unbiased + (1.0 - momentum) * rv.astype(np.float64),
-                               rv.dtype)
-
-
-# ---- the public ops ---------------------------------------------------------
-
-def _running(a, name, C, policy, training):
-    if a is not None and training:
-        check_updatable(a, name)
-    return channel_vector(a, name, C, policy)
-
-
-BatchNormArgs = collections.namedtuple(
-    "BatchNormArgs", "x policy axis C n training momentum eps weight bias rm rv")
-
-
-def batch_norm_args(x, weight, bias, running_mean, running_var, training, momentum, eps, axis):
-    """The argument checks batch_norm and cynorm.distributed's sync_batch_norm share."""
-    x, policy, axis, C, n = channel_input(x, axis)
-    training = check_bool(training, "training")
-    momentum = check_real(momentum, "momentum")
-    eps = check_eps(eps)
-    weight = channel_vector(weight, "weight", C, policy)
-    bias = channel_vector(bias, "bias", C, policy)
-    rm = _running(running_mean, "running_mean", C, policy, training)
-    rv = _running(running_var, "running_var", C, policy, training)
-    if not training and (rm is None or rv is None):
-        raise ValueError("running_mean and running_var are required when training=False")
-    if training:
-        check_distinct([("running_mean", rm), ("running_var", rv)])   # both updated in place
-    return BatchNormArgs(x, policy, axis, C, n, training, momentum, eps, weight, bias, rm, rv)
 
 
 def batch_norm(x, weight=None, bias=None, running_mean=None, running_var=None, training=True,
@@ -243,13 +85,8 @@ def batch_norm(x, weight=None, bias=None, running_mean=None, running_var=None, t
     weight, bias = unalias([weight, bias], written)
     (kx,), transposed, dims = prepare([x], axis, (y_out,))
     ky, y = big_out(y_out, x.shape, x.dtype, transposed)
-    A, _, B = dims
-    if training and n > 0 and _k.fused_training(A, C, B, x.dtype.itemsize):
-        # one pass per channel: statistics, then y while the channel is in cache
-        mean, var = np.empty(C), np.empty(C)
-        _kernel("training_forward", policy)(_flat(kx), _flat(ky), math_vector(weight, policy),
-                                            math_vector(bias, policy), _flat(kmean),
-                                            _flat(kinv), mean, var, A, C, B, eps, _threads())
+    if training and n > 0 and fused_training(dims, x.dtype.itemsize):
+        mean, var = training_forward_into(kx, ky, weight, bias, kmean, kinv, dims, eps, policy)
         update_running(rm, rv, mean, var, n, momentum)
         return y, save_mean, save_invstd
     if training:
@@ -314,19 +151,13 @@ def backward(grad_out, x, weight, running_mean, running_var, save_mean, save_inv
     gdtype = weight.dtype if weight is not None else policy.stat
     (kdy, kx), transposed, dims = prepare([grad_out, x], axis, ())
     need_sums = mask[1] or mask[2] or (training and mask[0])
-    A, _, B = dims
     grad_x = None
-    fused = training and n > 0 and _k.fused_training(A, C, B, x.dtype.itemsize)
+    fused = training and n > 0 and fused_training(dims, x.dtype.itemsize)
     if fused:
-        # one pass per channel: the sums, then grad_x while the channel is in cache
-        sum_dy, dotp = np.empty(C), np.empty(C)
         kgx = None
         if mask[0]:
             kgx, grad_x = big_out(None, x.shape, x.dtype, transposed)
-        _kernel("training_backward", policy)(_flat(kdy), _flat(kx), _flat(kgx),
-                                             math_vector(weight, policy),
-                                             mean.astype(policy.math), inv.astype(policy.math),
-                                             sum_dy, dotp, A, C, B, _threads())
+        sum_dy, dotp = training_backward_into(kdy, kx, kgx, weight, mean, inv, dims, policy)
     elif need_sums and n > 0:
         sum_dy, dotp = grad_sums(kdy, kx, mean, dims, policy)
     else:

@@ -19,14 +19,15 @@ strides) are those of cynorm.batch_norm.
 import numpy as np
 
 from cynorm._arrays import big_out, check_big_out, check_distinct, unalias
+from cynorm._channels import (
+    affine, channel_input, channel_stat, channel_vector, grad_input_into, grad_sums, invstd_of,
+    moments, normalize_into, prepare, update_running,
+)
 from cynorm._dtypes import from_float64
 from cynorm._validation import (
     as_array, as_float_array, check_bool, check_eps, check_real, check_same, check_updatable,
 )
-from cynorm.batchnorm import (
-    affine, invstd_of, update_running, channel_input, channel_stat, channel_vector, grad_input_into, grad_sums, moments,
-    normalize_into, prepare,
-)
+
 
 __all__ = ["batch_norm_stats", "batch_norm_gather_stats", "batch_norm_elemt",
            "batch_norm_backward_reduce", "batch_norm_backward_elemt"]

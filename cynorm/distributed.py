@@ -48,12 +48,13 @@ with ``pip install 'cynorm[mpi]'`` and start the processes with
 import numpy as np
 
 from cynorm._arrays import big_out
-from cynorm._dtypes import from_float64
-from cynorm._validation import as_float_array, check_bool, check_int, check_mask, check_same
-from cynorm.batchnorm import (
-    affine, batch_norm, batch_norm_args, channel_input, channel_stat, channel_vector, grad_input_into,
+from cynorm._channels import (
+    affine, batch_norm_args, channel_input, channel_stat, channel_vector, grad_input_into,
     grad_sums, invstd_of, moments, normalize_into, prepare, update_running,
 )
+from cynorm._dtypes import from_float64
+from cynorm._validation import as_float_array, check_bool, check_int, check_mask, check_same
+from cynorm.batchnorm import batch_norm
 from cynorm import _sync_records as records
 
 __all__ = ["sync_batch_norm", "sync_batch_norm_backward"]

@@ -30,7 +30,7 @@ import numpy as np
 
 from cynorm._dtypes import POLICY, from_float64
 from cynorm._arrays import (
-    c_aligned, check_distinct, kernel_flat as _flat, small_out, streaming_threshold, unalias,
+    c_aligned, check_distinct, kernel_flat as _flat, small_out, unalias,
 )
 from cynorm import _kernels
 _k = _kernels.load("layer_norm")  # the SIMD level chosen at import
@@ -41,8 +41,6 @@ from cynorm._validation import (
 )
 
 __all__ = ["layer_norm", "layer_norm_backward"]
-
-_k.set_stream_min_bytes(streaming_threshold())
 
 # _kernel(name, policy): the entry point for policy's storage type
 _kernel = _kernels.by_storage(_k, ("layer_norm_forward", "layer_norm_backward",

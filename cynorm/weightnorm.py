@@ -37,7 +37,7 @@ from cynorm import _dtypes
 from cynorm._arrays import (
     big_out as _big_out, check_big_out as _check_big_out, check_distinct as _check_distinct,
     kernel_dims as _kernel_dims, kernel_flat as _flat,
-    layout as _layout, small_out as _small_out, streaming_threshold, unalias as _unalias,
+    layout as _layout, small_out as _small_out, unalias as _unalias,
 )
 from cynorm import _kernels
 _k = _kernels.load("weight_norm")  # the SIMD level chosen at import
@@ -48,9 +48,6 @@ from cynorm._validation import (
 )
 
 __all__ = ["norm_except_dim", "weight_norm", "weight_norm_interface", "weight_norm_backward"]
-
-
-_k.set_stream_min_bytes(streaming_threshold())
 
 
 # _kernel(name, policy): the entry point for policy's storage type

@@ -32,7 +32,6 @@ import pytest
 
 import cynorm
 import cynorm.nested as nt
-from cynorm._kernels import load as load_kernels
 from conftest import DTYPE_IDS, DTYPES
 from helpers import BF16, F16, F32, bits, g_dtype, is16
 import stress_helpers as sh
@@ -620,13 +619,12 @@ def test_thread_counts_1_to_4_bitwise(case, dtype, rng, restore_threads):
 
 @pytest.fixture
 def streaming_everywhere():
-    """Streaming (non-temporal) stores for every output size in the three
-    norm kernel modules, restored afterwards."""
-    mods = [load_kernels(n) for n in ("weight_norm", "layer_norm", "batch_norm")]
-    old = [m.set_stream_min_bytes(0) for m in mods]
+    """Streaming (non-temporal) stores for every output size in every
+    kernel module, restored afterwards."""
+    from cynorm._kernels import _runtime
+    old = _runtime.set_stream_min_bytes(0)
     yield
-    for m, o in zip(mods, old):
-        m.set_stream_min_bytes(o)
+    _runtime.set_stream_min_bytes(old)
 
 
 STREAM_CASES = ["wn rows fused (301, 1031) dim 0", "wn columns (1031, 301) dim 1", "ln (257, 1031)",

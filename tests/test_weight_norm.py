@@ -304,25 +304,24 @@ def test_many_threads_calling_at_once(rng):
 def test_streaming_stores_give_the_same_bits(dtype, rng):
     """Large outputs are written with streaming stores; force them on small
     shapes (every path, odd lengths, unaligned heads) and compare."""
-    from cynorm._kernels import load
-    kernels = load("weight_norm")
+    from cynorm._kernels import _runtime
     cases = [((64, 1000), 0), ((1000, 37), 1), ((3, 50001), None), ((5, 7, 300), 1), ((4000, 5), 1)]
     for shape, dim in cases:
         v = make_v(rng, shape, dtype)
         gw = make_v(rng, shape, dtype)
         g = make_g(rng, shape, dim, dtype)
-        old = kernels.set_stream_min_bytes(1 << 62)
+        old = _runtime.set_stream_min_bytes(1 << 62)
         try:
             w1, n1 = cynorm.weight_norm_interface(v, g, dim)
             gv1, gg1 = cynorm.weight_norm_backward(gw, v, g, n1, dim)
-            kernels.set_stream_min_bytes(0)
+            _runtime.set_stream_min_bytes(0)
             w2, n2 = cynorm.weight_norm_interface(v, g, dim)
             gv2, gg2 = cynorm.weight_norm_backward(gw, v, g, n2, dim)
             # an output that starts off a 64-byte boundary
             buf = np.empty(v.size + 3, v.dtype)[3:].reshape(shape)
             cynorm.weight_norm(v, g, dim, out=buf)
         finally:
-            kernels.set_stream_min_bytes(old)
+            _runtime.set_stream_min_bytes(old)
         for a, b in ((w1, w2), (n1, n2), (gv1, gv2), (gg1, gg2), (w1, buf)):
             np.testing.assert_array_equal(bits(a), bits(b))
 

@@ -74,4 +74,5 @@ def by_storage(module, names):
 
     def kernel(name, policy):
         return table[name, policy.suffix]
+    kernel.names = tuple(names)
     return kernel

@@ -1,5 +1,8 @@
 # cython: language_level=3
-"""OpenMP thread control and the facts of this build (compiler, SIMD, OpenMP)."""
+"""OpenMP thread control, the streaming-store threshold every kernel module
+reads, and the facts of this build (compiler, SIMD, OpenMP)."""
+import glob
+import os
 
 cdef extern from *:
     """
@@ -45,3 +48,43 @@ def build_info():
         "openmp": int(CN_OPENMP),
         "num_procs": cn_num_procs(),
     }
+
+
+def last_level_cache_bytes():
+    """Size of the largest CPU cache (Linux sysfs), or 0 when unknown."""
+    sizes = []
+    for index in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
+        try:
+            with open(os.path.join(index, "size")) as f:
+                text = f.read().strip().upper()
+        except OSError:
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return max(sizes, default=0)
+
+
+def streaming_threshold():
+    """The default of set_stream_min_bytes: outputs above half the last-level
+    cache would not stay cached anyway (32 MiB when the size is unknown)."""
+    llc = last_level_cache_bytes()
+    return max(16 << 20, llc // 2) if llc else 32 << 20
+
+
+cdef Py_ssize_t STREAM_MIN_BYTES = streaming_threshold()
+
+
+cdef Py_ssize_t stream_min_bytes() noexcept nogil:
+    return STREAM_MIN_BYTES
+
+
+def set_stream_min_bytes(Py_ssize_t nbytes):
+    """Kernel outputs of at least nbytes are written with streaming stores, in
+    every kernel module and SIMD level; returns the old value.  (Tuning and
+    tests: 0 streams every output, a huge value none.)"""
+    global STREAM_MIN_BYTES
+    old = STREAM_MIN_BYTES
+    STREAM_MIN_BYTES = nbytes
+    return old

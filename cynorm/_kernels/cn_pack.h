@@ -68,8 +68,8 @@ __attribute__((constructor)) static void cn_bf16_pack_probe(void) {
  * denormal 0x20, SNaN 0x80) takes one instruction but reads subnormals as
  * zero while the MXCSR's denormals-are-zero flag is set; integer compares on
  * the bits do not care (a = |bits|: a - 1 below 0x7fffff, wrapping so that
- * zero is not, or a above infinity), at four times the cost (measured 5-10 %
- * on bfloat16 batch-norm eval), so they run only under DAZ. */
+ * zero is not, or a above infinity), at four times the cost, so they run
+ * only under DAZ. */
 __attribute__((target("avx512bf16"), always_inline, unused))
 static inline __mmask16 cn_pack_odd(__m512 v, int daz) {
     if (!daz)

@@ -18,7 +18,7 @@ import numpy as np
 from cynorm import batchnorm as _bn
 from cynorm import layernorm as _ln
 from cynorm import weightnorm as _wn
-from cynorm.forward_ad import register_jvp
+from cynorm.forward_ad._registry import register_jvp
 from cynorm.forward_ad._common import bind, cast_like, m, math_dtype, zeros_like
 from cynorm._validation import check_bool, check_updatable, normalize_dim
 

@@ -5,7 +5,7 @@ and ATen's batch-norm backward adapters."""
 import numpy as np
 
 from cynorm import aten, nll_losses as _nll, pointwise as _pw, softmax_ops as _sm
-from cynorm.forward_ad import register_jvp
+from cynorm.forward_ad._registry import register_jvp
 from cynorm.forward_ad.norm_rules import batch_norm_backward_output_tangents
 from cynorm.forward_ad._common import bind, cast_like, m, math_dtype, zeros_like
 
