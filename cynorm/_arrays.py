@@ -5,6 +5,7 @@ import math
 import numpy as np
 
 from cynorm._kernels._alloc import empty as _empty
+from cynorm._kernels._views import kernel_flat  # noqa: F401 (the ops' import point)
 from cynorm._validation import check_out, split_shape
 
 
@@ -23,20 +24,6 @@ def layout(arrays, outs):
     if use_f:
         return [np.require(a, requirements="FA").T for a in arrays], True
     return [c_aligned(a) for a in arrays], False
-
-
-_UINT16 = np.dtype(np.uint16)
-
-
-def kernel_flat(a):
-    """a C-contiguous array as the 1-D array a kernel's typed memoryview
-    takes: 16-bit floats as their uint16 bits.  (A view: the callers'
-    layout() made every kernel array C-contiguous, so reshape never copies.)
-    None (an absent optional array) stays None."""
-    if a is None:
-        return None
-    flat = a.reshape(-1)
-    return flat.view(_UINT16) if flat.itemsize == 2 else flat
 
 
 def c_aligned(a):
