@@ -7,6 +7,8 @@ portable (dispatching) wheel build vs a -march=native build.
     python benchmarks/bench_builds.py --packages A B --threads 1
                                    # two whole installs, Python layers too: every case of
                                    # bench_norms.py and bench_weight_norm.py
+    python benchmarks/bench_builds.py --packages A B --torch
+                                   # ... and PyTorch's op interleaved with both
 
 Without --dirs it installs this checkout twice with `pip install --target`
 (no build isolation): CYNORM_MARCH=none (the wheels' build: baseline,
@@ -150,12 +152,16 @@ def import_package(path):
 
 
 def weight_norm_cases(cn, dtype, rng):
-    """(label, size_bytes, callable) for bench_weight_norm.py's cases."""
+    """(label, size_bytes, cynorm callable, torch callable, None) for
+    bench_weight_norm.py's cases."""
     import ml_dtypes
     import numpy as np
+    import torch
 
     import bench_weight_norm as bw
     npdt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    tdt = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+    tbwd = torch.ops.aten._weight_norm_interface_backward
     out = []
     for shape, dim in bw.CASES:
         gshape = tuple(s if i == dim else 1 for i, s in enumerate(shape))
@@ -163,16 +169,22 @@ def weight_norm_cases(cn, dtype, rng):
         gw = rng.standard_normal(shape).astype(npdt)
         g = (rng.random(gshape) + 0.5).astype(npdt)
         _, norm = cn.weight_norm_interface(v, g, dim)
+        tv, tgw, tg = (torch.from_numpy(a.astype(np.float32)).to(tdt) for a in (v, gw, g))
+        _, tnorm = torch._weight_norm_interface(tv, tg, dim)
         out.append((f"WN fwd {dtype} {shape} dim={dim}", v.nbytes,
-                    lambda v=v, g=g, dim=dim: cn.weight_norm_interface(v, g, dim)))
+                    lambda v=v, g=g, dim=dim: cn.weight_norm_interface(v, g, dim),
+                    lambda tv=tv, tg=tg, dim=dim: torch._weight_norm_interface(tv, tg, dim), None))
         out.append((f"WN bwd {dtype} {shape} dim={dim}", v.nbytes,
                     lambda gw=gw, v=v, g=g, norm=norm, dim=dim:
-                    cn.weight_norm_backward(gw, v, g, norm, dim)))
+                    cn.weight_norm_backward(gw, v, g, norm, dim),
+                    lambda tgw=tgw, tv=tv, tg=tg, tnorm=tnorm, dim=dim: tbwd(tgw, tv, tg, tnorm, dim),
+                    None))
     return out
 
 
 def norms_cases(cn, dtype, ops, rng, evict):
-    """(label, size_bytes, callable, before) for bench_norms.py's cases."""
+    """(label, size_bytes, cynorm callable, torch callable, before) for
+    bench_norms.py's cases."""
     import bench_norms as bn
     out = []
     for family, shape, layout in bn.CASES:
@@ -185,7 +197,8 @@ def norms_cases(cn, dtype, ops, rng, evict):
             case = bn.batch_norm_case(cn, shape, layout, dtype, fops, rng, False, False)
         for op in fops:
             out.append((f"{LABEL[op]} {dtype} {shape} {layout}", case[op].size_bytes,
-                        case[op].fns["cynorm"], bn.cold_caches(evict, case[op])))
+                        case[op].fns["cynorm"], case[op].fns["torch"],
+                        bn.cold_caches(evict, case[op])))
     return out
 
 
@@ -196,6 +209,9 @@ def packages_child(args):
     for role, mods in pkgs.items():
         print(f"{role}: {os.path.dirname(mods['cynorm'].__file__)}", file=sys.stderr)
         mods["cynorm"].set_num_threads(args.threads)
+    if args.torch:
+        import torch
+        torch.set_num_threads(args.threads)
     evict = None if args.warm else CacheEvictor(args.threads)
     rows = []
     for dtype in args.dtypes:
@@ -203,11 +219,13 @@ def packages_child(args):
         cases = {}
         for role, mods in pkgs.items():
             cn = mods["cynorm"]
-            cases[role] = ([c + (None,) for c in weight_norm_cases(cn, dtype, np.random.default_rng(0))]
+            cases[role] = (weight_norm_cases(cn, dtype, np.random.default_rng(0))
                            + norms_cases(cn, dtype, args.ops, np.random.default_rng(1), evict))
         for ca, cb in zip(cases["A"], cases["B"]):
-            label, nbytes, fa, before = ca
+            label, nbytes, fa, ftorch, before = ca
             fns = {"A": fa, "B": cb[2]}
+            if args.torch:
+                fns["torch"] = ftorch
             small = nbytes < (8 << 20)
             samples = time_interleaved(fns, args.repeats * (4 if small else 1), before=before)
             rows.append({"case": label, "ms": {w: median_ms(s) for w, s in samples.items()},
@@ -231,6 +249,8 @@ def main():
     p.add_argument("--tolerance", type=float, default=0.10, help="target: A within this of B")
     p.add_argument("--warm", action="store_true", help="time DRAM-bound cases (bench_norms.py) "
                    "without evicting the caches before each call")
+    p.add_argument("--torch", action="store_true", help="with --packages: time PyTorch's op too, "
+                   "interleaved with A and B, and report torch/A and torch/B")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--other-files", default="{}", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -277,15 +297,20 @@ def main():
 
 
 def ratio_table(labelled):
-    """Print the markdown table of (label, row) pairs; return the A/B ratios."""
-    print("| case | A ms | B ms | A/B | A/B, quartiles of per-call pairs |")
-    print("|---|---|---|---|---|")
+    """Print the markdown table of (label, row) pairs (with torch's time and
+    torch/A, torch/B when the rows have it); return the A/B ratios."""
+    torch = all("torch" in r["ms"] for _, r in labelled)
+    extra = (" torch ms | torch/A | torch/B |", "---|---|---|") if torch else ("", "")
+    print("| case | A ms | B ms | A/B | A/B, quartiles of per-call pairs |" + extra[0])
+    print("|---|---|---|---|---|" + extra[1])
     ratios = []
     for label, r in labelled:
         a, b = r["ms"]["A"], r["ms"]["B"]
         q = statistics.quantiles(r["ratios"], n=4)
         ratios.append(a / b)
-        print(f"| {label} | {a:.3f} | {b:.3f} | {a / b:.2f} | {q[0]:.2f}–{q[2]:.2f} |")
+        t = r["ms"].get("torch")
+        more = f" {t:.3f} | {t / a:.2f} | {t / b:.2f} |" if torch else ""
+        print(f"| {label} | {a:.3f} | {b:.3f} | {a / b:.2f} | {q[0]:.2f}–{q[2]:.2f} |" + more)
     return ratios
 
 
@@ -293,7 +318,7 @@ def packages_main(args):
     rows = run_child(__file__, "faultfree",
                      ["--packages", *args.packages, "--repeats", str(args.repeats),
                       "--threads", str(args.threads), "--dtypes", ",".join(args.dtypes),
-                      "--ops", ",".join(args.ops)] + ["--warm"] * args.warm,
+                      "--ops", ",".join(args.ops)] + ["--warm"] * args.warm + ["--torch"] * args.torch,
                      capture_stderr=False)
     print(f"\nA: {args.packages[0]}\nB: {args.packages[1]}\n{args.threads} threads, fault-free "
           f"allocation; median of {args.repeats} interleaved calls (x4 for inputs under 8 MiB) in "
