@@ -1,4 +1,4 @@
-"""Layer norm and batch norm: cynorm vs PyTorch (CPU) vs NumPy, in one process, interleaved.
+"""Layer norm and batch norm: cynorm vs PyTorch (CPU) vs NumPy (and ONNX Runtime), in one process, interleaved.
 
     python benchmarks/bench_norms.py                  # both allocation settings, 1 and 2 threads
     python benchmarks/bench_norms.py --quick          # smoke run: 5 repeats
@@ -18,8 +18,11 @@ weight, bias and running statistics (--ln-param-dtype input: bfloat16 ones
 for layer norm).
 
 Per case and thread count it prints the median ms of cynorm (fresh outputs,
-and out= when cynorm accepts it), torch and NumPy (float32 only), the ratio
-torch/cynorm, the minimal bytes moved (each input read once, each output
+and out= when cynorm accepts it), torch, NumPy (float32 only) and, for the
+float32 forward cases it runs (layer norm, batch norm in inference on
+N,C,... layouts), ONNX Runtime (peers.py: a one-node model, CPU execution
+provider, intra_op_num_threads = the thread count; `pip install '.[bench]'`),
+the ratios torch/cynorm and ORT/cynorm, the minimal bytes moved (each input read once, each output
 written once), the GB/s and % of STREAM triad that implies, and whether the
 case is DRAM-bound (> 16 MiB moved).  DRAM-bound cases start every timed
 call with cold caches (_common.CacheEvictor; --warm skips it).  cynorm
@@ -36,6 +39,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import peers  # noqa: E402
 from _common import (  # noqa: E402
     HERE, SETTINGS, CacheEvictor, cpu_snapshot, median_ms, other_cpu_share, run_child, setting_heading,
     stream_triad_gbs, time_interleaved,
@@ -156,6 +160,16 @@ class Op:
         self.names = names
         self.check = {}
         self.notes = {}
+        self.peers = {}                # name -> make(threads): the callable at that thread count
+
+    def add_peer(self, name, built):
+        """Register a peer from its builder's (make, why); check its first result."""
+        make, why = built
+        if make is None:
+            self.notes[name] = why
+            return
+        self.peers[name] = make
+        self.check_against_ref(name, make(1)())
 
     def try_cynorm(self, name, fn):
         """Register cynorm callable `fn` if a first call works; return its result."""
@@ -226,6 +240,7 @@ def layer_norm_case(cn, shape, dtype, ops, rng, use_out, ln_param_dtype, checks)
         op = fn["layer_norm_fwd"] = Op(2 * nx + 2 * D * ps + 2 * M * ss, nx, ref_fwd, ("y", "mean", "rstd"))
         op.fns["torch"] = lambda: torch.native_layer_norm(tx, [D], tw, tb, EPS)
         op.check_against_ref("torch", tfwd)
+        op.add_peer("onnxruntime", peers.ort_layer_norm(x, w, b, EPS))
         if has("layer_norm"):
             res = op.try_cynorm("cynorm", lambda: cn.layer_norm(x, (D,), w, b, EPS))
             op.check_against_ref("cynorm", res)
@@ -344,6 +359,8 @@ def batch_norm_case(cn, shape, layout, dtype, ops, rng, use_out, checks):
         reset_stats()
         op.fns["torch"] = lambda: torch.native_batch_norm(tx, tw, tb, trm, trv, False, MOMENTUM, EPS)
         op.check_against_ref("torch", op.fns["torch"]())
+        op.add_peer("onnxruntime", peers.ort_batch_norm_eval(x, w32.copy(), b32.copy(), rm32.copy(),
+                                                             rv32.copy(), EPS, channels_last))
         if has("batch_norm"):
             def call_eval(out=None):
                 return cn.batch_norm(x, w, b, rm, rv, training=False, momentum=MOMENTUM, eps=EPS,
@@ -416,6 +433,8 @@ def run_setting(args):
                     op = case[opname]
                     fns = {k: op.fns[k] for k in ("cynorm", "cynorm_out", "torch", "numpy")
                            if k in op.fns and (not args.only or k in args.only)}
+                    fns.update({k: make(threads) for k, make in op.peers.items()
+                                if not args.only or k in args.only})
                     small = op.size_bytes < (8 << 20)
                     reps = args.repeats * (8 if small else 1)
                     inner = 20 if op.size_bytes < (1 << 20) else 1
@@ -455,10 +474,12 @@ def fmt(v, spec=".3f"):
 
 def table(setting, results, stream):
     have_out = any("cynorm_out" in r["ms"] for r in results)
+    have_ort = any("onnxruntime" in r["ms"] for r in results)
     lines = ["", setting_heading(setting), ""]
     head = ["thr", "op", "dtype", "shape", "layout", "MiB moved", "DRAM", "cynorm ms"]
-    head += ["cynorm out= ms"] * have_out + ["torch ms", "numpy ms", "torch/cynorm"]
-    head += ["torch/cynorm out="] * have_out + ["cynorm GB/s (% STREAM)", "torch GB/s (% STREAM)"]
+    head += ["cynorm out= ms"] * have_out + ["torch ms", "numpy ms"] + ["ORT ms"] * have_ort
+    head += ["torch/cynorm"] + ["torch/cynorm out="] * have_out + ["ORT/cynorm"] * have_ort
+    head += ["cynorm GB/s (% STREAM)", "torch GB/s (% STREAM)"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         ms = r["ms"]
@@ -472,16 +493,20 @@ def table(setting, results, stream):
             return f"{g:.1f} ({100 * g / bw:.0f} %)"
         row = [str(r["threads"]), OP_LABEL[r["op"]], r["dtype"], str(tuple(r["shape"])), r["layout"],
                f"{r['bytes'] / 2**20:.1f}", "yes" if r["dram_bound"] else "no", fmt(c)]
-        row += [fmt(co)] * have_out + [fmt(t), fmt(n), fmt(t / c if c and t else None, ".2f")]
-        row += [fmt(t / co if co and t else None, ".2f")] * have_out + [gbs(c), gbs(t)]
+        o = ms.get("onnxruntime")
+        row += [fmt(co)] * have_out + [fmt(t), fmt(n)] + [fmt(o)] * have_ort
+        row += [fmt(t / c if c and t else None, ".2f")]
+        row += [fmt(t / co if co and t else None, ".2f")] * have_out
+        row += [fmt(o / c if c and o else None, ".2f")] * have_ort + [gbs(c), gbs(t)]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
 def anomalies(all_results, busy=None):
-    """Markdown bullets: cynorm slower than torch (worst first), NumPy faster than
-    cynorm, outputs off the float64 reference, cynorm calls not timed, busy machine."""
-    out, skipped, checked, slow, numpy_fast = [], {}, set(), [], []
+    """Markdown bullets: cynorm slower than torch or ONNX Runtime (worst first),
+    NumPy faster than cynorm, outputs off the float64 reference, calls not
+    timed, busy machine."""
+    out, skipped, checked, slow, numpy_fast, ort_fast = [], {}, set(), [], [], []
     timed = 0
     for setting, results in all_results.items():
         for r in results:
@@ -497,6 +522,10 @@ def anomalies(all_results, busy=None):
                                  f"  - {where}: torch/cynorm {t / c:.2f}{outr}; cynorm {c:.3f} ms, torch {t:.3f} ms"))
                 if n is not None and n < c:
                     numpy_fast.append(f"  - {where}: NumPy {n:.3f} ms, cynorm {c:.3f} ms")
+                o = ms.get("onnxruntime")
+                if o is not None and o < c:
+                    ort_fast.append((o / c, f"  - {where}: ORT/cynorm {o / c:.2f}; cynorm {c:.3f} ms, "
+                                            f"ORT {o:.3f} ms"))
             for lib, errs in r["check"].items():
                 bad = {k: e for k, e in errs.items() if not e <= CHECK_TOL[r["dtype"]]}
                 if bad and (lib, case) not in checked:      # checked once per case
@@ -514,6 +543,9 @@ def anomalies(all_results, busy=None):
     if slow:
         out.append(f"- cynorm slower than torch in {len(slow)} of {timed} timed cases (worst first):")
         out += [line for _, line in sorted(slow)]
+    if ort_fast:
+        out.append(f"- ONNX Runtime faster than cynorm in {len(ort_fast)} case(s) (worst first):")
+        out += [line for _, line in sorted(ort_fast)]
     if numpy_fast:
         out.append(f"- NumPy faster than cynorm in {len(numpy_fast)} case(s):")
         out += numpy_fast
