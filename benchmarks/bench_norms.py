@@ -1,12 +1,12 @@
-"""Layer norm and batch norm: cynorm vs PyTorch (CPU) vs NumPy (and ONNX Runtime), in one process, interleaved.
+"""Layer norm and batch norm: cynorm vs PyTorch (CPU), NumPy, ONNX Runtime and JAX, in one process, interleaved.
 
     python benchmarks/bench_norms.py                  # both allocation settings, 1 and 2 threads
     python benchmarks/bench_norms.py --quick          # smoke run: 5 repeats
     python benchmarks/bench_norms.py --ops layer_norm --dtypes float32 --threads 2
     python benchmarks/bench_norms.py --no-cynorm      # torch and NumPy only
 
-Each allocation setting runs in its own child process, as in
-bench_weight_norm.py:
+Each allocation setting and thread count runs in its own child process,
+pinned to that many CPUs (XLA sizes JAX's thread pool from them):
   (a) default   - every library allocates as it normally does;
   (b) faultfree - MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736, so
                   freed memory is reused and fresh outputs cost no page faults.
@@ -21,8 +21,9 @@ Per case and thread count it prints the median ms of cynorm (fresh outputs,
 and out= when cynorm accepts it), torch, NumPy (float32 only) and, for the
 float32 forward cases it runs (layer norm, batch norm in inference on
 N,C,... layouts), ONNX Runtime (peers.py: a one-node model, CPU execution
-provider, intra_op_num_threads = the thread count; `pip install '.[bench]'`),
-the ratios torch/cynorm and ORT/cynorm, the minimal bytes moved (each input read once, each output
+provider, intra_op_num_threads = the thread count), for every forward case
+JAX (jit-compiled formulas; `pip install '.[bench]'` installs both), the
+ratios torch/cynorm, ORT/cynorm and JAX/cynorm, the minimal bytes moved (each input read once, each output
 written once), the GB/s and % of STREAM triad that implies, and whether the
 case is DRAM-bound (> 16 MiB moved).  DRAM-bound cases start every timed
 call with cold caches (_common.CacheEvictor; --warm skips it).  cynorm
@@ -169,7 +170,8 @@ class Op:
             self.notes[name] = why
             return
         self.peers[name] = make
-        self.check_against_ref(name, make(1)())
+        res = make(None)()
+        self.check_against_ref(name, tuple(res) if isinstance(res, (tuple, list)) else (res,))
 
     def try_cynorm(self, name, fn):
         """Register cynorm callable `fn` if a first call works; return its result."""
@@ -241,6 +243,7 @@ def layer_norm_case(cn, shape, dtype, ops, rng, use_out, ln_param_dtype, checks)
         op.fns["torch"] = lambda: torch.native_layer_norm(tx, [D], tw, tb, EPS)
         op.check_against_ref("torch", tfwd)
         op.add_peer("onnxruntime", peers.ort_layer_norm(x, w, b, EPS))
+        op.add_peer("jax", peers.jax_layer_norm(x, w, b, EPS))
         if has("layer_norm"):
             res = op.try_cynorm("cynorm", lambda: cn.layer_norm(x, (D,), w, b, EPS))
             op.check_against_ref("cynorm", res)
@@ -336,6 +339,7 @@ def batch_norm_case(cn, shape, layout, dtype, ops, rng, use_out, checks):
         op.fns["torch"] = lambda: torch.native_batch_norm(tx, tw, tb, trm, trv, True, MOMENTUM, EPS)
         reset_stats()
         op.check_against_ref("torch", tuple(op.fns["torch"]()) + (trm, trv))
+        op.add_peer("jax", peers.jax_batch_norm(x, w32, b32, rm32, rv32, EPS, MOMENTUM, axis, True))
         if has("batch_norm"):
             def call_train(out=None):
                 return cn.batch_norm(x, w, b, rm, rv, training=True, momentum=MOMENTUM, eps=EPS,
@@ -361,6 +365,7 @@ def batch_norm_case(cn, shape, layout, dtype, ops, rng, use_out, checks):
         op.check_against_ref("torch", op.fns["torch"]())
         op.add_peer("onnxruntime", peers.ort_batch_norm_eval(x, w32.copy(), b32.copy(), rm32.copy(),
                                                              rv32.copy(), EPS, channels_last))
+        op.add_peer("jax", peers.jax_batch_norm(x, w32, b32, rm32, rv32, EPS, MOMENTUM, axis, False))
         if has("batch_norm"):
             def call_eval(out=None):
                 return cn.batch_norm(x, w, b, rm, rv, training=False, momentum=MOMENTUM, eps=EPS,
@@ -403,7 +408,22 @@ def batch_norm_case(cn, shape, layout, dtype, ops, rng, use_out, checks):
 
 # --------------------------------------------------------------------------- #
 # one allocation setting, run in a child process
+def pin_to(threads):
+    """Run this process on `threads` CPUs (of those it may use), so that a
+    library that sizes its pool from them (XLA) gets that many; False where
+    it cannot (no sched_setaffinity, or fewer CPUs)."""
+    if not hasattr(os, "sched_setaffinity"):
+        return False
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < threads:
+        return False
+    os.sched_setaffinity(0, cpus[:threads])
+    return True
+
+
 def run_setting(args):
+    if len(args.threads) == 1:         # before anything imports JAX
+        pin_to(args.threads[0])
     import torch
     cn = None
     if not args.no_cynorm:
@@ -433,8 +453,12 @@ def run_setting(args):
                     op = case[opname]
                     fns = {k: op.fns[k] for k in ("cynorm", "cynorm_out", "torch", "numpy")
                            if k in op.fns and (not args.only or k in args.only)}
-                    fns.update({k: make(threads) for k, make in op.peers.items()
-                                if not args.only or k in args.only})
+                    for k, make in op.peers.items():
+                        if not args.only or k in args.only:
+                            try:
+                                fns[k] = make(threads)
+                            except RuntimeError as e:      # JAX in an unpinned process
+                                op.notes[k] = str(e)
                     small = op.size_bytes < (8 << 20)
                     reps = args.repeats * (8 if small else 1)
                     inner = 20 if op.size_bytes < (1 << 20) else 1
@@ -475,10 +499,13 @@ def fmt(v, spec=".3f"):
 def table(setting, results, stream):
     have_out = any("cynorm_out" in r["ms"] for r in results)
     have_ort = any("onnxruntime" in r["ms"] for r in results)
+    have_jax = any("jax" in r["ms"] for r in results)
     lines = ["", setting_heading(setting), ""]
     head = ["thr", "op", "dtype", "shape", "layout", "MiB moved", "DRAM", "cynorm ms"]
     head += ["cynorm out= ms"] * have_out + ["torch ms", "numpy ms"] + ["ORT ms"] * have_ort
+    head += ["JAX ms"] * have_jax
     head += ["torch/cynorm"] + ["torch/cynorm out="] * have_out + ["ORT/cynorm"] * have_ort
+    head += ["JAX/cynorm"] * have_jax
     head += ["cynorm GB/s (% STREAM)", "torch GB/s (% STREAM)"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
@@ -493,20 +520,21 @@ def table(setting, results, stream):
             return f"{g:.1f} ({100 * g / bw:.0f} %)"
         row = [str(r["threads"]), OP_LABEL[r["op"]], r["dtype"], str(tuple(r["shape"])), r["layout"],
                f"{r['bytes'] / 2**20:.1f}", "yes" if r["dram_bound"] else "no", fmt(c)]
-        o = ms.get("onnxruntime")
-        row += [fmt(co)] * have_out + [fmt(t), fmt(n)] + [fmt(o)] * have_ort
+        o, j = ms.get("onnxruntime"), ms.get("jax")
+        row += [fmt(co)] * have_out + [fmt(t), fmt(n)] + [fmt(o)] * have_ort + [fmt(j)] * have_jax
         row += [fmt(t / c if c and t else None, ".2f")]
         row += [fmt(t / co if co and t else None, ".2f")] * have_out
-        row += [fmt(o / c if c and o else None, ".2f")] * have_ort + [gbs(c), gbs(t)]
+        row += [fmt(o / c if c and o else None, ".2f")] * have_ort
+        row += [fmt(j / c if c and j else None, ".2f")] * have_jax + [gbs(c), gbs(t)]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
 def anomalies(all_results, busy=None):
-    """Markdown bullets: cynorm slower than torch or ONNX Runtime (worst first),
+    """Markdown bullets: cynorm slower than torch, ONNX Runtime or JAX (worst first),
     NumPy faster than cynorm, outputs off the float64 reference, calls not
     timed, busy machine."""
-    out, skipped, checked, slow, numpy_fast, ort_fast = [], {}, set(), [], [], []
+    out, skipped, checked, slow, numpy_fast, peer_fast = [], {}, set(), [], [], []
     timed = 0
     for setting, results in all_results.items():
         for r in results:
@@ -522,10 +550,11 @@ def anomalies(all_results, busy=None):
                                  f"  - {where}: torch/cynorm {t / c:.2f}{outr}; cynorm {c:.3f} ms, torch {t:.3f} ms"))
                 if n is not None and n < c:
                     numpy_fast.append(f"  - {where}: NumPy {n:.3f} ms, cynorm {c:.3f} ms")
-                o = ms.get("onnxruntime")
-                if o is not None and o < c:
-                    ort_fast.append((o / c, f"  - {where}: ORT/cynorm {o / c:.2f}; cynorm {c:.3f} ms, "
-                                            f"ORT {o:.3f} ms"))
+                for lib, label in (("onnxruntime", "ORT"), ("jax", "JAX")):
+                    o = ms.get(lib)
+                    if o is not None and o < c:
+                        peer_fast.append((o / c, f"  - {where}: {label}/cynorm {o / c:.2f}; cynorm "
+                                                 f"{c:.3f} ms, {label} {o:.3f} ms"))
             for lib, errs in r["check"].items():
                 bad = {k: e for k, e in errs.items() if not e <= CHECK_TOL[r["dtype"]]}
                 if bad and (lib, case) not in checked:      # checked once per case
@@ -543,9 +572,9 @@ def anomalies(all_results, busy=None):
     if slow:
         out.append(f"- cynorm slower than torch in {len(slow)} of {timed} timed cases (worst first):")
         out += [line for _, line in sorted(slow)]
-    if ort_fast:
-        out.append(f"- ONNX Runtime faster than cynorm in {len(ort_fast)} case(s) (worst first):")
-        out += [line for _, line in sorted(ort_fast)]
+    if peer_fast:
+        out.append(f"- ONNX Runtime or JAX faster than cynorm in {len(peer_fast)} case(s) (worst first):")
+        out += [line for _, line in sorted(peer_fast)]
     if numpy_fast:
         out.append(f"- NumPy faster than cynorm in {len(numpy_fast)} case(s):")
         out += numpy_fast
@@ -631,7 +660,7 @@ def main():
     print("MiB moved: minimal traffic, inputs read once and outputs written once; DRAM: > 16 MiB moved"
           + ("" if args.warm else f"; DRAM cases start every timed call with cold caches (a pass "
              f"over {CacheEvictor.size_mib()} MiB first, a share of it written)"), flush=True)
-    child_args = ["--repeats", str(args.repeats), "--threads", ",".join(map(str, args.threads)),
+    child_args = ["--repeats", str(args.repeats),
                   "--dtypes", ",".join(args.dtypes), "--ops", ",".join(args.ops),
                   "--ln-param-dtype", args.ln_param_dtype]
     child_args += ["--no-cynorm"] * args.no_cynorm + ["--no-out"] * args.no_out + ["--warm"] * args.warm
@@ -640,7 +669,13 @@ def main():
         print(f"[{setting}] running ...", file=sys.stderr, flush=True)
         checks = [] if i == 0 and not args.no_check else ["--no-check"]    # same data: check once
         before = cpu_snapshot()
-        all_results[setting] = run_child(__file__, setting, child_args + checks, capture_stderr=False)
+        # one child per thread count, pinned to as many CPUs: XLA (JAX) sizes its
+        # pool once, from the CPUs the process may use
+        all_results[setting] = sorted(
+            (r for t in args.threads
+             for r in run_child(__file__, setting, child_args + checks + ["--threads", str(t)],
+                                capture_stderr=False)),
+            key=lambda r: (r["threads"], r["order"]))
         busy[setting] = other_cpu_share(before, cpu_snapshot())
         print(table(setting, all_results[setting], stream), flush=True)
         print(f"\nOther processes (and hypervisor steal) used {100 * busy[setting]:.0f} % of the "

@@ -1,12 +1,21 @@
 """Peers that bench_norms.py times next to cynorm and torch on the forward
-cases: ONNX Runtime's CPU execution provider running a one-node model built
-with onnx.helper (LayerNormalization; BatchNormalization in inference mode),
-one session per thread count (intra_op_num_threads).
+cases:
+
+* ONNX Runtime's CPU execution provider running a one-node model built with
+  onnx.helper (LayerNormalization; BatchNormalization in inference mode),
+  one session per thread count (intra_op_num_threads);
+* JAX: the formulas, jit-compiled for the CPU, on arrays already on the
+  device; each call waits for its result (block_until_ready).  XLA sizes
+  its thread pool once, from the CPUs the process may run on: bench_norms.py
+  runs one child per thread count, pinned to that many CPUs
+  (os.sched_setaffinity) before anything imports JAX.
 
 A builder returns (make, None), where make(threads) gives the callable to
-time, or (None, why) when the peer cannot run the case: not installed, a
+time (make(None): at any thread count, for the accuracy check), or (None, why) when the peer cannot run the case: not installed, a
 dtype its CPU kernels lack, or a layout its op does not take.
 """
+import os
+
 import numpy as np
 
 OPSET = 17          # LayerNormalization is in the default domain from opset 17
@@ -39,6 +48,7 @@ def _maker(ort, model, feed):
     sessions = {}
 
     def make(threads):
+        threads = threads or 1
         if threads not in sessions:
             so = ort.SessionOptions()
             so.intra_op_num_threads = threads
@@ -92,3 +102,75 @@ def ort_batch_norm_eval(x, w, b, rm, rv, eps, channels_last):
         return _maker(ort, model, {"X": x, "scale": w, "B": b, "mean": rm, "var": rv}), None
     except Exception as e:  # noqa: BLE001
         return None, f"{type(e).__name__}: {e}"
+
+
+def _jax():
+    try:
+        import jax
+    except ImportError as e:
+        return None, f"not installed ({e.name}; pip install '.[bench]')"
+    return jax, None
+
+
+def _jax_maker(jax, f, args):
+    """make(threads): f jitted on args (on the device), waiting for the
+    result; refused when XLA's pool would not have `threads` threads."""
+    dev_args = [jax.device_put(a) for a in args]
+    jax.block_until_ready(f(*dev_args))          # compiles once
+
+    def make(threads):
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        if threads is not None and cpus != threads:
+            raise RuntimeError(f"JAX at {threads} thread(s) needs a process pinned to as many CPUs "
+                               f"(this one may use {cpus})")
+        return lambda: jax.block_until_ready(f(*dev_args))
+    return make
+
+
+def jax_layer_norm(x, w, b, eps):
+    """(y, mean, rstd) over the last axis; 16-bit x computed in float32 and
+    y rounded back, as torch does."""
+    jax, why = _jax()
+    if jax is None:
+        return None, why
+    import jax.numpy as jnp
+
+    @jax.jit
+    def f(x, w, b):
+        x32 = x.astype(jnp.float32)
+        mean = x32.mean(-1, keepdims=True)
+        rstd = jax.lax.rsqrt(jnp.square(x32 - mean).mean(-1, keepdims=True) + eps)
+        y = (x32 - mean) * rstd * w.astype(jnp.float32) + b.astype(jnp.float32)
+        return y.astype(x.dtype), mean, rstd
+    return _jax_maker(jax, f, (x, w, b)), None
+
+
+def jax_batch_norm(x, w, b, rm, rv, eps, momentum, axis, training):
+    """Batch norm over every axis but `axis`: training returns (y, mean,
+    invstd, new running mean, new running var), inference y; 16-bit x
+    computed in float32."""
+    jax, why = _jax()
+    if jax is None:
+        return None, why
+    import jax.numpy as jnp
+    caxis = axis % x.ndim
+    axes = tuple(i for i in range(x.ndim) if i != caxis)
+    bshape = tuple(x.shape[caxis] if i == caxis else 1 for i in range(x.ndim))
+    n = x.size // x.shape[caxis]
+
+    @jax.jit
+    def train(x, w, b, rm, rv):
+        x32 = x.astype(jnp.float32)
+        mean = x32.mean(axes)
+        var = jnp.square(x32 - mean.reshape(bshape)).mean(axes)
+        invstd = jax.lax.rsqrt(var + eps)
+        y = (x32 - mean.reshape(bshape)) * (invstd * w).reshape(bshape) + b.reshape(bshape)
+        return (y.astype(x.dtype), mean, invstd, (1 - momentum) * rm + momentum * mean,
+                (1 - momentum) * rv + momentum * var * (n / (n - 1)))
+
+    @jax.jit
+    def infer(x, w, b, rm, rv):
+        scale = jax.lax.rsqrt(rv + eps) * w
+        y = x.astype(jnp.float32) * scale.reshape(bshape) + (b - rm * scale).reshape(bshape)
+        return y.astype(x.dtype)
+    return _jax_maker(jax, train if training else infer, (x, w, b, rm, rv)), None
