@@ -1,0 +1,168 @@
+"""Fixed cost of one call: every public op of cynorm and its PyTorch twin on
+tiny float32 inputs, in one process, interleaved, at each thread count.
+
+    python benchmarks/bench_overhead.py                 # 1 and 2 threads
+    python benchmarks/bench_overhead.py --threads 1 --calls 20000
+
+A sample is the mean of `--inner` back-to-back calls; the median of the
+samples (at least `--calls` calls in all) is reported in µs, with
+torch/cynorm (above 1: cynorm's call is the cheaper).  The inputs are a few
+elements, so the time is the cost of crossing into the op: argument checks,
+output allocation, dispatch, the kernel's setup.  Ops with no torch twin
+(nested, jvp, distributed) are not listed; where torch has no CPU kernel
+(its split batch-norm statistics ops are CUDA-only) cynorm is timed alone.
+"""
+import argparse
+import os
+import statistics
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import time_interleaved  # noqa: E402
+
+
+def cases(cn, torch):
+    """(name, cynorm callable, torch callable) on tiny float32 inputs."""
+    rng = np.random.default_rng(0)
+
+    def arr(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    def t(a):
+        return torch.from_numpy(a.copy())
+
+    # one function per family: each keeps its own inputs for its lambdas
+    return [c for family in (weight_norm_cases, layer_norm_cases, batch_norm_cases, softmax_cases)
+            for c in family(cn, torch, arr, t)]
+
+
+def weight_norm_cases(cn, torch, arr, t):
+    """v (4, 3), g one per row, dim 0."""
+    aten = torch.ops.aten
+    v, g, gw = arr(4, 3), np.abs(arr(4, 1)) + 0.5, arr(4, 3)
+    tv, tg, tgw = t(v), t(g), t(gw)
+    _, norm = cn.weight_norm_interface(v, g, 0)
+    _, tnorm = torch._weight_norm_interface(tv, tg, 0)
+    return [
+        ("weight_norm_interface", lambda: cn.weight_norm_interface(v, g, 0),
+         lambda: torch._weight_norm_interface(tv, tg, 0)),
+        ("weight_norm", lambda: cn.weight_norm(v, g, 0), lambda: torch._weight_norm(tv, tg, 0)),
+        ("weight_norm_backward", lambda: cn.weight_norm_backward(gw, v, g, norm, 0),
+         lambda: aten._weight_norm_interface_backward(tgw, tv, tg, tnorm, 0)),
+        ("norm_except_dim", lambda: cn.norm_except_dim(v, 2, 0), lambda: torch.norm_except_dim(tv, 2, 0)),
+    ]
+
+
+def layer_norm_cases(cn, torch, arr, t):
+    """(2, 4) over the last axis."""
+    aten = torch.ops.aten
+    x, dy, w, b = arr(2, 4), arr(2, 4), arr(4), arr(4)
+    tx, tdy, tw, tb = t(x), t(dy), t(w), t(b)
+    _, mean, rstd = cn.layer_norm(x, (4,), w, b)
+    _, tmean, trstd = torch.native_layer_norm(tx, [4], tw, tb, 1e-5)
+    return [
+        ("layer_norm", lambda: cn.layer_norm(x, (4,), w, b), lambda: torch.native_layer_norm(tx, [4], tw, tb, 1e-5)),
+        ("layer_norm_backward", lambda: cn.layer_norm_backward(dy, x, (4,), mean, rstd, w, b),
+         lambda: aten.native_layer_norm_backward(tdy, tx, [4], tmean, trstd, tw, tb, [True] * 3)),
+    ]
+
+
+def batch_norm_cases(cn, torch, arr, t):
+    """(2, 4, 1, 1), channel axis 1, and the split-statistics ops."""
+    aten = torch.ops.aten
+    x, dy, w, b = arr(2, 4, 1, 1), arr(2, 4, 1, 1), arr(4), arr(4)
+    tw, tb = t(w), t(b)
+    rm, rv = arr(4) * 0.1, np.abs(arr(4)) + 0.5
+    rm2, rv2 = rm.copy(), rv.copy()          # updated in place by the training calls
+    tx, tdy, trm, trv = t(x), t(dy), t(rm), t(rv)
+    _, sm, si = cn.batch_norm(x, w, b, rm2, rv2, True)
+    _, tsm, tsi = torch.native_batch_norm(tx, tw, tb, t(rm), t(rv), True, 0.1, 1e-5)
+    cnt = np.full(2, 2.0, np.float32)
+    smean, sinv = np.stack([sm, sm]), np.stack([si, si])
+    sdy, sdyx, _, _ = cn.batch_norm_backward_reduce(dy, x, sm, si, w)
+    tsdy, tsdyx = t(sdy), t(sdyx)
+    tcnt32 = torch.tensor([2, 2], dtype=torch.int32)
+    return [
+        ("batch_norm (training)", lambda: cn.batch_norm(x, w, b, rm2, rv2, True),
+         lambda: torch.native_batch_norm(tx, tw, tb, trm, trv, True, 0.1, 1e-5)),
+        ("batch_norm (inference)", lambda: cn.batch_norm(x, w, b, rm, rv, False),
+         lambda: torch.native_batch_norm(tx, tw, tb, trm, trv, False, 0.1, 1e-5)),
+        ("batch_norm_backward", lambda: cn.batch_norm_backward(dy, x, w, rm, rv, sm, si, True),
+         lambda: aten.native_batch_norm_backward(tdy, tx, tw, trm, trv, tsm, tsi, True, 1e-5, [True] * 3)),
+        ("batch_norm_stats", lambda: cn.batch_norm_stats(x), lambda: torch.batch_norm_stats(tx, 1e-5)),
+        ("batch_norm_gather_stats", lambda: cn.batch_norm_gather_stats(smean, sinv, cnt, rm2, rv2),
+         lambda: torch.batch_norm_gather_stats_with_counts(
+             tx, t(smean), t(sinv), trm, trv, 0.1, 1e-5, t(cnt))),
+        ("batch_norm_elemt", lambda: cn.batch_norm_elemt(x, w, b, sm, si),
+         lambda: torch.batch_norm_elemt(tx, tw, tb, tsm, tsi, 1e-5)),
+        ("batch_norm_backward_reduce", lambda: cn.batch_norm_backward_reduce(dy, x, sm, si, w),
+         lambda: torch.batch_norm_backward_reduce(tdy, tx, tsm, tsi, tw, True, True, True)),
+        ("batch_norm_backward_elemt", lambda: cn.batch_norm_backward_elemt(dy, x, sm, si, w, sdy, sdyx, 4),
+         lambda: torch.batch_norm_backward_elemt(tdy, tx, tsm, tsi, tw, tsdy, tsdyx, tcnt32)),
+    ]
+
+
+def softmax_cases(cn, torch, arr, t):
+    """softmax family, log_sigmoid, nll_loss, trace: (2, 5)."""
+    aten = torch.ops.aten
+    x, dy = arr(2, 5), arr(2, 5)
+    tx, tdy = t(x), t(dy)
+    y, ly = cn.softmax(x, 1), cn.log_softmax(x, 1)
+    ty, tly = torch._softmax(tx, 1, False), torch._log_softmax(tx, 1, False)
+    target = np.array([1, 3])
+    ttarget = torch.from_numpy(target)
+    return [
+        ("softmax", lambda: cn.softmax(x, 1), lambda: torch._softmax(tx, 1, False)),
+        ("log_softmax", lambda: cn.log_softmax(x, 1), lambda: torch._log_softmax(tx, 1, False)),
+        ("softmax_backward_data", lambda: cn.softmax_backward_data(dy, y, 1, np.float32),
+         lambda: aten._softmax_backward_data(tdy, ty, 1, torch.float32)),
+        ("log_softmax_backward_data", lambda: cn.log_softmax_backward_data(dy, ly, 1, np.float32),
+         lambda: aten._log_softmax_backward_data(tdy, tly, 1, torch.float32)),
+        ("log_sigmoid_forward", lambda: cn.log_sigmoid_forward(x), lambda: aten.log_sigmoid_forward(tx)),
+        ("nll_loss_forward", lambda: cn.nll_loss_forward(ly, target),
+         lambda: aten.nll_loss_forward(tly, ttarget, None, 1, -100)),
+        ("trace", lambda: cn.trace(x), lambda: torch.trace(tx)),
+    ]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--threads", default="1,2")
+    p.add_argument("--calls", type=int, default=10000, help="calls per op and library (default 10000)")
+    p.add_argument("--inner", type=int, default=50, help="calls per sample (default 50)")
+    args = p.parse_args()
+    import torch
+
+    import cynorm as cn
+    print(f"cynorm {cn.__version__}, torch {torch.__version__}, numpy {np.__version__}; "
+          f"median of {max(1, args.calls // args.inner)} samples of {args.inner} calls, interleaved\n")
+    print("| threads | op | cynorm µs | torch µs | torch/cynorm |")
+    print("|---|---|---|---|---|")
+    ratios = {}
+    for threads in (int(s) for s in args.threads.split(",")):
+        cn.set_num_threads(threads)
+        torch.set_num_threads(threads)
+        for name, fc, ft in cases(cn, torch):
+            fns = {"cynorm": fc}
+            try:
+                ft()
+                fns["torch"] = ft
+            except (NotImplementedError, RuntimeError):     # no CPU kernel in torch
+                pass
+            s = time_interleaved(fns, max(1, args.calls // args.inner), args.inner)
+            c = statistics.median(s["cynorm"]) * 1e6
+            if "torch" not in s:
+                print(f"| {threads} | {name} | {c:.2f} | – (no CPU kernel) | – |", flush=True)
+                continue
+            t = statistics.median(s["torch"]) * 1e6
+            ratios.setdefault(threads, []).append(t / c)
+            print(f"| {threads} | {name} | {c:.2f} | {t:.2f} | {t / c:.2f} |", flush=True)
+    for threads, r in ratios.items():
+        print(f"\n{threads} thread(s): torch/cynorm median {statistics.median(r):.2f}, "
+              f"cynorm cheaper in {sum(x >= 1 for x in r)} of {len(r)} ops")
+
+
+if __name__ == "__main__":
+    main()
