@@ -330,7 +330,8 @@ def ulps(a_bytes, b_bytes, dtype_key):
     meta = dtype_key.decode() if isinstance(dtype_key, bytes) else dtype_key
     kinds = {"<f4": np.int32, "<f8": np.int64, "<f2": np.int16, "<V2": np.int16}
     for code, it in kinds.items():
-        if meta.startswith(code) and len(a_bytes) == len(b_bytes) and len(a_bytes):
+        if (meta.startswith(code) and len(a_bytes) == len(b_bytes) and len(a_bytes)
+                and len(a_bytes) % np.dtype(it).itemsize == 0):
             ia = np.frombuffer(a_bytes, it).astype(np.int64)
             ib = np.frombuffer(b_bytes, it).astype(np.int64)
             return int(np.max(np.abs(ia - ib)))

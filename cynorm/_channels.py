@@ -90,9 +90,11 @@ def grad_sums(kdy, kx, mean, dims, policy):
 
 
 def normalize_into(kx, ky, m, s, t, dims, policy):
-    """ky = (kx - m) * s + t per channel (float64 coefficients, rounded once)."""
+    """ky = (kx - m) * s + t per channel: s and t rounded once to the math
+    type, m in full (the kernel keeps what rounding m drops, so y keeps the
+    precision of a float64 mean of data far from zero)."""
     A, C, B = dims
-    _kernel("channel_normalize", policy)(_flat(kx), _flat(ky), as_math(m, policy),
+    _kernel("channel_normalize", policy)(_flat(kx), _flat(ky), np.ascontiguousarray(m, np.float64),
                                          as_math(s, policy), as_math(t, policy), A, C, B,
                                          _threads())
 

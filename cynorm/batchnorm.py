@@ -93,7 +93,8 @@ def batch_norm(x, weight=None, bias=None, running_mean=None, running_var=None, t
         mean, var = moments(kx, dims, policy, eps)
         kmean[...] = from_float64(mean, policy.stat)
         kinv[...] = from_float64(invstd_of(var, eps), policy.stat)
-        m, inv = kmean.astype(np.float64), kinv.astype(np.float64)
+        # y: the float64 mean (save_mean is its rounding), the saved invstd
+        m, inv = mean, kinv.astype(np.float64)
     else:
         m = rm.astype(np.float64)
         inv = invstd_of(rv.astype(np.float64), eps)

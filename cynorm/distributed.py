@@ -196,9 +196,9 @@ def sync_batch_norm(x, weight=None, bias=None, running_mean=None, running_var=No
     save_invstd = from_float64(invstd_of(var, eps), stat)
     ky, y = big_out(None, x.shape, x.dtype, transposed)
     if n > 0:
+        # as batch_norm: the float64 mean (save_mean is its rounding), the saved invstd
         inv = save_invstd.astype(np.float64)
-        normalize_into(kx, ky, save_mean.astype(np.float64), *affine(inv, weight, bias, C),
-                       dims, policy)
+        normalize_into(kx, ky, mean, *affine(inv, weight, bias, C), dims, policy)
     if count > 0:
         update_running(rm, rv, mean, var, count, momentum)
     return y, save_mean, save_invstd, count
