@@ -21,7 +21,9 @@ Conventions:
   the running statistics each have x's dtype, or float32 when x is 16-bit
   (PyTorch's mixed-type batch norm).  Statistics are computed in float64 from
   sums of shifted values (exact enough for data with a mean 1e4 times its
-  spread) and returned in float32 (float64 for float64 x).
+  spread) and returned in float32 (float64 for float64 x); training's y
+  keeps the float64 mean's precision (what rounding it to save_mean drops
+  goes into each channel's shift).
 * A zero-size batch gives an empty y, NaN statistics, unchanged running
   statistics and zero grad_weight/grad_bias.  A NaN or inf makes only its own
   channel non-finite.  Results are bitwise identical at any thread count.

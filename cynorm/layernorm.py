@@ -18,7 +18,9 @@ Conventions:
   float64 x.  (PyTorch's CPU kernel returns them in bfloat16 for bfloat16
   input; cynorm keeps statistics in float32 or wider.)
 * Statistics are exact sums of shifted values accumulated in float64 (a row
-  with mean 1e4 and unit spread keeps its variance), and results are bitwise
+  with mean 1e4 and unit spread keeps its variance), and y keeps the float64
+  mean's precision (the stored mean, then the part its rounding dropped:
+  float32 y within ~1e-6 of float64 for such a row).  Results are bitwise
   identical at any thread count.
 * A normalized size of 0 gives an empty y, mean 0 and rstd NaN, as in PyTorch.
   A NaN or inf makes only its own row non-finite.
