@@ -667,13 +667,15 @@ def main():
     all_results, busy = {}, {}
     for i, setting in enumerate(args.settings.split(",")):
         print(f"[{setting}] running ...", file=sys.stderr, flush=True)
-        checks = [] if i == 0 and not args.no_check else ["--no-check"]    # same data: check once
         before = cpu_snapshot()
         # one child per thread count, pinned to as many CPUs: XLA (JAX) sizes its
-        # pool once, from the CPUs the process may use
+        # pool once, from the CPUs the process may use.  The same data in every
+        # child: the first child of the first setting checks it.
         all_results[setting] = sorted(
-            (r for t in args.threads
-             for r in run_child(__file__, setting, child_args + checks + ["--threads", str(t)],
+            (r for k, t in enumerate(args.threads)
+             for r in run_child(__file__, setting,
+                                child_args + ["--threads", str(t)]
+                                + ([] if i == 0 and k == 0 and not args.no_check else ["--no-check"]),
                                 capture_stderr=False)),
             key=lambda r: (r["threads"], r["order"]))
         busy[setting] = other_cpu_share(before, cpu_snapshot())
