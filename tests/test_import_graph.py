@@ -2,23 +2,27 @@
 import order matter and hides half-initialised modules), and no module
 reaches into another module's private kernel handle."""
 import ast
+import importlib.util
 import os
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ("cynorm", "cudnn_bind")
 
 
 def _modules():
-    """{dotted module name: source path} of every .py module of PACKAGES."""
+    """{dotted module name: source path} of every .py module of PACKAGES, in
+    the copy that imports (the source tree, or an installed wheel when the
+    tests run from elsewhere)."""
     mods = {}
     for pkg in PACKAGES:
-        for root, _, files in os.walk(os.path.join(ROOT, pkg)):
+        (pkg_dir,) = importlib.util.find_spec(pkg).submodule_search_locations
+        parent = os.path.dirname(pkg_dir)
+        for root, _, files in os.walk(pkg_dir):
             for f in files:
                 if f.endswith(".py"):
                     path = os.path.join(root, f)
-                    name = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+                    name = os.path.relpath(path, parent)[:-3].replace(os.sep, ".")
                     mods[name.removesuffix(".__init__")] = path
     return mods
 
