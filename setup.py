@@ -204,7 +204,7 @@ def extensions():
                        ("NPY_TARGET_VERSION", "NPY_2_0_API_VERSION")],
     )
     names = ["weight_norm", "layer_norm", "batch_norm", "activations", "segments", "_runtime", "_alloc",
-             "_convert", "_views"]
+             "_convert", "_views", "_plain"]
     exts = [Extension(f"cynorm._kernels.{n}", [f"{KERNELS}/{n}.pyx"],
                       extra_compile_args=cflags + MODULE_FLAGS.get(n, []), **common) for n in names]
     options = dict(compiler_directives={"language_level": 3},

@@ -18,6 +18,9 @@ from cynorm._validation import (
     normalize_dim,
 )
 
+# batch_norm for plain arguments (cynorm/_kernels/_plain.pyx), or None
+plain_batch_norm = _k.forward_plain
+
 # _kernel(name, policy): the entry point for policy's storage type
 _kernel = _kernels.by_storage(_k, ("training_forward", "training_backward",
                                    "channel_moments", "channel_grad_sums",

@@ -33,7 +33,7 @@ import numpy as np
 from cynorm._arrays import big_out, check_big_out, check_distinct, small_out, unalias
 from cynorm._channels import (
     affine, batch_norm_args, channel_input, channel_stat, channel_vector, fused_training,
-    grad_input_into, grad_sums, invstd_of, moments, normalize_into, prepare,
+    grad_input_into, grad_sums, invstd_of, moments, normalize_into, plain_batch_norm, prepare,
     training_backward_into, training_forward_into, update_running,
 )
 from cynorm._dtypes import from_float64
@@ -66,6 +66,11 @@ def batch_norm(x, weight=None, bias=None, running_mean=None, running_var=None, t
     save_mean, save_invstd : ndarray (C,) in training, (0,) in inference;
         float64 for float64 x, float32 otherwise.
     """
+    if out is None:
+        result = plain_batch_norm(x, weight, bias, running_mean, running_var, training, momentum,
+                                  eps, axis)
+        if result is not None:
+            return result
     (x, policy, axis, C, n, training, momentum, eps, weight, bias, rm, rv) = batch_norm_args(
         x, weight, bias, running_mean, running_var, training, momentum, eps, axis)
     if training and n == 1:

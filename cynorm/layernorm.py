@@ -125,6 +125,10 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, *, out=Non
     mean, rstd : ndarray of shape x.shape[:axis] + (1,) * k, where axis =
         x.ndim - k; float64 for float64 x, float32 otherwise.
     """
+    if out is None:
+        result = _k.forward_plain(x, normalized_shape, weight, bias, eps)
+        if result is not None:
+            return result
     x, policy = as_float_array(x, "x")
     ns, (_, wvec), (_, bvec), M, N, stat_shape = _rows(x, normalized_shape, weight, bias, policy)
     eps = check_eps(eps)
@@ -180,6 +184,10 @@ def layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight=None, 
     grad_weight, grad_bias : shape normalized_shape, the dtype of weight
         (bias), or x's dtype when it is None.
     """
+    result = _k.backward_plain(grad_out, x, normalized_shape, mean, rstd, weight, bias,
+                               output_mask)
+    if result is not None:
+        return result
     x, policy = as_float_array(x, "x")
     grad_out, _ = as_float_array(grad_out, "grad_out")
     check_same(grad_out, "grad_out", x.shape, x.dtype, ref="x")

@@ -66,6 +66,17 @@ def empty(shape, dtype, Py_ssize_t nbytes):
         cnp.PyDataMem_SetHandler(old)
 
 
+cdef object new_array(int nd, cnp.npy_intp* dims, int typenum, Py_ssize_t nbytes):
+    """empty() for C callers: an nd-array of dims, C order, dtype number typenum."""
+    if nbytes < <Py_ssize_t>cn_cache.min_size or cn_cache.limit == 0:
+        return cnp.PyArray_EMPTY(nd, dims, typenum, 0)
+    old = cnp.PyDataMem_SetHandler(_capsule)
+    try:
+        return cnp.PyArray_EMPTY(nd, dims, typenum, 0)
+    finally:
+        cnp.PyDataMem_SetHandler(old)
+
+
 def set_cache_limit(limit):
     """Keep at most `limit` bytes of freed output blocks; 0 turns the cache off."""
     limit = int(limit)

@@ -1,4 +1,6 @@
-# The one setting every kernel module reads: the output size from which
-# outputs are written with streaming stores (set_stream_min_bytes).
+# The settings every kernel module reads: the output size from which
+# outputs are written with streaming stores (set_stream_min_bytes), and the
+# thread count of the calling thread (set_num_threads).
 
 cdef Py_ssize_t stream_min_bytes() noexcept nogil
+cdef int max_threads() noexcept nogil

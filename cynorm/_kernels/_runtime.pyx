@@ -32,6 +32,10 @@ def cpu_level():
     return cn_cpu_level()
 
 
+cdef int max_threads() noexcept nogil:
+    return cn_get_max_threads()
+
+
 def get_num_threads():
     return cn_get_max_threads()
 

@@ -1,0 +1,24 @@
+# The plain case of an op's arguments, recognized at C cost by the kernel
+# modules' *_plain entries (see _plain.pyx).
+cimport numpy as cnp
+
+cdef enum:
+    # storage types, in setup.py's DTYPES order (the templates' suffixes)
+    STORAGE_F32 = 0
+    STORAGE_F64 = 1
+    STORAGE_BF16 = 2
+    STORAGE_F16 = 3
+    NOT_PLAIN = -1
+
+cdef int storage_of(object a) noexcept
+cdef bint is_plain(object a, int storage) noexcept
+cdef int math_storage(int storage) noexcept nogil
+cdef int typenum(int storage) noexcept
+cdef Py_ssize_t itemsize(int storage) noexcept nogil
+cdef bint plain_eps(object eps) noexcept
+cdef bint disjoint(object a, object b) noexcept
+cdef bint plain_with_shape(object a, int storage, int nd, const cnp.npy_intp* dims) noexcept
+cdef int trailing_axes(cnp.ndarray x, object shape) noexcept
+cdef void* data(object a) noexcept
+cdef object doubles_as(const double* s, int storage, int nd, const cnp.npy_intp* dims)
+cdef bint plain_mask(object mask) noexcept

@@ -1,0 +1,141 @@
+# cython: language_level=3
+"""The plain case of an op's arguments, recognized at C cost.
+
+Most calls pass what the kernels work on already: exact ndarrays (no
+subclass) of a supported dtype in native byte order, C-contiguous and
+aligned, and no out= arrays.  For those, a kernel module's `*_plain` entry
+checks exactly that, allocates the outputs and runs the kernels, at a
+fraction of the Python layer's cost.  For anything else it returns None
+and the Python layer takes the call: it converts, validates and raises the
+errors.  Both paths run the same kernels on the same arrays, so they give
+the same bits (tests/test_plain_calls.py).
+"""
+import ml_dtypes
+import numpy as np
+cimport numpy as cnp
+
+from cynorm._kernels.common cimport cn_bf16, cn_f16, cn_f32_to_bf16, cn_f32_to_f16
+
+cnp.import_array()
+
+cdef object F32 = np.dtype(np.float32)
+cdef object F64 = np.dtype(np.float64)
+cdef object BF16 = np.dtype(ml_dtypes.bfloat16)
+cdef object F16 = np.dtype(np.float16)
+cdef int TYPENUM[4]
+TYPENUM[:] = [F32.num, F64.num, BF16.num, F16.num]
+
+
+cdef int storage_of(object a) noexcept:
+    """a's storage type (STORAGE_*) if a is a plain array, else NOT_PLAIN."""
+    if type(a) is not cnp.ndarray or not cnp.PyArray_CHKFLAGS(
+            <cnp.ndarray>a, cnp.NPY_ARRAY_C_CONTIGUOUS | cnp.NPY_ARRAY_ALIGNED):
+        return NOT_PLAIN
+    # NumPy's descriptors of native built-in types are singletons (ml_dtypes'
+    # too): an equal but distinct one (unpickled, say) is left to Python
+    d = <object>cnp.PyArray_DESCR(<cnp.ndarray>a)
+    if d is F32:
+        return STORAGE_F32
+    if d is F64:
+        return STORAGE_F64
+    if d is BF16:
+        return STORAGE_BF16
+    if d is F16:
+        return STORAGE_F16
+    return NOT_PLAIN
+
+
+cdef bint is_plain(object a, int storage) noexcept:
+    return storage_of(a) == storage
+
+
+cdef int math_storage(int storage) noexcept nogil:
+    """The dtype of per-channel parameters and statistics for a storage type."""
+    return STORAGE_F64 if storage == STORAGE_F64 else STORAGE_F32
+
+
+cdef int typenum(int storage) noexcept:
+    return TYPENUM[storage]
+
+
+cdef Py_ssize_t itemsize(int storage) noexcept nogil:
+    return 8 if storage == STORAGE_F64 else 4 if storage == STORAGE_F32 else 2
+
+
+cdef bint plain_eps(object eps) noexcept:
+    """eps is a Python float >= 0 (not NaN)."""
+    return type(eps) is float and <double>eps >= 0.0
+
+
+cdef bint disjoint(object a, object b) noexcept:
+    """Two plain arrays' memory does not overlap (None overlaps nothing)."""
+    if a is None or b is None:
+        return True
+    cdef char* pa = <char*>cnp.PyArray_DATA(<cnp.ndarray>a)
+    cdef char* pb = <char*>cnp.PyArray_DATA(<cnp.ndarray>b)
+    return (pa + cnp.PyArray_NBYTES(<cnp.ndarray>a) <= pb
+            or pb + cnp.PyArray_NBYTES(<cnp.ndarray>b) <= pa)
+
+
+cdef bint plain_with_shape(object a, int storage, int nd, const cnp.npy_intp* dims) noexcept:
+    """a is a plain array of `storage` with shape dims[:nd]."""
+    if storage_of(a) != storage or cnp.PyArray_NDIM(<cnp.ndarray>a) != nd:
+        return False
+    cdef const cnp.npy_intp* own = cnp.PyArray_DIMS(<cnp.ndarray>a)
+    cdef int i
+    for i in range(nd):
+        if own[i] != dims[i]:
+            return False
+    return True
+
+
+cdef int trailing_axes(cnp.ndarray x, object shape) noexcept:
+    """How many trailing axes of x `shape` (an int or a tuple of ints) names
+    and matches; 0 when it is anything else."""
+    cdef int nd = cnp.PyArray_NDIM(x)
+    cdef const cnp.npy_intp* dims = cnp.PyArray_DIMS(x)
+    cdef int k, i
+    if type(shape) is int:
+        return 1 if nd >= 1 and shape == dims[nd - 1] else 0
+    if type(shape) is not tuple:
+        return 0
+    k = len(<tuple>shape)
+    if k == 0 or k > nd:
+        return 0
+    for i in range(k):
+        item = (<tuple>shape)[i]
+        if type(item) is not int or item != dims[nd - k + i]:
+            return 0
+    return k
+
+
+cdef void* data(object a) noexcept:
+    """A plain array's data, or NULL for None."""
+    return NULL if a is None else cnp.PyArray_DATA(<cnp.ndarray>a)
+
+
+cdef object doubles_as(const double* s, int storage, int nd, const cnp.npy_intp* dims):
+    """A new array of `storage` and shape dims[:nd] holding the float64 values
+    s, rounded as _dtypes.from_float64 rounds them (16-bit: through float32)."""
+    out = cnp.PyArray_EMPTY(nd, <cnp.npy_intp*>dims, TYPENUM[storage], 0)
+    cdef Py_ssize_t n = cnp.PyArray_SIZE(<cnp.ndarray>out), i
+    cdef void* p = cnp.PyArray_DATA(<cnp.ndarray>out)
+    if storage == STORAGE_F64:
+        for i in range(n):
+            (<double*>p)[i] = s[i]
+    elif storage == STORAGE_F32:
+        for i in range(n):
+            (<float*>p)[i] = <float>s[i]
+    elif storage == STORAGE_BF16:
+        for i in range(n):
+            (<cn_bf16*>p)[i] = cn_f32_to_bf16(<float>s[i])
+    else:
+        for i in range(n):
+            (<cn_f16*>p)[i] = cn_f32_to_f16(<float>s[i])
+    return out
+
+
+cdef bint plain_mask(object mask) noexcept:
+    """mask is a tuple of three bools (an output_mask)."""
+    return (type(mask) is tuple and len(<tuple>mask) == 3 and type((<tuple>mask)[0]) is bool
+            and type((<tuple>mask)[1]) is bool and type((<tuple>mask)[2]) is bool)

@@ -1,0 +1,136 @@
+"""The plain-case entries (cynorm/_kernels/_plain.pyx): a call whose
+arguments are already what the kernels take skips the Python layer.  Each
+case here is such a call: it must take the plain entry (checked), and give
+the same bits as the Python layer, reached with the same data as an
+ndarray subclass (which the plain entries leave to Python)."""
+import ml_dtypes
+import numpy as np
+import pytest
+
+import cynorm
+from cynorm import layernorm
+
+DTYPES = [np.float32, np.float64, ml_dtypes.bfloat16, np.float16]
+
+
+class NotPlain(np.ndarray):
+    """Same data, not an exact ndarray: the plain entries return None."""
+
+
+def via_python(a):
+    return a.view(NotPlain) if isinstance(a, np.ndarray) else a
+
+
+def math_dtype(dtype):
+    return np.float64 if dtype == np.float64 else np.float32
+
+
+def data(shape, dtype, seed=0, mean=0.5):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(shape) * 2 + mean).astype(dtype)
+
+
+def same_bits(got, want):
+    got = got if isinstance(got, tuple) else (got,)
+    want = want if isinstance(want, tuple) else (want,)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        if w is None:
+            assert g is None
+            continue
+        assert type(g) is np.ndarray and type(w) in (np.ndarray, NotPlain)
+        assert g.dtype == w.dtype and g.shape == w.shape
+        assert g.flags.c_contiguous
+        np.testing.assert_array_equal(g.view(np.uint8), np.asarray(w).view(np.uint8))
+
+
+@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
+def threads(request):
+    old = cynorm.get_num_threads()
+    cynorm.set_num_threads(request.param)
+    yield request.param
+    cynorm.set_num_threads(old)
+
+
+LN_SHAPES = [((2, 4), (4,)), ((3, 5, 7), (5, 7)), ((6, 300), 300), ((1, 1), (1,)),
+             ((40, 2000), (2000,))]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,ns", LN_SHAPES)
+@pytest.mark.parametrize("affine", [True, False])
+def test_layer_norm(dtype, shape, ns, affine, threads):
+    x = data(shape, dtype, mean=1e4 if dtype == np.float32 else 0.5)
+    nsh = (ns,) if isinstance(ns, int) else ns
+    w = data(nsh, math_dtype(dtype), 1) if affine else None
+    b = data(nsh, math_dtype(dtype), 2) if affine else None
+    assert layernorm._k.forward_plain(x, ns, w, b, 1e-5) is not None
+    got = cynorm.layer_norm(x, ns, w, b, 1e-5)
+    same_bits(got, cynorm.layer_norm(via_python(x), ns, w, b, 1e-5))
+
+    dy = data(shape, dtype, 3)
+    _, mean, rstd = got
+    for mask in [(True, True, True), (True, False, False), (False, True, True),
+                 (False, False, True)]:
+        args = (dy, x, ns, mean, rstd, w, b, mask)
+        assert layernorm._k.backward_plain(*args) is not None
+        same_bits(cynorm.layer_norm_backward(*args),
+                  cynorm.layer_norm_backward(via_python(dy), *args[1:]))
+    flat = (mean.reshape(-1), rstd.reshape(-1))       # saved statistics as (M,)
+    same_bits(cynorm.layer_norm_backward(dy, x, ns, *flat, w, b),
+              cynorm.layer_norm_backward(via_python(dy), x, ns, *flat, w, b))
+
+
+@pytest.mark.parametrize("call", [
+    lambda x, w: layernorm._k.forward_plain(x, (4,), w, w, 1),         # eps an int
+    lambda x, w: layernorm._k.forward_plain(x, (4,), w, w, float("nan")),
+    lambda x, w: layernorm._k.forward_plain(x, (4,), w, None, 1e-5),   # weight without bias
+    lambda x, w: layernorm._k.forward_plain(x, (True,), w, w, 1e-5),   # a bool in the shape
+    lambda x, w: layernorm._k.forward_plain(x, [4], w, w, 1e-5),       # a list
+    lambda x, w: layernorm._k.forward_plain(x, (3,), w, w, 1e-5),      # not x's trailing axes
+    lambda x, w: layernorm._k.forward_plain(x[:, ::2], (2,), None, None, 1e-5),
+    lambda x, w: layernorm._k.forward_plain(x.astype(">f4"), (4,), w, w, 1e-5),
+    lambda x, w: layernorm._k.forward_plain(x, (4,), w.astype(np.float64), w, 1e-5),
+    lambda x, w: layernorm._k.forward_plain(x[:0], (4,), w, w, 1e-5),  # no rows
+    lambda x, w: layernorm._k.forward_plain(x.tolist(), (4,), w, w, 1e-5),
+    lambda x, w: layernorm._k.backward_plain(x, x, (4,), x[:, :1], x[:, :1], w, w, [True] * 3),
+    lambda x, w: layernorm._k.backward_plain(x, x, (4,), x[:1, :1], x[:, :1], w, w, None),
+])
+def test_layer_norm_leaves_the_rest_to_python(call):
+    x = data((2, 4), np.float32)
+    w = data(4, np.float32, 1)
+    assert call(x, w) is None
+
+
+BN_SHAPES = [((2, 4, 1, 1), 1), ((2, 16, 32, 32), 1), ((3, 5, 200), 1), ((4, 6, 7, 3), -1),
+             ((64, 10), 1), ((5, 9), -1), ((3, 70, 2), 1), ((2, 3, 20, 20), 1)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,axis", BN_SHAPES)
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("params", ["all", "none", "no running"])
+def test_batch_norm(dtype, shape, axis, training, params, threads):
+    from cynorm import _channels
+    x = data(shape, dtype, mean=1e4 if dtype == np.float32 else 0.5)
+    C = shape[axis]
+    md = math_dtype(dtype)
+    w = data(C, md, 1) if params == "all" else None
+    b = data(C, md, 2) if params == "all" else None
+    if params == "no running" and not training:
+        return
+    rm = data(C, md, 3) * 0.1 if params != "no running" else None
+    rv = np.abs(data(C, md, 4)) + 0.5 if params != "no running" else None
+
+    def run(xx, plain):
+        rm2 = None if rm is None else rm.copy()
+        rv2 = None if rv is None else rv.copy()
+        if plain:
+            assert _channels.plain_batch_norm(xx, w, b, rm2, rv2, training, 0.1, 1e-5,
+                                              axis) is not None
+            rm2 = None if rm is None else rm.copy()
+            rv2 = None if rv is None else rv.copy()
+        out = cynorm.batch_norm(xx, w, b, rm2, rv2, training, 0.1, 1e-5, axis)
+        return out + tuple(a for a in (rm2, rv2) if a is not None)
+
+    same_bits(run(x, True), run(via_python(x), False))
