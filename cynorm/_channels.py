@@ -18,8 +18,10 @@ from cynorm._validation import (
     normalize_dim,
 )
 
-# batch_norm for plain arguments (cynorm/_kernels/_plain.pyx), or None
+# batch_norm and batch_norm_backward for plain arguments
+# (cynorm/_kernels/_plain.pyx), or None
 plain_batch_norm = _k.forward_plain
+plain_batch_norm_backward = _k.backward_plain
 
 # _kernel(name, policy): the entry point for policy's storage type
 _kernel = _kernels.by_storage(_k, ("training_forward", "training_backward",

@@ -33,7 +33,8 @@ import numpy as np
 from cynorm._arrays import big_out, check_big_out, check_distinct, small_out, unalias
 from cynorm._channels import (
     affine, batch_norm_args, channel_input, channel_stat, channel_vector, fused_training,
-    grad_input_into, grad_sums, invstd_of, moments, normalize_into, plain_batch_norm, prepare,
+    grad_input_into, grad_sums, invstd_of, moments, normalize_into, plain_batch_norm,
+    plain_batch_norm_backward, prepare,
     training_backward_into, training_forward_into, update_running,
 )
 from cynorm._dtypes import from_float64
@@ -139,6 +140,10 @@ BACKWARD_NAMES = {k: k for k in ("grad_out", "x", "save_invstd", "training", "ep
 def backward(grad_out, x, weight, running_mean, running_var, save_mean, save_invstd, training,
              eps, output_mask, axis, names):
     """batch_norm_backward, its errors naming the arguments as `names` spells them."""
+    result = plain_batch_norm_backward(grad_out, x, weight, running_mean, running_var, save_mean,
+                                       save_invstd, training, eps, output_mask, axis)
+    if result is not None:
+        return result
     x, policy, axis, C, n = channel_input(x, axis, names["x"])
     grad_out, _ = as_float_array(grad_out, names["grad_out"])
     check_same(grad_out, names["grad_out"], x.shape, x.dtype, ref=names["x"])

@@ -95,6 +95,10 @@ def norm_except_dim(v, pow=2, dim=0, *, out=None):
     but `dim`.  Sums accumulate in float64; 16-bit inputs round once at the end
     (a float16 norm above 65504 becomes inf, as in PyTorch).
     """
+    if out is None:
+        result = _k.norm_plain(v, pow, dim)
+        if result is not None:
+            return result
     v, policy = as_float_array(v, "v")
     dim = normalize_dim(dim, v.ndim)
     kind, p = _norm_kind(pow)
@@ -151,6 +155,10 @@ def weight_norm_interface(v, g, dim=0, *, out=None):
     w : ndarray, v's shape and dtype: v * g / ||v||.
     norm : ndarray, g's shape; float32 for 16-bit v, else v's dtype.
     """
+    if out is None:
+        result = _k.forward_plain(v, g, dim)
+        if result is not None:
+            return result
     w_out, norm_out = split_out(out, ("w", "norm"))
     return _forward(v, g, dim, w_out, "out[0] (w)", norm_out)
 
@@ -160,6 +168,10 @@ def weight_norm(v, g, dim=0, *, out=None):
 
     ``out`` is a single array of v's shape and dtype.
     """
+    if out is None:
+        result = _k.forward_plain(v, g, dim)
+        if result is not None:
+            return result[0]
     return _forward(v, g, dim, out, "out", None)[0]
 
 
@@ -185,6 +197,10 @@ def weight_norm_backward(grad_w, saved_v, saved_g, saved_norm, dim=0, *, out=Non
     grad_v : ndarray, v's shape and dtype.
     grad_g : ndarray, g's shape and dtype.
     """
+    if out is None:
+        result = _k.backward_plain(grad_w, saved_v, saved_g, saved_norm, dim)
+        if result is not None:
+            return result
     v, policy = as_float_array(saved_v, "saved_v")
     grad_w, _ = as_float_array(grad_w, "grad_w")
     check_same(grad_w, "grad_w", v.shape, v.dtype, ref="saved_v")

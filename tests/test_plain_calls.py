@@ -41,7 +41,8 @@ def same_bits(got, want):
         assert type(g) is np.ndarray and type(w) in (np.ndarray, NotPlain)
         assert g.dtype == w.dtype and g.shape == w.shape
         assert g.flags.c_contiguous
-        np.testing.assert_array_equal(g.view(np.uint8), np.asarray(w).view(np.uint8))
+        np.testing.assert_array_equal(g.reshape(-1).view(np.uint8),
+                                      np.asarray(w).reshape(-1).view(np.uint8))
 
 
 @pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
@@ -134,3 +135,111 @@ def test_batch_norm(dtype, shape, axis, training, params, threads):
         return out + tuple(a for a in (rm2, rv2) if a is not None)
 
     same_bits(run(x, True), run(via_python(x), False))
+
+
+WN_CASES = [((4, 3), 0), ((4, 3), 1), ((4, 3), None), ((64, 100), 0), ((64, 100), -1),
+            ((5, 6, 7), 1), ((3, 300, 2), 2), ((200, 40), 1), ((2, 3), -2)]
+
+
+def kept(shape, dim):
+    return tuple(1 for _ in shape) if dim is None else tuple(
+        s if i == dim % len(shape) else 1 for i, s in enumerate(shape))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,dim", WN_CASES)
+@pytest.mark.parametrize("g_form", ["keepdims", "flat"])
+def test_weight_norm(dtype, shape, dim, g_form, threads):
+    from cynorm import weightnorm
+    v = data(shape, dtype)
+    gshape = kept(shape, dim)
+    if g_form == "flat":
+        gshape = (1,) if dim is None else (shape[dim],)
+    g = np.abs(data(gshape, math_dtype(dtype), 1)) + 0.5
+    assert weightnorm._k.forward_plain(v, g, dim) is not None
+    fwd = cynorm.weight_norm_interface(v, g, dim)
+    same_bits(fwd, cynorm.weight_norm_interface(via_python(v), g, dim))
+    same_bits(cynorm.weight_norm(v, g, dim), cynorm.weight_norm(via_python(v), g, dim))
+    gw = data(shape, dtype, 2)
+    norm = fwd[1]
+    assert weightnorm._k.backward_plain(gw, v, g, norm, dim) is not None
+    same_bits(cynorm.weight_norm_backward(gw, v, g, norm, dim),
+              cynorm.weight_norm_backward(via_python(gw), v, g, norm, dim))
+    for pw in (2, 1, float("inf"), 3, 2.5, 0.5):
+        assert weightnorm._k.norm_plain(v, pw, dim) is not None
+        same_bits(cynorm.norm_except_dim(v, pw, dim),
+                  cynorm.norm_except_dim(via_python(v), pw, dim))
+
+
+@pytest.mark.parametrize("call", [
+    lambda v, g: __import__("cynorm.weightnorm").weightnorm._k.forward_plain(v, g, 2),
+    lambda v, g: __import__("cynorm.weightnorm").weightnorm._k.forward_plain(v, g, True),
+    lambda v, g: __import__("cynorm.weightnorm").weightnorm._k.forward_plain(v, g[:2], 0),
+    lambda v, g: __import__("cynorm.weightnorm").weightnorm._k.forward_plain(
+        v, g.astype(np.float64), 0),
+    lambda v, g: __import__("cynorm.weightnorm").weightnorm._k.forward_plain(v[:0], g[:0], 0),
+    lambda v, g: __import__("cynorm.weightnorm").weightnorm._k.norm_plain(v, 0, 0),
+    lambda v, g: __import__("cynorm.weightnorm").weightnorm._k.norm_plain(v, -1.0, 0),
+    lambda v, g: __import__("cynorm.weightnorm").weightnorm._k.norm_plain(v, float("nan"), 0),
+    lambda v, g: __import__("cynorm.weightnorm").weightnorm._k.norm_plain(v, True, 0),
+    lambda v, g: __import__("cynorm.weightnorm").weightnorm._k.norm_plain(v, 10**400, 0),
+    lambda v, g: __import__("cynorm.weightnorm").weightnorm._k.backward_plain(v, v, g, g, 1),
+])
+def test_weight_norm_leaves_the_rest_to_python(call):
+    v = data((4, 3), np.float32)
+    g = np.abs(data((4, 1), np.float32, 1)) + 0.5
+    assert call(v, g) is None
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,axis", BN_SHAPES)
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("weighted", [True, False])
+def test_batch_norm_backward(dtype, shape, axis, training, weighted, threads):
+    from cynorm import _channels
+    x = data(shape, dtype, mean=1e4 if dtype == np.float32 else 0.5)
+    dy = data(shape, dtype, 5)
+    C = shape[axis]
+    md = math_dtype(dtype)
+    w = data(C, md, 1) if weighted else None
+    rm, rv = data(C, md, 3) * 0.1, np.abs(data(C, md, 4)) + 0.5
+    _, sm, si = cynorm.batch_norm(x, w, None, None, None, True, 0.1, 1e-5, axis)
+    for mask in [(True, True, True), (True, False, False), (False, True, False),
+                 (False, False, True), (False, False, False)]:
+        args = (dy, x, w, rm, rv, sm, si, training, 1e-5, mask, axis)
+        assert _channels.plain_batch_norm_backward(*args) is not None
+        same_bits(cynorm.batch_norm_backward(*args),
+                  cynorm.batch_norm_backward(via_python(dy), *args[1:]))
+
+
+@pytest.mark.parametrize("call", [
+    lambda x, v: __import__("cynorm._channels")._channels.plain_batch_norm(
+        x, v, v, v, v, 1, 0.1, 1e-5, 1),                       # training an int
+    lambda x, v: __import__("cynorm._channels")._channels.plain_batch_norm(
+        x, v, v, v, v, True, 0.1, 0.0, 1),                     # eps 0 in training
+    lambda x, v: __import__("cynorm._channels")._channels.plain_batch_norm(
+        x, v, v, v, v, True, float("nan"), 1e-5, 1),
+    lambda x, v: __import__("cynorm._channels")._channels.plain_batch_norm(
+        x, v, v, v, v.copy(), True, 0.1, 1e-5, 1),             # running_mean is weight
+    lambda x, v: __import__("cynorm._channels")._channels.plain_batch_norm(
+        x, None, None, v, v, True, 0.1, 1e-5, 1),              # both running stats one array
+    lambda x, v: __import__("cynorm._channels")._channels.plain_batch_norm(
+        x, None, None, None, v, False, 0.1, 1e-5, 1),          # inference without running_mean
+    lambda x, v: __import__("cynorm._channels")._channels.plain_batch_norm(
+        x[:1, :, :1, :1], None, None, None, None, True, 0.1, 1e-5, 1),   # one value per channel
+    lambda x, v: __import__("cynorm._channels")._channels.plain_batch_norm(
+        x, None, None, None, None, True, 0.1, 1e-5, 4),
+    lambda x, v: __import__("cynorm._channels")._channels.plain_batch_norm(
+        x, v[:2], None, None, None, True, 0.1, 1e-5, 1),
+    lambda x, v: __import__("cynorm._channels")._channels.plain_batch_norm(
+        x, None, None, np.frombuffer(v.tobytes(), np.float32), None, True, 0.1, 1e-5, 1),
+    lambda x, v: __import__("cynorm._channels")._channels.plain_batch_norm_backward(
+        x, x, v, v, v, v, v, True, 1e-5, (True, True, 1), 1),
+    lambda x, v: __import__("cynorm._channels")._channels.plain_batch_norm_backward(
+        x, x, v, v, v, None, v, True, 1e-5, (True, True, True), 1),
+])
+def test_batch_norm_leaves_the_rest_to_python(call):
+    x = data((2, 4, 3, 3), np.float32)
+    v = np.abs(data(4, np.float32, 1)) + 0.5
+    rv = v.copy()
+    assert call(x, rv) is None
