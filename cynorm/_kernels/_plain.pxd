@@ -22,3 +22,4 @@ cdef int trailing_axes(cnp.ndarray x, object shape) noexcept
 cdef void* data(object a) noexcept
 cdef object doubles_as(const double* s, int storage, int nd, const cnp.npy_intp* dims)
 cdef bint plain_mask(object mask) noexcept
+cdef bint split_at(cnp.ndarray a, object axis, Py_ssize_t* dims3) noexcept

@@ -139,3 +139,27 @@ cdef bint plain_mask(object mask) noexcept:
     """mask is a tuple of three bools (an output_mask)."""
     return (type(mask) is tuple and len(<tuple>mask) == 3 and type((<tuple>mask)[0]) is bool
             and type((<tuple>mask)[1]) is bool and type((<tuple>mask)[2]) is bool)
+
+
+cdef bint split_at(cnp.ndarray a, object axis, Py_ssize_t* dims3) noexcept:
+    """(A, D, B): the products of a's axes before `axis`, its length, and the
+    product after; axis an int in range, or None: the whole array as one
+    slice.  False if axis is anything else."""
+    cdef int nd = cnp.PyArray_NDIM(a), i, d
+    cdef cnp.npy_intp* dims = cnp.PyArray_DIMS(a)
+    if axis is None:
+        dims3[0] = dims3[1] = 1
+        dims3[2] = cnp.PyArray_SIZE(a)
+        return True
+    if type(axis) is not int or not -nd <= axis < nd:
+        return False
+    d = axis
+    d = d + nd if d < 0 else d
+    dims3[0] = dims3[2] = 1
+    dims3[1] = dims[d]
+    for i in range(nd):
+        if i < d:
+            dims3[0] *= dims[i]
+        elif i > d:
+            dims3[2] *= dims[i]
+    return True
