@@ -55,9 +55,14 @@ if cn_cache_init(_limit_from_env(), MIN_SIZE) != 0:
 cdef object _capsule = PyCapsule_New(<void*>&cn_handler, b"mem_handler", NULL)
 
 
+cdef inline bint cached(Py_ssize_t nbytes) noexcept:
+    # an output of nbytes goes through the block cache: it is on, and the output large
+    return nbytes >= <Py_ssize_t>cn_cache.min_size and cn_cache.limit != 0
+
+
 def empty(shape, dtype, Py_ssize_t nbytes):
     """np.empty(shape, dtype), through the block cache when nbytes is large."""
-    if nbytes < <Py_ssize_t>cn_cache.min_size or cn_cache.limit == 0:
+    if not cached(nbytes):
         return np.empty(shape, dtype)
     old = cnp.PyDataMem_SetHandler(_capsule)
     try:
@@ -68,7 +73,7 @@ def empty(shape, dtype, Py_ssize_t nbytes):
 
 cdef object new_array(int nd, cnp.npy_intp* dims, int typenum, Py_ssize_t nbytes):
     """empty() for C callers: an nd-array of dims, C order, dtype number typenum."""
-    if nbytes < <Py_ssize_t>cn_cache.min_size or cn_cache.limit == 0:
+    if not cached(nbytes):
         return cnp.PyArray_EMPTY(nd, dims, typenum, 0)
     old = cnp.PyDataMem_SetHandler(_capsule)
     try:

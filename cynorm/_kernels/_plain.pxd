@@ -11,7 +11,6 @@ cdef enum:
     NOT_PLAIN = -1
 
 cdef int storage_of(object a) noexcept
-cdef bint is_plain(object a, int storage) noexcept
 cdef int math_storage(int storage) noexcept nogil
 cdef int typenum(int storage) noexcept
 cdef Py_ssize_t itemsize(int storage) noexcept nogil

@@ -45,10 +45,6 @@ cdef int storage_of(object a) noexcept:
     return NOT_PLAIN
 
 
-cdef bint is_plain(object a, int storage) noexcept:
-    return storage_of(a) == storage
-
-
 cdef int math_storage(int storage) noexcept nogil:
     """The dtype of per-channel parameters and statistics for a storage type."""
     return STORAGE_F64 if storage == STORAGE_F64 else STORAGE_F32
