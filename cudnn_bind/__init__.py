@@ -19,7 +19,8 @@ from cudnn_bind.batch_norm import (
 from cudnn_bind.descriptors import (
     PER_ACTIVATION, SPATIAL, SPATIAL_PERSISTENT, ActivationDescriptor, TensorDescriptor,
     derive_bn_descriptor)
-from cudnn_bind.errors import CudaError, CudnnBindError, CudnnError, CudnnUnavailableError
+from cudnn_bind.errors import (
+    CudaError, CudnnBindError, CudnnError, CudnnUnavailableError, UnsupportedError)
 from cudnn_bind.handles import Handle, handle_for
 from cudnn_bind.memory import DeviceArray, DeviceBuffer
 
@@ -29,7 +30,8 @@ __all__ = [
     "can_use_cudnn", "choose_mode", "DeviceArray", "DeviceBuffer", "Handle", "handle_for",
     "TensorDescriptor", "ActivationDescriptor", "derive_bn_descriptor", "PER_ACTIVATION",
     "SPATIAL", "SPATIAL_PERSISTENT", "TRAINING_MAX_BATCH", "INFERENCE_MAX_BATCH",
-    "CudnnBindError", "CudnnError", "CudaError", "CudnnUnavailableError",
+    "CudnnBindError", "CudnnError", "CudaError", "CudnnUnavailableError", "UnsupportedError",
+    "empty_cache", "memory_info",
 ]
 
 
@@ -47,6 +49,20 @@ def reset():
 def version():
     """cuDNN's version number (e.g. 92800 for 9.28.0); CudnnUnavailableError if none loads."""
     return _lib.get().version
+
+
+def empty_cache():
+    """Hand the device memory cached by cudnn_bind's pool (cudnn_bind.pool)
+    back to CUDA; each device holding cached blocks is synchronized first."""
+    _lib.get().pool.empty_cache()
+
+
+def memory_info():
+    """{'live_bytes': ..., 'cached_bytes': ...} of cudnn_bind's pool: memory
+    owned by DeviceArrays, DeviceBuffers and workspaces, and memory kept
+    for reuse."""
+    pool = _lib.get().pool
+    return {"live_bytes": pool.live_bytes, "cached_bytes": pool.cached_bytes}
 
 
 def device_count():

@@ -5,6 +5,7 @@ big for a C int or a pointer; float() raises OverflowError for a huge int.
 These raise TypeError (wrong type) or ValueError (out of range) naming the
 argument instead.
 """
+import ctypes
 import math
 import operator
 
@@ -56,6 +57,8 @@ def integers(values, name, lo=None, hi=None):
 
 def real(value, name):
     """value as a finite Python float (not a bool or a string)."""
+    if type(value) is float and value - value == 0.0:  # finite: the common case
+        return value
     if not isinstance(value, (bool, np.bool_, str, bytes)):
         try:
             value = float(value)
@@ -68,3 +71,23 @@ def real(value, name):
                 raise ValueError(f"{name} must be finite, got {value}")
             return value
     raise TypeError(f"{name} must be a real number, got {type(value).__name__} {show(value)}")
+
+
+def stream_value(stream, name="stream"):
+    """A cudaStream_t as an int: None (the legacy default stream, 0), an int,
+    or a stream object of PyTorch (.cuda_stream), CuPy (.ptr) or Numba
+    (.handle)."""
+    if stream is None:
+        return 0
+    try:
+        return integer(stream, name, 0, UINT64_MAX)
+    except TypeError:  # not an int: a stream object
+        pass
+    for attr in ("cuda_stream", "ptr", "handle"):
+        value = getattr(stream, attr, None)
+        if isinstance(value, ctypes.c_void_p):  # Numba's stream.handle
+            value = value.value or 0
+        if isinstance(value, int) and not isinstance(value, bool):
+            return integer(value, f"{name}.{attr}", 0, UINT64_MAX)
+    raise TypeError(f"{name} must be None, an int cudaStream_t or an object with .ptr / "
+                    f".cuda_stream, got {type(stream).__name__}")

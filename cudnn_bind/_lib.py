@@ -26,6 +26,7 @@ import sys
 import threading
 
 from cudnn_bind.errors import CudaError, CudnnError, CudnnUnavailableError, status_name
+from cudnn_bind.pool import Pool
 
 __all__ = ["Library", "get", "load", "reset", "CUDNN_FUNCTIONS", "CUDART_FUNCTIONS"]
 
@@ -33,7 +34,7 @@ c_int, c_size_t, c_double, c_void_p, c_char_p = (
     ctypes.c_int, ctypes.c_size_t, ctypes.c_double, ctypes.c_void_p, ctypes.c_char_p)
 P = ctypes.POINTER
 # opaque handles and descriptors are pointers; enums are int
-HANDLE = DESC = STREAM = c_void_p
+HANDLE = DESC = STREAM = EVENT = c_void_p
 
 # name: (restype, argtypes).  cudnnStatus_t and cudaError_t are int.
 CUDNN_FUNCTIONS = {
@@ -83,9 +84,21 @@ CUDNN9_FUNCTIONS = {
 
 
 class PointerAttributes(ctypes.Structure):
-    # struct cudaPointerAttributes (CUDA 11 and later)
+    """struct cudaPointerAttributes of CUDA 11 and 12 (24 bytes)."""
     _fields_ = [("type", c_int), ("device", c_int), ("devicePointer", c_void_p),
                 ("hostPointer", c_void_p)]
+
+
+class PointerAttributes13(ctypes.Structure):
+    """struct cudaPointerAttributes of CUDA 13: the same fields, then
+    reserved words the runtime writes too (88 bytes)."""
+    _fields_ = PointerAttributes._fields_ + [("reserved", ctypes.c_long * 8)]
+
+
+def pointer_attributes_type(runtime_version):
+    """The ctypes struct matching cudaPointerAttributes of a runtime version
+    (cudaRuntimeGetVersion: 12090 for 12.9)."""
+    return PointerAttributes13 if runtime_version >= 13000 else PointerAttributes
 
 
 CUDART_FUNCTIONS = {
@@ -97,10 +110,16 @@ CUDART_FUNCTIONS = {
     "cudaMalloc": (c_int, [P(c_void_p), c_size_t]),
     "cudaFree": (c_int, [c_void_p]),
     "cudaMemcpy": (c_int, [c_void_p, c_void_p, c_size_t, c_int]),
+    "cudaMemcpyAsync": (c_int, [c_void_p, c_void_p, c_size_t, c_int, STREAM]),
+    "cudaEventCreateWithFlags": (c_int, [P(EVENT), ctypes.c_uint]),
+    "cudaEventRecord": (c_int, [EVENT, STREAM]),
+    "cudaEventDestroy": (c_int, [EVENT]),
+    "cudaStreamWaitEvent": (c_int, [STREAM, EVENT, ctypes.c_uint]),
     "cudaMemset": (c_int, [c_void_p, c_int, c_size_t]),
     "cudaDeviceSynchronize": (c_int, []),
     "cudaStreamSynchronize": (c_int, [STREAM]),
-    "cudaPointerGetAttributes": (c_int, [P(PointerAttributes), c_void_p]),
+    # the struct's size depends on the runtime's version: declared per Library
+    "cudaPointerGetAttributes": (c_int, [c_void_p, c_void_p]),
     "cudaGetErrorString": (c_char_p, [c_int]),
     "cudaGetErrorName": (c_char_p, [c_int]),
     "cudaGetLastError": (c_int, []),
@@ -111,6 +130,7 @@ CUDA_MEMCPY_DEVICE_TO_HOST = 2
 CUDA_MEMCPY_DEVICE_TO_DEVICE = 3
 CUDA_MEMORY_TYPE_DEVICE = 2
 CUDA_MEMORY_TYPE_MANAGED = 3
+CUDA_EVENT_DISABLE_TIMING = 2
 
 
 def _site_dirs():
@@ -203,8 +223,16 @@ class Library:
         self.cudart, self.cudart_path = _open(cudart_candidates(cuda_major, cudart),
                                               f"CUDA {cuda_major} runtime (libcudart)")
         _declare(self.cudart, CUDART_FUNCTIONS, self.cudart_path, "CUDA runtime library")
-        # cuDNN 8 requires eps >= 1e-5 (CUDNN_BN_MIN_EPSILON); 9 allows 0
-        self.min_epsilon = 1e-5 if self.major == 8 else 0.0
+        runtime = c_int()
+        self.cuda("cudaRuntimeGetVersion", ctypes.byref(runtime))
+        self.runtime_version = runtime.value
+        self.PointerAttributes = pointer_attributes_type(self.runtime_version)
+        self.cudart.cudaPointerGetAttributes.argtypes = [P(self.PointerAttributes), c_void_p]
+        self.pool = Pool(self)
+        # descriptors and sizes per call signature (batch_norm.py's plans)
+        self.plans = {}
+        # CUDNN_BN_MIN_EPSILON is 0.0 in the cuDNN 8 and 9 headers (1e-5 was cuDNN 7's)
+        self.min_epsilon = 0.0
 
     # -- errors -----------------------------------------------------------
     def last_error_detail(self):
@@ -254,6 +282,10 @@ def before_unload(fn):
 def _unload_hooks():
     for fn in _BEFORE_UNLOAD:
         fn()
+    lib = _STATE["lib"]
+    if lib is not None:
+        lib.plans.clear()  # their descriptors are destroyed with them
+        lib.pool.close()   # last: the hooks above hand their blocks back first
 
 
 def _path_arg(value, name):

@@ -4,18 +4,32 @@ Three calls of cuDNN's legacy batch-norm API (deprecated in cuDNN 9, still
 supported): cudnnBatchNormalizationForwardTrainingEx, ...ForwardInference and
 ...BackwardEx.  Every argument is checked here before any of them runs: the
 real library dereferences some NULL arguments instead of returning an error.
+
+What depends only on a call's signature (x's shape, strides and dtype, the
+mode asked for, the fused op) is a `_Plan`, built once per library and
+reused: the layout and mode the rules (cudnn_bind.rules) chose, the tensor,
+derived and activation descriptors, and cuDNN's workspace and reserve sizes
+per device.  A repeated call makes only the CUDA and cuDNN calls that do
+work: no descriptor, cudaMalloc or cudaFree on the steady path.
+
+Streams: a call runs on `stream=`, else PyTorch's or CuPy's current stream
+for their arrays, else the stream x was produced on (a DeviceArray's
+`stream`, the "stream" key of `__cuda_array_interface__`), else the legacy
+default stream.  Inputs produced on another stream are waited for with an
+event; outputs, workspace and reserve are allocated for the call's stream.
 """
-import contextlib
 import ctypes
+import math
 
 from cudnn_bind import _lib
-from cudnn_bind._args import UINT64_MAX, integer, real, show
+from cudnn_bind._args import integer, real, show, stream_value
 from cudnn_bind.descriptors import (
-    OPS_BN, OPS_BN_ACTIVATION, OPS_BN_ADD_ACTIVATION, PER_ACTIVATION, SPATIAL,
-    SPATIAL_PERSISTENT, ActivationDescriptor, TensorDescriptor, bn_mode, derive_bn_descriptor)
-from cudnn_bind.errors import CudnnBindError
-from cudnn_bind.handles import Handle, device_guard, handle_for
-from cudnn_bind.memory import DTYPE_SIZES, as_view, empty_like_layout
+    OPS_BN, OPS_BN_ACTIVATION, OPS_BN_ADD_ACTIVATION, PER_ACTIVATION, ActivationDescriptor,
+    TensorDescriptor, bn_mode, derive_bn_descriptor)
+from cudnn_bind.errors import CudnnBindError, UnsupportedError
+from cudnn_bind.handles import Handle, cached_handle
+from cudnn_bind.memory import DTYPE_SIZES, DeviceArray, as_view, current_device, new_arrays
+from cudnn_bind.rules import layout_of, packed, plan_mode
 
 __all__ = ["batch_norm_forward_training", "batch_norm_forward_inference", "batch_norm_backward",
            "can_use_cudnn", "choose_mode", "TRAINING_MAX_BATCH", "INFERENCE_MAX_BATCH"]
@@ -24,61 +38,40 @@ __all__ = ["batch_norm_forward_training", "batch_norm_forward_inference", "batch
 TRAINING_MAX_BATCH = 880801
 INFERENCE_MAX_BATCH = 65535
 _INT32_MAX = 2 ** 31 - 1
+# plans kept per library (the least recently built goes first)
+MAX_PLANS = 256
+
+# alpha = 1, beta = 0: double for double data, float otherwise
+_ONE_ZERO = {True: (ctypes.byref(ctypes.c_double(1.0)), ctypes.byref(ctypes.c_double(0.0))),
+             False: (ctypes.byref(ctypes.c_float(1.0)), ctypes.byref(ctypes.c_float(0.0)))}
 
 
 # ---- argument checks ---------------------------------------------------------
 
-def _packed(v, order):
-    """Whether v is densely packed with its dimensions, innermost first, in
-    `order` (size-1 dimensions may have any stride)."""
-    acc = 1
-    for i in order:
-        if v.shape[i] != 1 and v.strides[i] != acc:
-            return False
-        acc *= v.shape[i]
-    return True
-
-
-def _layout(v, name):
-    """'contiguous' (N,C,...) or 'channels_last' (N,...,C), else ValueError."""
-    nd = v.ndim
-    if _packed(v, range(nd - 1, -1, -1)):
-        return "contiguous"
-    if nd in (4, 5) and _packed(v, [1] + list(range(nd - 1, 1, -1)) + [0]):
-        return "channels_last"
-    raise ValueError(f"{name} must be contiguous in N,C,... order or channels-last, "
-                     f"got shape {v.shape} with strides {v.strides} (elements)")
-
-
 def choose_mode(ndim, layout, training):
-    """The cudnnBatchNormMode_t ATen picks (getCudnnBatchNormMode) for an
-    input of `ndim` (2 to 5) dimensions in `layout` ('contiguous' or
-    'channels_last')."""
+    """The cudnnBatchNormMode_t cudnn_bind picks for an input of `ndim` (2 to
+    5) dimensions in `layout` ('contiguous' or 'channels_last') without a
+    fused op: ATen's choice (getCudnnBatchNormMode), SPATIAL_PERSISTENT for
+    channels-last training and SPATIAL otherwise, except that 2-D input runs
+    in SPATIAL mode as (N, C, 1, 1) (see cudnn_bind.rules)."""
     ndim = integer(ndim, "ndim", 2, 5)
     if not isinstance(layout, str) or layout not in ("contiguous", "channels_last"):
         raise ValueError(f"layout must be 'contiguous' or 'channels_last', got {show(layout)}")
-    if ndim == 2:
-        return PER_ACTIVATION
-    if training and layout == "channels_last":
-        return SPATIAL_PERSISTENT
-    return SPATIAL
+    return plan_mode(ndim, layout, None, 0, bool(training))
 
 
-def _mode(mode, ndim, layout, training):
-    if mode is None:
-        return choose_mode(ndim, layout, training)
-    return bn_mode(mode)
-
-
-def _ops(activation, z):
+def _fused(activation, z):
     if activation is not None and not (isinstance(activation, str) and activation == "relu"):
         raise ValueError(f"activation must be None or 'relu', got {show(activation)}")
     if z is not None:
         if activation != "relu":
             raise ValueError("z (the residual added before the activation) needs activation='relu': "
                              "cuDNN fuses bn(x) + z only with an activation")
-        return OPS_BN_ADD_ACTIVATION
-    return OPS_BN_ACTIVATION if activation == "relu" else OPS_BN
+        return "add_relu"
+    return "relu" if activation == "relu" else None
+
+
+_OPS = {None: OPS_BN, "relu": OPS_BN_ACTIVATION, "add_relu": OPS_BN_ADD_ACTIVATION}
 
 
 def _param_dtype(x_dtype):
@@ -86,17 +79,16 @@ def _param_dtype(x_dtype):
     return "float64" if x_dtype == "float64" else "float32"
 
 
-def _check_x(x, name="x"):
+def _check_x(x):
     if x.dtype not in ("float32", "float64", "float16", "bfloat16"):
-        raise TypeError(f"{name} must be float32, float64, float16 or bfloat16, got {x.dtype}")
+        raise TypeError(f"x must be float32, float64, float16 or bfloat16, got {x.dtype}")
     if not 2 <= x.ndim <= 5:
-        raise ValueError(f"{name} must have 2 to 5 dimensions (N, C, ...), got shape {x.shape}")
+        raise ValueError(f"x must have 2 to 5 dimensions (N, C, ...), got shape {x.shape}")
     if x.shape[1] < 1:
-        raise ValueError(f"{name} must have at least one channel, got shape {x.shape}")
+        raise ValueError(f"x must have at least one channel, got shape {x.shape}")
     if x.size >= _INT32_MAX:
-        raise ValueError(f"{name} has {x.size} elements; cuDNN batch norm indexes with 32 bits "
+        raise ValueError(f"x has {x.size} elements; cuDNN batch norm indexes with 32 bits "
                          f"(at most {_INT32_MAX - 1})")
-    return _layout(x, name)
 
 
 def _check_like(v, x, name, layout):
@@ -104,36 +96,42 @@ def _check_like(v, x, name, layout):
         raise ValueError(f"{name} must have x's shape {x.shape}, got {v.shape}")
     if v.dtype != x.dtype:
         raise TypeError(f"{name} must have x's dtype {x.dtype}, got {v.dtype}")
-    if v.ndim >= 4 and v.size and _layout(v, name) != layout:
+    if v.strides == x.strides:
+        return
+    if layout_of(v.shape, v.strides, name) != layout and v.size:
         raise ValueError(f"{name} must have x's memory layout ({layout})")
-    if v.ndim < 4:
-        _layout(v, name)
 
 
 def _check_param(v, name, count, dtype):
+    if v.dtype == dtype and v.shape == (count,) and (v.strides == (1,) or count == 1):
+        return  # the common case, decided at once
     if v.dtype != dtype:
         data = "float64" if dtype == "float64" else "float32, float16 or bfloat16"
         raise TypeError(f"{name} must be {dtype} for {data} data (cuDNN's rule), got {v.dtype}")
     if v.size != count:
         raise ValueError(f"{name} must have {count} elements, got shape {v.shape}")
-    if not _packed(v, range(v.ndim - 1, -1, -1)):
+    if not packed(v.shape, v.strides, range(v.ndim - 1, -1, -1)):
         raise ValueError(f"{name} must be contiguous, got strides {v.strides} (elements)")
 
 
-def _same_device(views):
+def _same_device(names, views):
+    """The device all views (named by `names`) are on, None if only empty
+    arrays without memory; ValueError naming the arrays otherwise."""
     # an empty array may have no memory (pointer 0) and so no device
-    devices = {(n, v.device) for n, v in views if v is not None and (v.size or v.ptr)}
+    present = {v.device for v in views if v is not None and (v.ptr or v.size)}
+    if len(present) == 1 and None not in present:
+        return present.pop()  # the common case
+    devices = {(n, v.device) for n, v in zip(names, views)
+               if v is not None and (v.ptr or v.size)}
     known = {d for _, d in devices if d is not None}
     if len(known) > 1:
         where = ", ".join(f"{n} on {d}" for n, d in sorted(devices, key=str))
         raise ValueError(f"all arrays must be on the same device, got {where}")
     if not known:
         return None
-    if None in {d for _, d in devices}:
-        host = [n for n, d in devices if d is None]
-        raise ValueError(f"{', '.join(host)}: not device memory (cudaPointerGetAttributes "
-                         "reports host or unregistered memory)")
-    return known.pop()
+    host = sorted(n for n, d in devices if d is None)
+    raise ValueError(f"{', '.join(host)}: not device memory (cudaPointerGetAttributes "
+                     "reports host or unregistered memory)")
 
 
 def _eps(eps, lib):
@@ -144,35 +142,30 @@ def _eps(eps, lib):
     return eps
 
 
-def _stream(stream, ref):
-    """The cudaStream_t to run on: `stream`, else the stream PyTorch or CuPy
-    would use for ref's device (as ATen does), else the legacy default (0)."""
-    if stream is None:
-        if ref.kind == "torch":
-            import torch
-            return int(torch.cuda.current_stream(ref.device).cuda_stream)
-        if ref.kind == "cupy":
-            import cupy
-            with cupy.cuda.Device(ref.device):
-                return int(cupy.cuda.get_current_stream().ptr)
-        return 0
-    try:
-        return integer(stream, "stream", 0, UINT64_MAX)
-    except TypeError:  # not an int: a stream object
-        pass
-    for attr in ("cuda_stream", "ptr", "handle"):
-        value = getattr(stream, attr, None)
-        if isinstance(value, ctypes.c_void_p):  # Numba's stream.handle
-            value = value.value or 0
-        if isinstance(value, int) and not isinstance(value, bool):
-            return integer(value, f"stream.{attr}", 0, UINT64_MAX)
-    raise TypeError(f"stream must be None, an int cudaStream_t or an object with .ptr / "
-                    f".cuda_stream, got {type(stream).__name__}")
+def _stream(stream, x):
+    """The cudaStream_t to run on (see the module docstring)."""
+    if stream is not None:
+        return stream_value(stream, "stream")
+    if type(x) is DeviceArray:
+        return x.stream or 0
+    module = type(x).__module__
+    if module.startswith("torch") and getattr(x, "is_cuda", False):
+        import torch
+        return int(torch.cuda.current_stream(x.device).cuda_stream)
+    if module.startswith("cupy") and hasattr(x, "device"):
+        import cupy
+        with x.device:
+            return int(cupy.cuda.get_current_stream().ptr)
+    cai = getattr(x, "__cuda_array_interface__", None)
+    own = cai.get("stream") if isinstance(cai, dict) else None
+    # the interface's 1 is the legacy default stream; 0 is invalid there
+    # (as_view says so) and means the legacy default stream here
+    return 0 if own in (None, 1) or not isinstance(own, int) else own
 
 
 def _handle(handle, device, lib):
     if handle is None:
-        return handle_for(device, lib)
+        return cached_handle(device, lib)
     if not isinstance(handle, Handle):
         raise TypeError(f"handle must be None or a cudnn_bind Handle, got {type(handle).__name__}")
     # the real library dereferences a NULL or stale handle instead of failing
@@ -184,102 +177,139 @@ def _handle(handle, device, lib):
     return handle
 
 
-def _scalars(dtype):
-    # alpha/beta point to double for double data, to float otherwise
-    ctype = ctypes.c_double if dtype == "float64" else ctypes.c_float
-    return ctypes.byref(ctype(1.0)), ctypes.byref(ctype(0.0))
-
-
-def _new_like(x, ref_view, dtype=None):
-    return empty_like_layout(ref_view, x.shape, x.strides, dtype or x.dtype)
-
-
-def _out(out, x, name, layout):
-    if out is None:
-        return None, None
-    v = as_view(out, name)
-    _check_like(v, x, name, layout)
-    _writable(v, name)
-    return out, v
-
-
 def _writable(v, name):
     if v is not None and v.read_only:
         raise ValueError(f"{name} is read-only (its exporter says so) but batch norm writes it")
 
 
-class _Call:
-    """Descriptors and checked views shared by the three entry points."""
-
-    def __init__(self, x, training, mode, activation, z, lib):
-        self.lib = lib
-        self.x = as_view(x, "x", lib)
-        self.layout = _check_x(self.x)
-        self.mode = _mode(mode, self.x.ndim, self.layout, training)
-        self.ops = _ops(activation, z)
-        self.z = None
-        if z is not None:
-            self.z = as_view(z, "z", lib)
-            _check_like(self.z, self.x, "z", self.layout)
-        self.pdtype = _param_dtype(self.x.dtype)
-        # cuDNN has no empty tensors: an empty x is described with its zero
-        # sizes as 1 (only the parameter shapes are used then; no call runs)
-        shape = tuple(max(d, 1) for d in self.x.shape) if self.x.size == 0 else self.x.shape
-        self.xdesc = TensorDescriptor(shape, self.x.strides, self.x.dtype,
-                                      channels_last=self.layout == "channels_last")
-        self.bndesc = derive_bn_descriptor(self.xdesc, self.mode)
-        self.nparam = 1
-        for d in self.bndesc.get()[1]:
-            self.nparam *= d
-        self.act = ActivationDescriptor() if self.ops != OPS_BN else None
-        self._guard = contextlib.ExitStack()
-
-    def on_device(self, device, handle):
-        """Make the arrays' device current until close(); return the handle
-        to use and the stream set on it for this call."""
-        if device is None:  # only empty arrays: the current device
-            current = ctypes.c_int()
-            self.lib.cuda("cudaGetDevice", ctypes.byref(current))
-            device = current.value
-        self._guard.enter_context(device_guard(self.lib, device))
-        return _handle(handle, device, self.lib)
-
-    @property
-    def actdesc(self):
-        return self.act.value if self.act is not None else None
-
-    def close(self):
-        for d in (self.xdesc, self.bndesc, self.act):
-            if d is not None:
-                d.close()
-        self._guard.close()
-
-    def new_param(self):
-        return empty_like_layout(self.x, (self.nparam,), (1,), self.pdtype)
-
-    def reserve_size(self, handle):
-        size = ctypes.c_size_t()
-        self.lib.call("cudnnGetBatchNormalizationTrainingExReserveSpaceSize", handle.ptr,
-                      self.mode, self.ops, self.actdesc, self.xdesc.value, ctypes.byref(size))
-        return size.value
-
-
-def _params(call, named, required):
-    views = {}
-    for name, obj in named.items():
+def _params(plan, named, required, lib, stream):
+    """Views of the parameter vectors (name, array) pairs, checked; None for
+    those not given (an error if `required`)."""
+    views = []
+    for name, obj in named:
         if obj is None:
             if name in required:
                 raise ValueError(f"{name} is required (cuDNN batch norm has no default for it)")
-            views[name] = None
+            views.append(None)
             continue
-        v = as_view(obj, name, call.lib)
-        _check_param(v, name, call.nparam, call.pdtype)
-        views[name] = v
+        v = as_view(obj, name, lib, stream)
+        _check_param(v, name, plan.nparam, plan.pdtype)
+        views.append(v)
     return views
 
 
 def _ptr(v):
     return v.ptr if v is not None else None
+
+
+# ---- plans -------------------------------------------------------------------------
+
+class _Plan:
+    """Layout, mode, descriptors and sizes for one call signature."""
+
+    def __init__(self, lib, x, mode, fused, training):
+        self.lib = lib
+        self.layout = layout_of(x.shape, x.strides, "x")
+        self.mode = plan_mode(x.ndim, self.layout, x.dtype, x.shape[1], training, mode, fused,
+                              lib.version)
+        self.ops = _OPS[fused]
+        self.pdtype = _param_dtype(x.dtype)
+        self.double = x.dtype == "float64"
+        # cudnnDeriveBNTensorDescriptor's shape: (1, C, 1, ...) or, per
+        # activation, (1, C, spatial...)
+        self.nparam = x.shape[1] * (math.prod(x.shape[2:]) if self.mode == PER_ACTIVATION else 1)
+        self.param_spec = ((self.nparam,), (1,), self.pdtype)
+        self.per_channel = x.size // x.shape[1]
+        self.empty = x.size == 0
+        channels_last = self.layout == "channels_last"
+        # cuDNN has no empty tensors: an empty x is described with its zero
+        # sizes as 1 (only the parameter shapes are used then; no call runs)
+        shape = tuple(max(d, 1) for d in x.shape)
+        self.xdesc = TensorDescriptor(shape, x.strides, x.dtype, channels_last=channels_last)
+        self.bndesc = derive_bn_descriptor(self.xdesc, self.mode)
+        self.act = ActivationDescriptor() if self.ops != OPS_BN else None
+        self.actdesc = self.act.value if self.act is not None else None
+        self.xd, self.bnd = self.xdesc.value, self.bndesc.value
+        self.zd = self.xd if fused == "add_relu" else None
+        self._sizes = {}
+        # inference: batches over INFERENCE_MAX_BATCH run in chunks of it
+        self.chunks = None
+        if not training and x.shape[0] > INFERENCE_MAX_BATCH:
+            n, step = x.shape[0], INFERENCE_MAX_BATCH
+            full = TensorDescriptor((step,) + shape[1:], x.strides, x.dtype,
+                                    channels_last=channels_last)
+            rest = n % step
+            last = (TensorDescriptor((rest,) + shape[1:], x.strides, x.dtype,
+                                     channels_last=channels_last) if rest else None)
+            self.chunks = [(n0, full if n0 + step <= n else last) for n0 in range(0, n, step)]
+
+    def sizes(self, h, what):
+        """cuDNN's byte count `what` ('forward', 'backward' workspace or
+        'reserve') for this signature on h's device (asked once per device)."""
+        key = (h.device, what)
+        size = self._sizes.get(key)
+        if size is None:
+            out = ctypes.c_size_t()
+            lib, xd = self.lib, self.xd
+            # ATen, CuPy and TensorFlow pass x's descriptor for z, y, dy, dz
+            # and dx in the size queries: never NULL
+            if what == "forward":
+                lib.call("cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize", h.ptr,
+                         self.mode, self.ops, xd, xd, xd, self.bnd, self.actdesc,
+                         ctypes.byref(out))
+            elif what == "backward":
+                lib.call("cudnnGetBatchNormalizationBackwardExWorkspaceSize", h.ptr, self.mode,
+                         self.ops, xd, xd, xd, xd, xd, self.bnd, self.actdesc, ctypes.byref(out))
+            else:
+                lib.call("cudnnGetBatchNormalizationTrainingExReserveSpaceSize", h.ptr,
+                         self.mode, self.ops, self.actdesc, xd, ctypes.byref(out))
+            size = self._sizes[key] = out.value
+        return size
+
+
+def _plan(lib, call, x, mode, fused):
+    """The cached _Plan for this call's signature (built and checked on first use)."""
+    if mode is not None:
+        mode = bn_mode(mode)
+    key = (call, x.shape, x.strides, x.dtype, mode, fused)
+    plans = lib.plans
+    plan = plans.get(key)
+    if plan is None:
+        _check_x(x)
+        plan = _Plan(lib, x, mode, fused, call != "inference")
+        if len(plans) >= MAX_PLANS:
+            plans.pop(next(iter(plans)), None)
+        plans[key] = plan
+    return plan
+
+
+def _enter_device(lib, device):
+    """Make `device` current (None: keep the current one, for calls with only
+    empty arrays); returns (device, the device to restore or None).  PyTorch
+    and CuPy notice a changed current device, so the caller's comes back."""
+    current = current_device(lib)
+    if device is None or device == current:
+        return current, None
+    lib.cuda("cudaSetDevice", device)
+    return device, current
+
+
+def _leave_device(lib, previous):
+    if previous is not None:
+        lib.cuda("cudaSetDevice", previous)
+
+
+def _start(h, stream, views):
+    """Point h at `stream` and make it wait for the inputs' producers."""
+    h.use_stream(stream)
+    waited = None
+    for v in views:
+        if v is not None and v.stream is not None and v.stream != stream:
+            if waited is None:
+                waited = set()
+            if v.stream not in waited:
+                h.wait_for(v.stream, stream)
+                waited.add(v.stream)
 
 
 # ---- forward, training ---------------------------------------------------------
@@ -292,55 +322,63 @@ def batch_norm_forward_training(x, weight, bias, running_mean=None, running_var=
     Returns (y, save_mean, save_invstd, reserve).  running_mean/running_var
     (both or neither) are updated in place: new = (1 - f) * old + f * batch,
     with the unbiased batch variance.  activation='relu' fuses a ReLU; z
-    (x's shape) fuses y = relu(bn(x) + z).  `reserve` must be passed to the
-    matching batch_norm_backward."""
+    (x's shape) fuses y = relu(bn(x) + z); cuDNN has those kernels only for
+    float16 channels-last x with C % 4 == 0 (UnsupportedError otherwise).
+    `reserve` must be passed to the matching batch_norm_backward."""
     lib = _lib.get()
     eps = _eps(eps, lib)
     factor = real(exponential_average_factor, "exponential_average_factor")
-    call = _Call(x, True, mode, activation, z, lib)
+    fused = _fused(activation, z)
+    st = _stream(stream, x)
+    xv = as_view(x, "x", lib, st)
+    plan = _plan(lib, "training", xv, mode, fused)
+    if xv.shape[0] > TRAINING_MAX_BATCH:
+        raise ValueError(f"x has a batch of {xv.shape[0]}; cuDNN batch-norm training is limited to "
+                         f"N <= {TRAINING_MAX_BATCH} (PyTorch's limit): split the batch or use "
+                         "cynorm's split-statistics ops")
+    if plan.per_channel <= 1:
+        raise ValueError("Expected more than 1 value per channel when training, got x of "
+                         f"shape {xv.shape}")
+    if (running_mean is None) != (running_var is None):
+        raise ValueError("running_mean and running_var must be given together or not at all")
+    zv = None
+    if z is not None:
+        zv = as_view(z, "z", lib, st)
+        _check_like(zv, xv, "z", plan.layout)
+    wv, bv, rmv, rvv = _params(plan, (("weight", weight), ("bias", bias),
+                                      ("running_mean", running_mean),
+                                      ("running_var", running_var)), ("weight", "bias"), lib, st)
+    yv = None
+    if out is not None:
+        yv = as_view(out, "out", lib, st)
+        _check_like(yv, xv, "out", plan.layout)
+        _writable(yv, "out")
+    _writable(rmv, "running_mean")  # updated in place
+    _writable(rvv, "running_var")
+    views = (xv, zv, yv, wv, bv, rmv, rvv)
+    device = _same_device(("x", "z", "out", "weight", "bias", "running_mean", "running_var"), views)
+    device, previous = _enter_device(lib, device)
     try:
-        xv = call.x
-        if xv.shape[0] > TRAINING_MAX_BATCH:
-            raise ValueError(f"x has a batch of {xv.shape[0]}; cuDNN batch-norm training is limited to "
-                             f"N <= {TRAINING_MAX_BATCH} (PyTorch's limit): split the batch or use "
-                             "cynorm's split-statistics ops")
-        if xv.size // xv.shape[1] <= 1:
-            raise ValueError("Expected more than 1 value per channel when training, got x of "
-                             f"shape {xv.shape}")
-        if (running_mean is None) != (running_var is None):
-            raise ValueError("running_mean and running_var must be given together or not at all")
-        p = _params(call, {"weight": weight, "bias": bias, "running_mean": running_mean,
-                           "running_var": running_var}, required=("weight", "bias"))
-        y, yv = _out(out, xv, "out", call.layout)
-        _writable(p["running_mean"], "running_mean")  # updated in place
-        _writable(p["running_var"], "running_var")
-        device = _same_device([("x", xv), ("z", call.z), ("out", yv)] + list(p.items()))
-        h = call.on_device(device, handle)
-        st = _stream(stream, xv)
-        h.set_stream(st)
-        if y is None:
-            y = _new_like(xv, xv)
-            yv = as_view(y, "y", lib)
-        save_mean, save_invstd = call.new_param(), call.new_param()
-        sm, si = as_view(save_mean, "save_mean", lib), as_view(save_invstd, "save_invstd", lib)
-        ws_size = ctypes.c_size_t()
-        lib.call("cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize", h.ptr, call.mode,
-                 call.ops, call.xdesc.value, call.xdesc.value if call.z else None, call.xdesc.value,
-                 call.bndesc.value, call.actdesc, ctypes.byref(ws_size))
-        ws = h.workspace(ws_size.value, xv, st)
-        rs_size = call.reserve_size(h)
-        reserve = empty_like_layout(xv, (rs_size,), (1,), "uint8")
-        rs = as_view(reserve, "reserve", lib)
-        one, zero = _scalars(xv.dtype)
-        lib.call("cudnnBatchNormalizationForwardTrainingEx", h.ptr, call.mode, call.ops, one, zero,
-                 call.xdesc.value, xv.ptr, call.xdesc.value if call.z else None, _ptr(call.z),
-                 call.xdesc.value, yv.ptr, call.bndesc.value, p["weight"].ptr, p["bias"].ptr,
-                 factor, _ptr(p["running_mean"]),
-                 _ptr(p["running_var"]), eps, sm.ptr, si.ptr, call.actdesc, ws or None,
-                 ws_size.value, rs.ptr or None, rs_size)
-        return y, save_mean, save_invstd, reserve
+        h = _handle(handle, device, lib)
+        ws_size, rs_size = plan.sizes(h, "forward"), plan.sizes(h, "reserve")
+        _start(h, st, views)
+        kind = xv.kind
+        if out is None:
+            (out,), (y_ptr,) = new_arrays(kind, device, st, [(xv.shape, xv.strides, xv.dtype)], lib)
+        else:
+            y_ptr = yv.ptr
+        # saved for backward together: one block
+        (save_mean, save_invstd, reserve), (sm, si, rs) = new_arrays(
+            kind, device, st, [plan.param_spec, plan.param_spec, ((rs_size,), (1,), "uint8")], lib)
+        ws = h.workspace(ws_size, kind, st)
+        one, zero = _ONE_ZERO[plan.double]
+        lib.call("cudnnBatchNormalizationForwardTrainingEx", h.ptr, plan.mode, plan.ops, one, zero,
+                 plan.xd, xv.ptr, plan.zd, _ptr(zv), plan.xd, y_ptr, plan.bnd, wv.ptr, bv.ptr,
+                 factor, _ptr(rmv), _ptr(rvv), eps,
+                 sm, si, plan.actdesc, ws or None, ws_size, rs or None, rs_size)
     finally:
-        call.close()
+        _leave_device(lib, previous)
+    return out, save_mean, save_invstd, reserve
 
 
 # ---- forward, inference --------------------------------------------------------
@@ -352,44 +390,44 @@ def batch_norm_forward_inference(x, weight, bias, running_mean, running_var, eps
     Batches over 65535 samples (PyTorch's limit for this call) run in chunks."""
     lib = _lib.get()
     eps = _eps(eps, lib)
-    call = _Call(x, False, mode, None, None, lib)
-    chunk_descs = []
+    st = _stream(stream, x)
+    xv = as_view(x, "x", lib, st)
+    plan = _plan(lib, "inference", xv, mode, None)
+    wv, bv, rmv, rvv = _params(plan, (("weight", weight), ("bias", bias),
+                                      ("running_mean", running_mean),
+                                      ("running_var", running_var)),
+                               ("weight", "bias", "running_mean", "running_var"), lib, st)
+    yv = None
+    if out is not None:
+        yv = as_view(out, "out", lib, st)
+        _check_like(yv, xv, "out", plan.layout)
+        _writable(yv, "out")
+    views = (xv, yv, wv, bv, rmv, rvv)
+    device = _same_device(("x", "out", "weight", "bias", "running_mean", "running_var"), views)
+    device, previous = _enter_device(lib, device)
     try:
-        xv = call.x
-        p = _params(call, {"weight": weight, "bias": bias, "running_mean": running_mean,
-                           "running_var": running_var},
-                    required=("weight", "bias", "running_mean", "running_var"))
-        y, yv = _out(out, xv, "out", call.layout)
-        device = _same_device([("x", xv), ("out", yv)] + list(p.items()))
-        h = call.on_device(device, handle)
-        h.set_stream(_stream(stream, xv))
-        if y is None:
-            y = _new_like(xv, xv)
-            yv = as_view(y, "y", lib)
-        if xv.size == 0:  # an empty batch: nothing for cuDNN to do
-            return y
-        one, zero = _scalars(xv.dtype)
-        n = xv.shape[0]
-        step = INFERENCE_MAX_BATCH
-        isz = DTYPE_SIZES[xv.dtype]
-        for n0 in range(0, n, step):
-            rows = min(step, n - n0)
-            if rows == n:
-                desc = call.xdesc
-            else:
-                desc = TensorDescriptor((rows,) + xv.shape[1:], xv.strides, xv.dtype,
-                                        channels_last=call.layout == "channels_last")
-                chunk_descs.append(desc)
-            offset = n0 * xv.strides[0] * isz
-            lib.call("cudnnBatchNormalizationForwardInference", h.ptr, call.mode, one, zero,
-                     desc.value, xv.ptr + offset, desc.value, yv.ptr + offset, call.bndesc.value,
-                     p["weight"].ptr, p["bias"].ptr, p["running_mean"].ptr, p["running_var"].ptr,
-                     eps)
-        return y
+        h = _handle(handle, device, lib)
+        _start(h, st, views)
+        if out is None:
+            (out,), (y_ptr,) = new_arrays(xv.kind, device, st, [(xv.shape, xv.strides, xv.dtype)],
+                                          lib)
+        else:
+            y_ptr = yv.ptr
+        if plan.empty:  # an empty batch: nothing for cuDNN to do
+            return out
+        one, zero = _ONE_ZERO[plan.double]
+        args = (plan.bnd, wv.ptr, bv.ptr, rmv.ptr, rvv.ptr, eps)
+        if plan.chunks is None:
+            lib.call("cudnnBatchNormalizationForwardInference", h.ptr, plan.mode, one, zero,
+                     plan.xd, xv.ptr, plan.xd, y_ptr, *args)
+            return out
+        step = xv.strides[0] * DTYPE_SIZES[xv.dtype]
+        for n0, desc in plan.chunks:
+            lib.call("cudnnBatchNormalizationForwardInference", h.ptr, plan.mode, one, zero,
+                     desc.value, xv.ptr + n0 * step, desc.value, y_ptr + n0 * step, *args)
     finally:
-        for d in chunk_descs:
-            d.close()
-        call.close()
+        _leave_device(lib, previous)
+    return out
 
 
 # ---- backward ---------------------------------------------------------------------
@@ -404,67 +442,73 @@ def batch_norm_backward(x, dy, weight, save_mean, save_invstd, eps, reserve, *, 
     needs the forward's output y and bias."""
     lib = _lib.get()
     eps = _eps(eps, lib)
-    call = _Call(x, True, mode, activation, z, lib)
+    fused = _fused(activation, z)
+    st = _stream(stream, x)
+    xv = as_view(x, "x", lib, st)
+    plan = _plan(lib, "training", xv, mode, fused)
+    if plan.per_channel <= 1:
+        raise ValueError("Expected more than 1 value per channel when training (batch norm "
+                         f"backward uses training statistics), got x of shape {xv.shape}")
+    dyv = as_view(dy, "dy", lib, st)
+    _check_like(dyv, xv, "dy", plan.layout)
+    zv = yv = None
+    if z is not None:
+        zv = as_view(z, "z", lib, st)
+        _check_like(zv, xv, "z", plan.layout)
+    if fused is not None:
+        if y is None or bias is None:
+            raise ValueError("activation='relu' backward needs the forward output y and bias "
+                             "(cuDNN recomputes the activation's input from them)")
+        yv = as_view(y, "y", lib, st)
+        _check_like(yv, xv, "y", plan.layout)
+    wv, bv, smv, siv = _params(plan, (("weight", weight), ("bias", bias),
+                                      ("save_mean", save_mean), ("save_invstd", save_invstd)),
+                               ("weight", "save_mean", "save_invstd"), lib, st)
+    rv = as_view(reserve, "reserve", lib, st) if reserve is not None else None
+    views = (xv, dyv, yv, zv, wv, bv, smv, siv, rv)
+    device = _same_device(("x", "dy", "y", "z", "weight", "bias", "save_mean", "save_invstd",
+                           "reserve"), views)
+    device, previous = _enter_device(lib, device)
     try:
-        xv = call.x
-        if xv.size // xv.shape[1] <= 1:
-            raise ValueError("Expected more than 1 value per channel when training (batch norm "
-                             f"backward uses training statistics), got x of shape {xv.shape}")
-        dyv = as_view(dy, "dy", lib)
-        _check_like(dyv, xv, "dy", call.layout)
-        yv = None
-        if call.ops != OPS_BN:
-            if y is None or bias is None:
-                raise ValueError("activation='relu' backward needs the forward output y and bias "
-                                 "(cuDNN recomputes the activation's input from them)")
-            yv = as_view(y, "y", lib)
-            _check_like(yv, xv, "y", call.layout)
-        p = _params(call, {"weight": weight, "bias": bias, "save_mean": save_mean,
-                           "save_invstd": save_invstd},
-                    required=("weight", "save_mean", "save_invstd"))
-        rv = as_view(reserve, "reserve", lib) if reserve is not None else None
-        device = _same_device([("x", xv), ("dy", dyv), ("y", yv), ("z", call.z)]
-                              + list(p.items()) + ([("reserve", rv)] if rv is not None and rv.size else []))
-        h = call.on_device(device, handle)
-        st = _stream(stream, xv)
-        h.set_stream(st)
-        expected = call.reserve_size(h)
+        h = _handle(handle, device, lib)
+        expected = plan.sizes(h, "reserve")
         got = 0 if rv is None else rv.size * DTYPE_SIZES[rv.dtype]
         if got != expected:
             raise ValueError(f"reserve has {got} bytes but cuDNN asks for {expected} for this shape, "
                              "mode and activation: pass the reserve returned by the matching "
                              "batch_norm_forward_training call")
-        dx = _new_like(xv, xv)
-        dxv = as_view(dx, "dx", lib)
-        dz = _new_like(xv, xv) if call.z is not None else None
-        dzv = as_view(dz, "dz", lib) if dz is not None else None
-        dweight, dbias = call.new_param(), call.new_param()
-        dwv, dbv = as_view(dweight, "dweight", lib), as_view(dbias, "dbias", lib)
-        ws_size = ctypes.c_size_t()
-        zdesc = call.xdesc.value if call.z is not None else None
-        lib.call("cudnnGetBatchNormalizationBackwardExWorkspaceSize", h.ptr, call.mode, call.ops,
-                 call.xdesc.value, call.xdesc.value if yv else None, call.xdesc.value, zdesc,
-                 call.xdesc.value, call.bndesc.value, call.actdesc, ctypes.byref(ws_size))
-        ws = h.workspace(ws_size.value, xv, st)
-        one, zero = _scalars(xv.dtype)
-        lib.call("cudnnBatchNormalizationBackwardEx", h.ptr, call.mode, call.ops, one, zero, one,
-                 zero, call.xdesc.value, xv.ptr, call.xdesc.value if yv else None, _ptr(yv),
-                 call.xdesc.value, dyv.ptr, zdesc, _ptr(dzv), call.xdesc.value, dxv.ptr,
-                 call.bndesc.value, p["weight"].ptr, _ptr(p["bias"]), dwv.ptr, dbv.ptr, eps,
-                 p["save_mean"].ptr, p["save_invstd"].ptr, call.actdesc, ws or None,
-                 ws_size.value, (rv.ptr or None) if rv is not None else None, expected)
-        return (dx, dweight, dbias, dz) if dz is not None else (dx, dweight, dbias)
+        ws_size = plan.sizes(h, "backward")
+        _start(h, st, views)
+        kind = xv.kind
+        like_x = [(xv.shape, xv.strides, xv.dtype)]
+        (dx,), (dx_ptr,) = new_arrays(kind, device, st, like_x, lib)
+        dz = dz_ptr = None
+        if zv is not None:
+            (dz,), (dz_ptr,) = new_arrays(kind, device, st, like_x, lib)
+        (dweight, dbias), (dw, db) = new_arrays(kind, device, st,
+                                                [plan.param_spec, plan.param_spec], lib)
+        ws = h.workspace(ws_size, kind, st)
+        one, zero = _ONE_ZERO[plan.double]
+        xd = plan.xd
+        lib.call("cudnnBatchNormalizationBackwardEx", h.ptr, plan.mode, plan.ops, one, zero, one,
+                 zero, xd, xv.ptr, xd if yv is not None else None, _ptr(yv), xd, dyv.ptr,
+                 plan.zd, dz_ptr, xd, dx_ptr, plan.bnd, wv.ptr, _ptr(bv), dw, db,
+                 eps, smv.ptr, siv.ptr, plan.actdesc, ws or None, ws_size,
+                 (rv.ptr or None) if rv is not None else None, expected)
     finally:
-        call.close()
+        _leave_device(lib, previous)
+    return (dx, dweight, dbias, dz) if dz is not None else (dx, dweight, dbias)
 
 
 # ---- backend selection ----------------------------------------------------------
 
 def can_use_cudnn(x, weight=None, bias=None, running_mean=None, running_var=None, training=True,
-                  eps=1e-5):
-    """(True, '') when PyTorch would run this batch norm with cuDNN, else
-    (False, the first condition that fails).  PyTorch falls back to its own
-    kernels silently; this says why."""
+                  eps=1e-5, *, mode=None, activation=None, z=None):
+    """(True, '') when PyTorch would run this batch norm with cuDNN and
+    cudnn_bind's calls accept it, else (False, the first condition that
+    fails).  PyTorch falls back to its own kernels silently; this says why.
+    A rule of cuDNN's that the calls enforce (cudnn_bind.rules) is reported
+    with the same words the call's UnsupportedError has."""
     try:
         lib = _lib.get()
     except CudnnBindError as exc:
@@ -476,9 +520,16 @@ def can_use_cudnn(x, weight=None, bias=None, running_mean=None, running_var=None
     try:
         wd = as_view(weight, "weight", lib).dtype if weight is not None else None
         for name, obj in (("bias", bias), ("running_mean", running_mean),
-                          ("running_var", running_var)):
+                          ("running_var", running_var), ("z", z)):
             if obj is not None:
                 as_view(obj, name, lib)
+        fused = _fused(activation, z)
+        _check_x(xv)
+        layout = layout_of(xv.shape, xv.strides, "x")
+        plan_mode(xv.ndim, layout, xv.dtype, xv.shape[1], bool(training), mode, fused,
+                  lib.version)
+    except UnsupportedError as exc:
+        return False, str(exc)
     except (TypeError, ValueError, CudnnBindError) as exc:
         return False, str(exc)
     if xv.dtype == "bfloat16" or wd == "bfloat16":
@@ -492,7 +543,8 @@ def can_use_cudnn(x, weight=None, bias=None, running_mean=None, running_var=None
         return False, ("running_mean and running_var must both be given (or, in training, both "
                        "omitted)")
     if xv.ndim < 3:
-        return False, f"input must have at least 3 dimensions, got {xv.ndim}"
+        return False, (f"input must have at least 3 dimensions, got {xv.ndim} (PyTorch runs 2-D "
+                       "batch norm with its own kernels; cudnn_bind runs it as (N, C, 1, 1))")
     limit = TRAINING_MAX_BATCH if training else INFERENCE_MAX_BATCH
     if xv.shape[0] > limit:
         return False, f"batch of {xv.shape[0]} exceeds {limit} ({'training' if training else 'inference'})"
@@ -502,6 +554,4 @@ def can_use_cudnn(x, weight=None, bias=None, running_mean=None, running_var=None
         return False, str(exc)
     if eps < lib.min_epsilon:
         return False, f"eps {eps} is below CUDNN_BN_MIN_EPSILON ({lib.min_epsilon})"
-    if xv.size >= _INT32_MAX:
-        return False, f"input has {xv.size} elements (32-bit indexing limit)"
     return True, ""

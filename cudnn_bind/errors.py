@@ -6,7 +6,7 @@ the name is right whichever library was loaded.
 """
 
 __all__ = ["CudnnBindError", "CudnnError", "CudaError", "CudnnUnavailableError",
-           "status_name"]
+           "UnsupportedError", "status_name"]
 
 # cuDNN 9 (cudnn_graph.h)
 _STATUS_9 = {
@@ -122,3 +122,13 @@ class CudaError(CudnnBindError):
         self.name = name
         self.message = message
         super().__init__(f"{function} failed: {name} ({self.code}): {message}")
+
+
+class UnsupportedError(ValueError):
+    """cuDNN has no kernel for this combination of layout, dtype, mode and
+    fused op (cudnn_bind.rules); `rule` names the rule, the message says
+    what the call would need."""
+
+    def __init__(self, rule, message):
+        self.rule = rule
+        super().__init__(message)

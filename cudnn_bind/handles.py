@@ -5,10 +5,12 @@ that thread's storage: it is destroyed when the thread ends (the storage
 goes, and the handle with it), at exit, or by `release_all`, which
 `cudnn_bind.load` calls before switching libraries.
 
-Workspace: one device buffer per (handle, stream), grown only when a call
-needs more than it holds, freed with the handle.  Calls on one stream run in
-order, so they can share it; calls on two streams could overlap, so they
-never do.
+Workspace: one device buffer per (handle, stream), allocated for that
+stream (see `cudnn_bind.memory.scratch`), grown only when a call needs more
+than it holds.  Calls on one stream run in order, so they can share it;
+calls on two streams could overlap, so they never do.  A handle keeps the
+workspaces of its MAX_STREAMS most recently used streams: an older one goes
+back to its allocator, for its own stream, which keeps that safe.
 """
 import atexit
 import contextlib
@@ -21,7 +23,9 @@ from cudnn_bind._args import C_INT_MAX, UINT64_MAX, integer
 from cudnn_bind.errors import CudaError, CudnnError
 from cudnn_bind.memory import scratch
 
-__all__ = ["Handle", "handle_for", "release_all", "device_guard"]
+__all__ = ["Handle", "handle_for", "cached_handle", "release_all", "device_guard", "MAX_STREAMS"]
+
+MAX_STREAMS = 8
 
 _local = threading.local()
 _all = weakref.WeakSet()
@@ -54,7 +58,9 @@ class Handle:
         self.lib = lib
         self.device = integer(device, "device", 0, C_INT_MAX)
         self.ptr = ctypes.c_void_p()
-        self._workspaces = {}
+        self._workspaces = {}  # stream -> (pointer, bytes, owner, allocator kind)
+        self._event = None
+        self._stream = 0  # a new handle runs on the legacy default stream
         # with no driver or GPU, cudnnCreate's own error (NOT_INITIALIZED and
         # its detail) says more than cudaSetDevice's: it is the one raised
         try:
@@ -79,30 +85,58 @@ class Handle:
         return self.ptr is not None and bool(self.ptr.value)
 
     def set_stream(self, stream):
+        """Run this handle's calls on `stream` (a cudaStream_t as an int; None: 0)."""
         stream = integer(0 if stream is None else stream, "stream (a cudaStream_t)", 0, UINT64_MAX)
         if not self.alive:    # the real library would dereference the NULL handle
             raise ValueError("this Handle has been destroyed: use cudnn_bind.handle_for(device)")
-        self.lib.call("cudnnSetStream", self.ptr, ctypes.c_void_p(stream or None))
+        self.use_stream(stream)
 
-    def workspace(self, nbytes, ref, stream=0):
-        """A pointer to at least nbytes of workspace for `stream` (grown, never shrunk)."""
-        ptr, size, owner = self._workspaces.get(stream, (0, 0, None))
-        if nbytes > size:
-            self._workspaces.pop(stream, None)  # free the old buffer first
-            del owner
-            ptr, owner = scratch(ref, nbytes)
-            size = nbytes
-            self._workspaces[stream] = (ptr, size, owner)
-        return ptr
+    def use_stream(self, stream):
+        """set_stream for a checked int, skipping cudnnSetStream when it is set already."""
+        if stream != self._stream:
+            self.lib.call("cudnnSetStream", self.ptr, ctypes.c_void_p(stream or None))
+            self._stream = stream
+
+    def wait_for(self, producer, stream):
+        """Make `stream` wait for the work queued so far on `producer` (an
+        event recorded there, waited for on the device: the host does not
+        block)."""
+        if self._event is None:
+            event = ctypes.c_void_p()
+            self.lib.cuda("cudaEventCreateWithFlags", ctypes.byref(event),
+                          _lib.CUDA_EVENT_DISABLE_TIMING)
+            self._event = event
+        self.lib.cuda("cudaEventRecord", self._event, ctypes.c_void_p(producer or None))
+        self.lib.cuda("cudaStreamWaitEvent", ctypes.c_void_p(stream or None), self._event, 0)
+
+    def workspace(self, nbytes, kind, stream=0):
+        """A pointer to at least nbytes of workspace for `stream` (grown,
+        never shrunk), from the allocator of array kind `kind`."""
+        spaces = self._workspaces
+        entry = spaces.pop(stream, None)  # re-inserted last: most recently used
+        if entry is None or nbytes > entry[1] or entry[3] != kind:
+            entry = None  # the old buffer goes back (for its stream) before the new one
+            ptr, owner = scratch(kind, self.device, stream, nbytes, self.lib)
+            entry = (ptr, nbytes, owner, kind)
+            while len(spaces) >= MAX_STREAMS:
+                spaces.pop(next(iter(spaces)))
+        spaces[stream] = entry
+        return entry[0]
 
     @property
     def workspace_size(self):
         """The largest workspace this handle holds (for tests and diagnostics)."""
-        return max((size for _, size, _ in self._workspaces.values()), default=0)
+        return max((entry[1] for entry in self._workspaces.values()), default=0)
 
     def destroy(self):
         ptr, self.ptr = self.ptr, None
         self._workspaces = {}
+        event, self._event = self._event, None
+        if event is not None:
+            try:
+                self.lib.cuda("cudaEventDestroy", event)
+            except CudaError:
+                pass
         if ptr is not None and ptr.value:
             self.lib.check(self.lib.cudnn.cudnnDestroy(ptr), "cudnnDestroy")
 
@@ -117,6 +151,11 @@ def handle_for(device, lib=None):
     """This thread's handle for `device` (created on first use)."""
     lib = lib or _lib.get()
     device = integer(device, "device", 0, C_INT_MAX)
+    return cached_handle(device, lib)
+
+
+def cached_handle(device, lib):
+    """handle_for with checked arguments."""
     cache = getattr(_local, "handles", None)
     if cache is None or getattr(_local, "lib", None) is not lib:
         cache = _local.handles = {}

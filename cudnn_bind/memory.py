@@ -1,25 +1,32 @@
 """Device buffers: what the binding accepts, and where its outputs come from.
 
 Accepted as arrays (all end up as a `View`: pointer, shape, element strides,
-dtype name, device, and the library that owns the memory):
+dtype name, device, the library that owns the memory, and the stream its
+producer queued it on):
 
-* `DeviceArray` (this module): cudaMalloc-backed, for users with no array
-  library, or a non-owning view of a raw pointer (`DeviceArray.from_pointer`);
+* `DeviceArray` (this module): memory from the binding's stream-ordered pool
+  (`cudnn_bind.pool`), for users with no array library, or a non-owning view
+  of a raw pointer (`DeviceArray.from_pointer`);
 * PyTorch CUDA tensors (read directly: their `__cuda_array_interface__`
   refuses bfloat16);
-* anything with `__cuda_array_interface__` (CuPy, Numba, ...);
-* DLPack: objects with `__dlpack__` or a "dltensor" capsule.
+* anything with `__cuda_array_interface__` (CuPy, Numba, ...), whose
+  optional "stream" key names the stream to wait for;
+* DLPack: objects with `__dlpack__` (told the stream the call runs on) or a
+  "dltensor" capsule.
 
-Outputs, workspace and reserve space come from the inputs' own library when
-there is one (CuPy's memory pool, PyTorch's caching allocator), else cudaMalloc.
+Outputs, workspace and reserve space are allocated for the stream the
+kernels run on: from PyTorch's caching allocator or CuPy's pool under that
+stream when x comes from them, else from the binding's pool.
 """
 import ctypes
+import functools
 import math
 
 import numpy as np
 
 from cudnn_bind import _lib
-from cudnn_bind._args import UINT64_MAX, integer, integers, show
+from cudnn_bind._args import UINT64_MAX, integer, integers, show, stream_value
+from cudnn_bind.pool import Block
 
 __all__ = ["DeviceArray", "DeviceBuffer", "View", "as_view", "DTYPE_SIZES"]
 
@@ -63,22 +70,40 @@ def c_strides(shape):
     return tuple(reversed(st))
 
 
-class DeviceBuffer:
-    """Untyped device memory from cudaMalloc, freed by free()/with/GC."""
+@functools.lru_cache(maxsize=1024)
+def _span(shape, strides):
+    """Elements from the first to one past the last (0 for an empty array)."""
+    if not all(shape):
+        return 0
+    return 1 + sum((d - 1) * s for d, s in zip(shape, strides))
 
-    def __init__(self, nbytes, lib=None):
+
+def current_device(lib):
+    dev = ctypes.c_int()
+    if lib.cudart.cudaGetDevice(ctypes.byref(dev)):
+        lib.cuda("cudaGetDevice", ctypes.byref(dev))  # raises, with the error's name
+    return dev.value
+
+
+class DeviceBuffer:
+    """Untyped device memory from the binding's stream-ordered pool
+    (`cudnn_bind.pool`), for use on `stream` (default: the legacy default
+    stream); given back by free(), a `with` block or garbage collection."""
+
+    def __init__(self, nbytes, lib=None, *, stream=None):
         self._lib = lib or _lib.get()
         self.nbytes = integer(nbytes, "nbytes", 0, UINT64_MAX)
-        self._ptr = ctypes.c_void_p()
-        if self.nbytes:
-            self._lib.cuda("cudaMalloc", ctypes.byref(self._ptr), self.nbytes)
-        self.ptr = self._ptr.value or 0
-        self._owner = True
+        self.stream = stream_value(stream, "stream")
+        self.device = current_device(self._lib)
+        self._block = (Block(self._lib.pool, self.nbytes, self.device, self.stream)
+                       if self.nbytes else None)
+        self.ptr = self._block.ptr if self._block is not None else 0
 
     def free(self):
-        if self._owner and self.ptr:
-            ptr, self.ptr = self.ptr, 0
-            self._lib.cuda("cudaFree", ctypes.c_void_p(ptr))
+        block, self._block = self._block, None
+        self.ptr = 0
+        if block is not None:
+            block.release()
 
     def __enter__(self):
         return self
@@ -86,75 +111,131 @@ class DeviceBuffer:
     def __exit__(self, *exc):
         self.free()
 
-    def __del__(self):
-        try:
-            self.free()
-        except Exception:
-            pass
-
 
 class DeviceArray:
     """A typed N-d array in device memory, for use without any array library.
 
-    `DeviceArray(shape, dtype)` allocates (cudaMalloc, C order unless
-    `strides` in elements are given); `from_numpy`/`to_numpy` copy with
-    cudaMemcpy; `from_pointer` wraps memory someone else owns.  Freed by
-    `free()`, by a `with` block, or when garbage collected.
-    """
+    `DeviceArray(shape, dtype)` allocates from the binding's stream-ordered
+    pool for `stream` (C order unless `strides` in elements are given);
+    `from_numpy`/`to_numpy` copy on a stream and wait for it;
+    `from_pointer` wraps memory someone else owns.  Memory goes back to the
+    pool when the array (and any array sharing its block: a call's
+    statistics and reserve share one) is freed or garbage collected.
 
-    def __init__(self, shape, dtype="float32", strides=None, *, _ptr=None, _owner=None):
+    `stream` is the stream the array's contents are produced on (outputs
+    of cudnn_bind's calls: the stream the call ran on).  A call on another
+    stream waits for it first (an event, not a device synchronization), as
+    for the `stream` key of `__cuda_array_interface__`, which reports it.
+    None (from_pointer's default) means nothing to wait for.
+    """
+    __slots__ = ("shape", "strides", "dtype", "nbytes", "device", "stream", "ptr", "_owner",
+                 "__weakref__")
+    # what the calls read of an array argument (see View): a DeviceArray is its own
+    kind = "device_array"
+    read_only = False
+
+    def __init__(self, shape, dtype="float32", strides=None, *, stream=None):
         self.shape = integers(shape, "shape", 0)
         self.dtype = dtype_name(dtype)
-        self.itemsize = DTYPE_SIZES[self.dtype]
         self.strides = (integers(strides, "strides", 0) if strides is not None
                         else c_strides(self.shape))
         if len(self.strides) != len(self.shape):
             raise ValueError(f"strides {show(self.strides)} do not match shape {show(self.shape)}")
-        span = 1 + sum((d - 1) * s for d, s in zip(self.shape, self.strides)) if all(self.shape) else 0
-        self.nbytes = span * self.itemsize
+        self.nbytes = _span(self.shape, self.strides) * self.itemsize
         if self.nbytes > UINT64_MAX:
             raise ValueError(f"shape {show(self.shape)} with strides {show(self.strides)} spans "
                              f"{show(self.nbytes)} bytes, more than a size_t holds")
-        if _ptr is None:
-            self._buffer = DeviceBuffer(self.nbytes)
-            self.ptr = self._buffer.ptr
-        else:
-            self._buffer = _owner
-            self.ptr = int(_ptr)
+        self.stream = stream_value(stream, "stream")
         lib = _lib.get()
-        self.device = _pointer_device(lib, self.ptr) if self.ptr else _current_device(lib)
+        self.device = current_device(lib)
+        self._owner = Block(lib.pool, self.nbytes, self.device, self.stream) if self.nbytes else None
+        self.ptr = self._owner.ptr if self._owner is not None else 0
+
+    @property
+    def obj(self):
+        return self
+
+    @property
+    def itemsize(self):
+        return DTYPE_SIZES[self.dtype]
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    @property
+    def size(self):
+        return math.prod(self.shape)
 
     @classmethod
-    def from_pointer(cls, ptr, shape, dtype, strides=None, owner=None):
+    def _carve(cls, block, offset, shape, strides, dtype, nbytes, device, stream):
+        """An array at `offset` bytes into `block` (arguments already checked)."""
+        self = cls.__new__(cls)
+        self.shape, self.strides, self.dtype = shape, strides, dtype
+        self.nbytes, self.device, self.stream = nbytes, device, stream
+        self._owner = block
+        self.ptr = block.ptr + offset if block is not None else 0
+        return self
+
+    @classmethod
+    def from_pointer(cls, ptr, shape, dtype, strides=None, owner=None, *, stream=None):
         """A view of device memory at integer address `ptr` (not freed by us;
-        `owner` is kept alive with the view)."""
+        `owner` is kept alive with the view).  `stream`: where its contents
+        are produced (None: ready now)."""
         ptr = integer(ptr, "ptr (a device address)", 0, UINT64_MAX)
-        return cls(shape, dtype, strides, _ptr=ptr, _owner=owner)
+        self = cls.__new__(cls)
+        self.shape = integers(shape, "shape", 0)
+        self.dtype = dtype_name(dtype)
+        self.strides = (integers(strides, "strides", 0) if strides is not None
+                        else c_strides(self.shape))
+        if len(self.strides) != len(self.shape):
+            raise ValueError(f"strides {show(self.strides)} do not match shape {show(self.shape)}")
+        self.nbytes = _span(self.shape, self.strides) * self.itemsize
+        if ptr + self.nbytes > UINT64_MAX + 1:
+            raise ValueError(f"ptr plus the {show(self.nbytes)} bytes of shape {show(self.shape)} "
+                             "overflows 64 bits")
+        self.stream = None if stream is None else stream_value(stream, "stream")
+        lib = _lib.get()
+        self.ptr, self._owner = ptr, owner
+        self.device = _pointer_device(lib, ptr) if ptr else current_device(lib)
+        return self
 
     @classmethod
-    def from_numpy(cls, array):
+    def from_numpy(cls, array, *, stream=None):
+        """A device copy of a host array, made on `stream` (default: the
+        legacy default stream), which is waited for before returning."""
         host = np.ascontiguousarray(array)
         if not host.dtype.isnative:
             host = host.astype(host.dtype.newbyteorder("="))
-        out = cls(host.shape, host.dtype if host.dtype.name != "bfloat16" else "bfloat16")
+        out = cls(host.shape, host.dtype if host.dtype.name != "bfloat16" else "bfloat16",
+                  stream=stream)
         if out.nbytes:
-            _lib.get().cuda("cudaMemcpy", ctypes.c_void_p(out.ptr), host.ctypes.data_as(ctypes.c_void_p),
-                            host.nbytes, _lib.CUDA_MEMCPY_HOST_TO_DEVICE)
+            lib = _lib.get()
+            lib.cuda("cudaMemcpyAsync", ctypes.c_void_p(out.ptr), host.ctypes.data_as(ctypes.c_void_p),
+                     host.nbytes, _lib.CUDA_MEMCPY_HOST_TO_DEVICE, ctypes.c_void_p(out.stream or None))
+            lib.cuda("cudaStreamSynchronize", ctypes.c_void_p(out.stream or None))
         return out
 
-    def to_numpy(self):
-        """A host copy (strided arrays come back with the same strides)."""
+    def to_numpy(self, *, stream=None):
+        """A host copy (strided arrays come back with the same strides),
+        made on `stream` (default: the array's own stream, else the legacy
+        default stream) after the work queued there, which is waited for."""
+        stream = (self.stream or 0) if stream is None else stream_value(stream, "stream")
         raw = np.empty(self.nbytes // self.itemsize, dtype=_numpy_dtype(self.dtype))
         if self.nbytes:
-            _lib.get().cuda("cudaMemcpy", raw.ctypes.data_as(ctypes.c_void_p), ctypes.c_void_p(self.ptr),
-                            self.nbytes, _lib.CUDA_MEMCPY_DEVICE_TO_HOST)
+            if not self.ptr:
+                raise ValueError("this DeviceArray has been freed")
+            lib = _lib.get()
+            lib.cuda("cudaMemcpyAsync", raw.ctypes.data_as(ctypes.c_void_p), ctypes.c_void_p(self.ptr),
+                     self.nbytes, _lib.CUDA_MEMCPY_DEVICE_TO_HOST, ctypes.c_void_p(stream or None))
+            lib.cuda("cudaStreamSynchronize", ctypes.c_void_p(stream or None))
         return np.lib.stride_tricks.as_strided(
             raw, self.shape, tuple(s * self.itemsize for s in self.strides)).copy()
 
     def free(self):
-        if isinstance(self._buffer, DeviceBuffer):
-            self._buffer.free()
-        self._buffer = None
+        """Drop this array's memory: a block of the pool goes back once no
+        other array holds it; a from_pointer view only forgets its owner."""
+        self._owner = None
         self.ptr = 0
 
     def __enter__(self):
@@ -167,22 +248,29 @@ class DeviceArray:
     def __cuda_array_interface__(self):
         if self.dtype == "bfloat16":
             raise TypeError("__cuda_array_interface__ has no bfloat16 type")
-        return {"shape": self.shape, "typestr": _numpy_dtype(self.dtype).str,
-                "data": (self.ptr, False), "version": 3,
-                "strides": tuple(s * self.itemsize for s in self.strides)}
+        cai = {"shape": self.shape, "typestr": _numpy_dtype(self.dtype).str,
+               "data": (self.ptr, False), "version": 3,
+               "strides": tuple(s * self.itemsize for s in self.strides)}
+        # the interface's "stream": 1 is the legacy default stream (0 is not allowed)
+        cai["stream"] = None if self.stream is None else (self.stream or 1)
+        return cai
 
     def __repr__(self):
-        return f"DeviceArray(shape={self.shape}, dtype={self.dtype}, device={self.device})"
+        return (f"DeviceArray(shape={self.shape}, dtype={self.dtype}, device={self.device}, "
+                f"stream={self.stream})")
 
 
 class View:
-    """What the binding needs of an array argument."""
-    __slots__ = ("ptr", "shape", "strides", "dtype", "device", "kind", "obj", "read_only")
+    """What the binding needs of an array argument.  `stream`: the stream
+    its producer queued it on (to wait for), or None."""
+    __slots__ = ("ptr", "shape", "strides", "dtype", "device", "kind", "obj", "read_only",
+                 "stream")
 
-    def __init__(self, ptr, shape, strides, dtype, device, kind, obj, read_only=False):
-        self.ptr, self.shape, self.strides = int(ptr), tuple(shape), tuple(strides)
+    def __init__(self, ptr, shape, strides, dtype, device, kind, obj, read_only=False,
+                 stream=None):
+        self.ptr, self.shape, self.strides = ptr, shape, strides
         self.dtype, self.device, self.kind, self.obj = dtype, device, kind, obj
-        self.read_only = read_only
+        self.read_only, self.stream = read_only, stream
 
     @property
     def ndim(self):
@@ -193,15 +281,9 @@ class View:
         return math.prod(self.shape)  # exact: np.prod would wrap at 2**63
 
 
-def _current_device(lib):
-    dev = ctypes.c_int()
-    lib.cuda("cudaGetDevice", ctypes.byref(dev))
-    return dev.value
-
-
 def _pointer_device(lib, ptr):
     """The device that owns `ptr`, or None for host/unregistered memory."""
-    attrs = _lib.PointerAttributes()
+    attrs = lib.PointerAttributes()
     lib.cuda("cudaPointerGetAttributes", ctypes.byref(attrs), ctypes.c_void_p(ptr))
     if attrs.type in (_lib.CUDA_MEMORY_TYPE_DEVICE, _lib.CUDA_MEMORY_TYPE_MANAGED):
         return attrs.device
@@ -249,7 +331,22 @@ def _from_cai(obj, name, lib):
         strides = tuple(s // size for s in strides)
     kind = "cupy" if type(obj).__module__.startswith("cupy") else "cai"
     device = _pointer_device(lib, ptr) if ptr else None
-    return View(ptr, shape, strides, dtype, device, kind, obj, read_only=bool(data[1]))
+    return View(ptr, shape, strides, dtype, device, kind, obj, bool(data[1]),
+                _cai_stream(cai.get("stream"), what))
+
+
+def _cai_stream(value, what):
+    """The producer's stream from the interface's optional "stream" key (v3):
+    None (nothing to wait for), 1 (the legacy default stream, 0 here), 2
+    (the per-thread default stream) or a cudaStream_t; 0 is not allowed."""
+    if value is None:
+        return None
+    value = integer(value, f"{what}['stream']", 0, UINT64_MAX)
+    if value == 0:
+        raise ValueError(f"{what}['stream'] is 0, which the CUDA Array Interface forbids "
+                         "(ambiguous): 1 is the legacy default stream, None means no "
+                         "synchronization is needed")
+    return 0 if value == 1 else value
 
 
 class _DLDevice(ctypes.Structure):
@@ -271,6 +368,7 @@ _DL_TYPES = {(2, 32): "float32", (2, 64): "float64", (2, 16): "float16", (4, 16)
              (1, 8): "uint8"}
 # DLManagedTensorVersioned (DLPack 1.x): version (2 x uint32), manager_ctx,
 # deleter, flags (uint64), then the DLTensor
+_DL_VERSIONED_FLAGS_OFFSET = 8 + 8 + 8
 _DL_VERSIONED_OFFSET = 8 + 8 + 8 + 8
 _DL_FLAG_READ_ONLY = 1
 _capsule_valid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_char_p)(
@@ -279,27 +377,36 @@ _capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c
     ("PyCapsule_GetPointer", ctypes.pythonapi))
 
 
-def _dlpack_capsule(obj, name):
+def _dlpack_capsule(obj, name, stream):
+    """obj's capsule; the producer is told the consumer's `stream` (DLPack:
+    1 for the legacy default stream, as 0 is not allowed) and makes it wait
+    for its own work."""
     if not hasattr(obj, "__dlpack__"):
         return obj
-    try:  # ask for DLPack 1.x; older producers do not take max_version
-        return obj.__dlpack__(max_version=(1, 0))
-    except TypeError:
-        pass
+    attempts = [{"max_version": (1, 0)}, {}]  # DLPack 1.x first; older producers lack it
+    if stream is not None:
+        attempts = [dict(a, stream=stream or 1) for a in attempts] + [{}]
+    for kwargs in attempts[:-1]:
+        try:
+            return obj.__dlpack__(**kwargs)
+        except TypeError:  # an older producer: fewer keywords
+            pass
+        except BufferError as exc:
+            raise TypeError(f"{name}: its __dlpack__() failed: {exc}") from exc
     try:
-        return obj.__dlpack__()
+        return obj.__dlpack__(**attempts[-1])
     except (TypeError, BufferError) as exc:
         raise TypeError(f"{name}: its __dlpack__() failed: {exc}") from exc
 
 
-def _from_dlpack(obj, name):
-    capsule = _dlpack_capsule(obj, name)
+def _from_dlpack(obj, name, stream):
+    capsule = _dlpack_capsule(obj, name, stream)
     if _capsule_valid(capsule, b"dltensor_versioned"):
         base = _capsule_pointer(capsule, b"dltensor_versioned")
         major = ctypes.c_uint32.from_address(base).value
         if major != 1:
             raise TypeError(f"{name}: DLPack version {major}.x is not supported (1.x is)")
-        flags = ctypes.c_uint64.from_address(base + 24).value
+        flags = ctypes.c_uint64.from_address(base + _DL_VERSIONED_FLAGS_OFFSET).value
         t = _DLTensor.from_address(base + _DL_VERSIONED_OFFSET)
         read_only = bool(flags & _DL_FLAG_READ_ONLY)
     elif _capsule_valid(capsule, b"dltensor"):
@@ -325,18 +432,18 @@ def _from_dlpack(obj, name):
         raise ValueError(f"{name}: DLPack data pointer plus byte_offset overflows 64 bits")
     # the capsule keeps the memory alive as long as the view holds it (it is
     # read, never consumed, so its deleter still runs)
-    view = View(ptr, shape, strides, dtype, t.device.device_id, "dlpack", (obj, capsule))
-    view.read_only = read_only
-    return view
+    return View(ptr, shape, strides, dtype, t.device.device_id, "dlpack", (obj, capsule),
+                read_only)
 
 
-def as_view(obj, name, lib=None):
-    """A View of an array argument, or TypeError naming `name`."""
-    lib = lib or _lib.get()
-    if isinstance(obj, DeviceArray):
+def as_view(obj, name, lib=None, stream=None):
+    """A View of an array argument, or TypeError naming `name`.  `stream`:
+    the stream the caller will use it on (given to DLPack producers)."""
+    if type(obj) is DeviceArray:
         if not obj.ptr and obj.nbytes:
             raise ValueError(f"{name}: the DeviceArray has been freed")
-        return View(obj.ptr, obj.shape, obj.strides, obj.dtype, obj.device, "device_array", obj)
+        return obj  # its own View
+    lib = lib or _lib.get()
     if _is_torch_tensor(obj):
         if not obj.is_cuda:
             raise ValueError(f"{name}: expected a CUDA tensor, got one on {obj.device}")
@@ -348,7 +455,7 @@ def as_view(obj, name, lib=None):
         raise TypeError(f"{name}: a NumPy array is host memory; copy it to the device first "
                         "(cudnn_bind.DeviceArray.from_numpy) or use cynorm.batch_norm on the CPU")
     if hasattr(obj, "__dlpack__") or type(obj).__name__ == "PyCapsule":
-        return _from_dlpack(obj, name)
+        return _from_dlpack(obj, name, stream)
     if isinstance(obj, int):
         raise TypeError(f"{name}: a raw pointer needs its shape and dtype: wrap it with "
                         "cudnn_bind.DeviceArray.from_pointer(ptr, shape, dtype)")
@@ -357,29 +464,94 @@ def as_view(obj, name, lib=None):
                     f"got {type(obj).__name__}")
 
 
-def empty_like_layout(ref, shape, strides, dtype):
-    """A new device array of `shape`/`strides`/`dtype` from ref's library."""
-    if ref.kind == "torch":
+_TORCH_DTYPES = {}
+_EXTERNAL_STREAMS = {}
+
+
+def _torch_stream(torch, device, stream):
+    """torch's stream object for a raw cudaStream_t (cached: creating one costs)."""
+    key = ("torch", device, stream)
+    s = _EXTERNAL_STREAMS.get(key)
+    if s is None:
+        s = _EXTERNAL_STREAMS[key] = torch.cuda.ExternalStream(stream, device=device)
+    return s
+
+
+def _cupy_stream(cupy, device, stream):
+    key = ("cupy", device, stream)
+    s = _EXTERNAL_STREAMS.get(key)
+    if s is None:
+        with cupy.cuda.Device(device):
+            s = _EXTERNAL_STREAMS[key] = cupy.cuda.ExternalStream(stream)
+    return s
+
+
+def new_arrays(kind, device, stream, specs, lib):
+    """New device arrays for use on `stream`, one per (shape, strides, dtype)
+    in `specs`: from PyTorch's or CuPy's allocator (kind "torch"/"cupy")
+    under that stream, so that freeing them is ordered after the work
+    queued there; else DeviceArrays carved from one block of the binding's
+    pool (they share it: it goes back when the last of them goes).
+    Returns (arrays, device addresses)."""
+    if kind == "torch" or (kind == "cupy" and all(dt != "bfloat16" for _, _, dt in specs)):
+        arrays = [_framework_array(kind, device, stream, *spec) for spec in specs]
+        return arrays, [data_ptr(a) for a in arrays]
+    if len(specs) == 1:  # the common case, without the lists
+        shape, strides, dtype = specs[0]
+        nbytes = _span(shape, strides) * DTYPE_SIZES[dtype]
+        block = Block(lib.pool, nbytes, device, stream) if nbytes else None
+        array = DeviceArray._carve(block, 0, shape, strides, dtype, nbytes, device, stream)
+        return (array,), (array.ptr,)
+    sizes, offsets, total = [], [], 0
+    for shape, strides, dtype in specs:
+        nbytes = _span(shape, strides) * DTYPE_SIZES[dtype]
+        offsets.append(total)
+        sizes.append(nbytes)
+        total += -(-nbytes // 256) * 256  # each array 256-byte aligned, as cudaMalloc's
+    block = Block(lib.pool, total, device, stream) if total else None
+    arrays = [DeviceArray._carve(block if nbytes else None, offset, shape, strides, dtype,
+                                 nbytes, device, stream)
+              for (shape, strides, dtype), offset, nbytes in zip(specs, offsets, sizes)]
+    return arrays, [a.ptr for a in arrays]
+
+
+def _framework_array(kind, device, stream, shape, strides, dtype):
+    if kind == "torch":
         import torch
-        tdtype = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
-                  "bfloat16": torch.bfloat16, "uint8": torch.uint8}[dtype]
-        return torch.empty_strided(shape, strides, dtype=tdtype, device=f"cuda:{ref.device}")
-    if ref.kind == "cupy" and dtype != "bfloat16":
-        import cupy
-        with cupy.cuda.Device(ref.device):
-            size = DTYPE_SIZES[dtype]
-            base = cupy.empty(max(1, sum((d - 1) * s for d, s in zip(shape, strides)) + 1)
-                              if all(shape) else 0, dtype=dtype)
-            return cupy.lib.stride_tricks.as_strided(base, shape, tuple(s * size for s in strides))
-    return DeviceArray(shape, dtype, strides)
+        if not _TORCH_DTYPES:
+            _TORCH_DTYPES.update(float32=torch.float32, float64=torch.float64,
+                                 float16=torch.float16, bfloat16=torch.bfloat16, uint8=torch.uint8)
+        where = f"cuda:{device}"
+        if torch.cuda.current_stream(device).cuda_stream == stream:
+            return torch.empty_strided(shape, strides, dtype=_TORCH_DTYPES[dtype], device=where)
+        with torch.cuda.stream(_torch_stream(torch, device, stream)):
+            return torch.empty_strided(shape, strides, dtype=_TORCH_DTYPES[dtype], device=where)
+    import cupy
+    with cupy.cuda.Device(device):
+        if cupy.cuda.get_current_stream().ptr == stream:
+            base = cupy.empty(_span(shape, strides), dtype=dtype)
+        else:
+            with _cupy_stream(cupy, device, stream):
+                base = cupy.empty(_span(shape, strides), dtype=dtype)
+        size = DTYPE_SIZES[dtype]
+        return cupy.lib.stride_tricks.as_strided(base, shape, tuple(s * size for s in strides))
 
 
-def scratch(ref, nbytes):
-    """(pointer, owner) of nbytes of device scratch memory from ref's library."""
+def data_ptr(array):
+    """The device address of an array new_arrays made."""
+    if isinstance(array, DeviceArray):
+        return array.ptr
+    if hasattr(array, "data_ptr"):
+        return array.data_ptr()
+    return array.data.ptr
+
+
+def scratch(kind, device, stream, nbytes, lib):
+    """(pointer, owner) of nbytes of device scratch memory for `stream`."""
     if nbytes == 0:
         return 0, None
-    if ref.kind in ("torch", "cupy"):
-        arr = empty_like_layout(ref, (nbytes,), (1,), "uint8")
-        return (arr.data_ptr() if ref.kind == "torch" else arr.data.ptr), arr
-    buf = DeviceBuffer(nbytes)
-    return buf.ptr, buf
+    if kind in ("torch", "cupy"):
+        arr = _framework_array(kind, device, stream, (nbytes,), (1,), "uint8")
+        return data_ptr(arr), arr
+    block = Block(lib.pool, nbytes, device, stream)
+    return block.ptr, block

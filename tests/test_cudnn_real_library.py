@@ -1,7 +1,7 @@
-"""cudnn_bind against the real libcudnn from the nvidia-cudnn wheels, on a
-machine with no GPU: loading, symbols, status strings, descriptors, mode
-selection, and the no-GPU errors.  Anything that could crash runs in a child
-process."""
+"""cudnn_bind against the real libcudnn from the nvidia-cudnn wheels:
+loading, symbols, status strings, descriptors, mode selection, and (on a
+machine with no GPU; they skip where one is present) the no-GPU errors.
+Anything that could crash runs in a child process."""
 import ctypes
 import os
 import re
@@ -49,7 +49,10 @@ def test_every_declared_symbol_resolves_with_its_prototype(lib):
     for handle, table in tables:
         for name, (restype, argtypes) in table.items():
             fn = getattr(handle, name)
+            if name == "cudaPointerGetAttributes":  # the struct of the loaded runtime's version
+                argtypes = [ctypes.POINTER(lib.PointerAttributes), ctypes.c_void_p]
             assert fn.restype is restype and list(fn.argtypes) == list(argtypes), name
+    assert lib.PointerAttributes is _lib.pointer_attributes_type(lib.runtime_version)
 
 
 def _header_statuses():
@@ -145,9 +148,11 @@ def test_activation_descriptor(lib):
         a.value
 
 
-def test_mode_selection_follows_aten():
-    assert cudnn_bind.choose_mode(2, "contiguous", True) == cudnn_bind.PER_ACTIVATION
-    assert cudnn_bind.choose_mode(2, "contiguous", False) == cudnn_bind.PER_ACTIVATION
+def test_mode_selection_follows_aten_except_2d():
+    # ATen would pick PER_ACTIVATION for 2-D input but never sends it to
+    # cuDNN; cudnn_bind runs it as (N, C, 1, 1) in SPATIAL mode
+    assert cudnn_bind.choose_mode(2, "contiguous", True) == cudnn_bind.SPATIAL
+    assert cudnn_bind.choose_mode(2, "contiguous", False) == cudnn_bind.SPATIAL
     assert cudnn_bind.choose_mode(4, "channels_last", True) == cudnn_bind.SPATIAL_PERSISTENT
     assert cudnn_bind.choose_mode(5, "channels_last", True) == cudnn_bind.SPATIAL_PERSISTENT
     assert cudnn_bind.choose_mode(4, "channels_last", False) == cudnn_bind.SPATIAL
@@ -162,7 +167,26 @@ def _child(code, env=None):
     return proc.returncode, proc.stdout, proc.stderr
 
 
-def test_no_gpu_first_use_is_one_clear_error(lib):
+def _gpu_here(lib):
+    """Whether this machine has a usable GPU (asked in a child process, so
+    this one's loaded library is not touched)."""
+    code, out, err = _child(f"""
+        import cudnn_bind
+        cudnn_bind.load({lib.cudnn_path!r})
+        print(cudnn_bind.is_available())
+    """)
+    assert code == 0, err
+    return out.strip().endswith("True")
+
+
+@pytest.fixture(scope="module")
+def no_gpu(lib):
+    if _gpu_here(lib):
+        pytest.skip("a GPU is present: the no-GPU errors cannot be seen here "
+                    "(tests/test_cudnn_gpu.py runs the GPU)")
+
+
+def test_no_gpu_first_use_is_one_clear_error(lib, no_gpu):
     code, out, err = _child(f"""
         import cudnn_bind
         cudnn_bind.load({lib.cudnn_path!r})
@@ -187,7 +211,7 @@ def test_no_gpu_first_use_is_one_clear_error(lib):
     assert re.search(r"malloc: cudaError(InsufficientDriver|NoDevice)", out)
 
 
-def test_batch_norm_without_gpu_raises_not_crashes(lib):
+def test_batch_norm_without_gpu_raises_not_crashes(lib, no_gpu):
     code, out, err = _child(f"""
         import cudnn_bind
         cudnn_bind.load({lib.cudnn_path!r})

@@ -5,6 +5,7 @@ Device pointers are host pointers there, so every path can be compared with
 cynorm's CPU batch norm: marshalling, argument order, descriptors and mode
 choice, workspace caching and reserve plumbing."""
 import ctypes
+import gc
 import os
 import subprocess
 import sys
@@ -33,12 +34,35 @@ def standin(tmp_path_factory):
     hooks.standin_live_allocations.restype = ctypes.c_long
     hooks.standin_last_size.restype = ctypes.c_size_t
     hooks.standin_last_size.argtypes = [ctypes.c_char_p]
+    hooks.standin_take_log.restype = ctypes.c_size_t
+    hooks.standin_take_log.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    hooks.standin_fail_mallocs.argtypes = [ctypes.c_long]
+    hooks.standin_live_objects.restype = ctypes.c_long
+    hooks.standin_live_objects.argtypes = [ctypes.c_char_p]
     yield lib, hooks, out
     cudnn_bind.reset()
 
 
 def calls(hooks, name):
     return hooks.standin_calls(name.encode())
+
+
+def take_log(hooks):
+    """The stand-in's stream log since the last take: one line per call that
+    takes a stream ("record E on S", "wait S for E", "<cuDNN call> on S mode M")."""
+    buf = ctypes.create_string_buffer(8192)
+    hooks.standin_take_log(buf, len(buf))
+    return buf.value.decode().splitlines()
+
+
+def stream_of(line):
+    """The stream of a log line, as an int (0 for the legacy default stream)."""
+    text = line.split(" on ")[1].split()[0]
+    return 0 if text in ("(nil)", "0") else int(text, 16)
+
+
+def modes(hooks):
+    return [int(line.rsplit(" ", 1)[1]) for line in take_log(hooks) if " mode " in line]
 
 
 dev = cudnn_bind.DeviceArray.from_numpy
@@ -126,27 +150,46 @@ def test_training_inference_backward_match_cynorm(standin, shape, layout, dtype)
 
 
 @pytest.mark.parametrize("shape,layout,training,expected", [
-    ((8, 5), "contiguous", True, cudnn_bind.PER_ACTIVATION),
+    ((8, 5), "contiguous", True, cudnn_bind.SPATIAL),  # 2-D: as (N, C, 1, 1), not PER_ACTIVATION
+    ((8, 5), "contiguous", False, cudnn_bind.SPATIAL),
     ((4, 3, 5, 6), "contiguous", True, cudnn_bind.SPATIAL),
     ((4, 3, 5, 6), "channels_last", True, cudnn_bind.SPATIAL_PERSISTENT),
     ((4, 3, 5, 6), "channels_last", False, cudnn_bind.SPATIAL),
+    ((2, 3, 4, 5, 6), "channels_last", True, cudnn_bind.SPATIAL_PERSISTENT),
+    # packed both ways: the strides of the size-1 dims decide, as in PyTorch
+    ((4, 1, 5, 6), "channels_last", True, cudnn_bind.SPATIAL_PERSISTENT),
+    ((4, 1, 5, 6), "contiguous", True, cudnn_bind.SPATIAL),
+    ((4, 3, 1, 1), "channels_last", True, cudnn_bind.SPATIAL_PERSISTENT),
+    ((4, 3, 1, 1), "contiguous", True, cudnn_bind.SPATIAL),
 ])
-def test_mode_reaches_cudnn(standin, shape, layout, training, expected, monkeypatch):
-    seen = []
-    real = cudnn_bind.batch_norm.derive_bn_descriptor
-
-    def spy(desc, mode):
-        seen.append(mode)
-        return real(desc, mode)
-    monkeypatch.setattr(cudnn_bind.batch_norm, "derive_bn_descriptor", spy)
+def test_mode_reaches_cudnn(standin, shape, layout, training, expected):
+    lib, hooks, _ = standin
     x, w, b = make(shape, "float32")
     args = [upload(x, layout), dev(w), dev(b), dev(np.zeros(shape[1], np.float32)),
             dev(np.ones(shape[1], np.float32))]
+    take_log(hooks)
     if training:
-        cudnn_bind.batch_norm_forward_training(*args)
+        y = cudnn_bind.batch_norm_forward_training(*args)[0]
     else:
-        cudnn_bind.batch_norm_forward_inference(*args)
-    assert seen == [expected]
+        y = cudnn_bind.batch_norm_forward_inference(*args)
+    assert modes(hooks) == [expected]
+    ref = cynorm.batch_norm(x, w, b, np.zeros(shape[1], np.float32),
+                            np.ones(shape[1], np.float32), training)[0]
+    close(y.to_numpy(), ref, "float32", "y")
+    ok, why = cudnn_bind.can_use_cudnn(*args, training=training)
+    assert ok == (len(shape) > 2), why
+
+
+def test_torch_layout_rule_for_ambiguous_strides():
+    from cudnn_bind.rules import layout_of
+    # ATen's suggest_memory_format examples: N1H1 and 1C1W permutations
+    assert layout_of((2, 1, 3, 1), (3, 1, 1, 1)) == "channels_last"
+    assert layout_of((2, 1, 3, 1), (3, 3, 1, 1)) == "contiguous"
+    assert layout_of((5, 1, 1, 1), (1, 1, 1, 1)) == "contiguous"
+    assert layout_of((1, 4, 1, 3), (12, 1, 12, 4)) == "channels_last"
+    assert layout_of((2, 3, 4, 5), (60, 1, 15, 3)) == "channels_last"
+    with pytest.raises(ValueError, match="contiguous in N,C,... order or channels-last"):
+        layout_of((2, 3, 4, 5), (60, 20, 1, 4))
 
 
 def test_per_activation_override_normalizes_each_position_over_the_batch(standin):
@@ -165,29 +208,69 @@ def test_per_activation_override_normalizes_each_position_over_the_batch(standin
         cudnn_bind.batch_norm_forward_training(dev(x), dev(w[:2]), dev(b[:2]), mode="per_activation")
 
 
-@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+@pytest.mark.parametrize("shape", [(4, 4, 5, 6), (2, 8, 3, 4, 5)])
 @pytest.mark.parametrize("with_z", [False, True])
-def test_fused_relu_and_add_relu(standin, layout, with_z):
-    shape = (4, 3, 5, 6)
-    x, w, b = make(shape, "float32")
-    z = make(shape, "float32", seed=7)[0]
-    gx, gw, gb = upload(x, layout), dev(w), dev(b)
-    gz = upload(z, layout) if with_z else None
+def test_fused_relu_and_add_relu(standin, shape, with_z):
+    lib, hooks, _ = standin
+    x, w, b = make(shape, "float16")
+    z = make(shape, "float16", seed=7)[0]
+    gx, gw, gb = upload(x, "channels_last"), dev(w), dev(b)
+    gz = upload(z, "channels_last") if with_z else None
+    take_log(hooks)
     y, sm, si, reserve = cudnn_bind.batch_norm_forward_training(gx, gw, gb, z=gz, activation="relu")
+    assert modes(hooks) == [cudnn_bind.SPATIAL_PERSISTENT]
     pre, m, i = cynorm.batch_norm(x, w, b, training=True)
-    pre = pre + (z if with_z else 0)
-    close(y.to_numpy(), np.maximum(pre, 0), "float32", "y")
-    dy = make(shape, "float32", seed=8)[0]
-    out = cudnn_bind.batch_norm_backward(gx, upload(dy, layout), gw, sm, si, 1e-5, reserve, y=y,
-                                         z=gz, bias=gb, activation="relu")
-    g = dy * (pre > 0)
-    ref = cynorm.batch_norm_backward(g, x, w, None, None, m, i, True)
-    close(out[0].to_numpy(), ref[0], "float32", "dx")
-    close(out[1].to_numpy() / 120, ref[1] / 120, "float32", "dweight")
-    close(out[2].to_numpy() / 120, ref[2] / 120, "float32", "dbias")
+    pre = pre.astype(np.float64) + (z.astype(np.float64) if with_z else 0)
+    close(y.to_numpy(), np.maximum(pre, 0), "float16", "y")
+    dy = make(shape, "float16", seed=8)[0]
+    out = cudnn_bind.batch_norm_backward(gx, upload(dy, "channels_last"), gw, sm, si, 1e-5,
+                                         reserve, y=y, z=gz, bias=gb, activation="relu")
+    g = (dy.astype(np.float64) * (pre > 0)).astype(np.float32)
+    ref = cynorm.batch_norm_backward(g, x.astype(np.float32), w, None, None, m, i, True)
+    count = x.size // shape[1]
+    close(out[0].to_numpy(), ref[0], "float16", "dx")
+    close(out[1].to_numpy() / count, ref[1] / count, "float32", "dweight")
+    close(out[2].to_numpy() / count, ref[2] / count, "float32", "dbias")
     assert len(out) == (4 if with_z else 3)
     if with_z:
-        close(out[3].to_numpy(), g, "float32", "dz")
+        close(out[3].to_numpy(), g, "float16", "dz")
+
+
+@pytest.mark.parametrize("dtype,layout,shape,kwargs,needs", [
+    ("float32", "channels_last", (4, 4, 5, 6), {}, "float16 data (x is float32)"),
+    ("float16", "contiguous", (4, 4, 5, 6), {}, "channels-last 4-D or 5-D x"),
+    ("float16", "contiguous", (4, 4, 5), {}, "channels-last 4-D or 5-D x (x is N,C,... 3-D)"),
+    ("float16", "channels_last", (4, 6, 5, 6), {"z": True}, "divisible by 4 (C = 6)"),
+    ("float16", "channels_last", (4, 4, 5, 6), {"mode": "spatial"},
+     "mode SPATIAL_PERSISTENT (mode= asked for SPATIAL)"),
+])
+def test_fused_ops_outside_cudnns_rule_are_refused_before_cudnn(standin, dtype, layout, shape,
+                                                                kwargs, needs):
+    lib, hooks, _ = standin
+    x, w, b = make(shape, dtype)
+    gx, gw, gb = upload(x, layout), dev(w), dev(b)
+    z = upload(x, layout) if kwargs.pop("z", False) else None
+    before = (calls(hooks, "cudnnBatchNormalizationForwardTrainingEx"),
+              calls(hooks, "cudnnBatchNormalizationBackwardEx"))
+    with pytest.raises(cudnn_bind.UnsupportedError, match="cuDNN fuses") as info:
+        cudnn_bind.batch_norm_forward_training(gx, gw, gb, z=z, activation="relu", **kwargs)
+    assert needs in str(info.value) and info.value.rule == "fused_activation"
+    assert isinstance(info.value, ValueError)
+    with pytest.raises(cudnn_bind.UnsupportedError, match="cuDNN fuses"):
+        cudnn_bind.batch_norm_backward(gx, gx, gw, gw, gw, 1e-5, None, y=gx, z=z, bias=gb,
+                                       activation="relu", **kwargs)
+    ok, why = cudnn_bind.can_use_cudnn(gx, gw, gb, z=z, activation="relu", **kwargs)
+    assert not ok and why == str(info.value)
+    assert before == (calls(hooks, "cudnnBatchNormalizationForwardTrainingEx"),
+                      calls(hooks, "cudnnBatchNormalizationBackwardEx"))
+
+
+def test_fused_relu_without_z_needs_no_channel_multiple_of_4(standin):
+    x, w, b = make((4, 6, 3, 2), "float16")
+    y = cudnn_bind.batch_norm_forward_training(upload(x, "channels_last"), dev(w), dev(b),
+                                               activation="relu")[0]
+    ref = cynorm.batch_norm(x, w, b, training=True)[0]
+    close(y.to_numpy(), np.maximum(ref.astype(np.float64), 0), "float16", "y")
 
 
 def test_workspace_is_cached_per_handle_and_only_grows(standin):
@@ -198,8 +281,8 @@ def test_workspace_is_cached_per_handle_and_only_grows(standin):
     cudnn_bind.batch_norm_forward_training(*args)
     before = calls(hooks, "cudaMalloc")
     cudnn_bind.batch_norm_forward_training(*args)
-    # y, save_mean, save_invstd, reserve: no new workspace
-    assert calls(hooks, "cudaMalloc") - before == 4
+    # outputs come back from the pool, the workspace is the handle's: no cudaMalloc
+    assert calls(hooks, "cudaMalloc") - before == 0
     h = cudnn_bind.handle_for(0)
     assert h.workspace_size >= hooks.standin_last_size(b"workspace") > 0
     big = make((4, 300, 5, 6), "float32")
@@ -209,7 +292,7 @@ def test_workspace_is_cached_per_handle_and_only_grows(standin):
     size1 = h.workspace_size
     before = calls(hooks, "cudaMalloc")
     cudnn_bind.batch_norm_forward_training(*args)
-    assert h.workspace_size == size1 and calls(hooks, "cudaMalloc") - before == 4
+    assert h.workspace_size == size1 and calls(hooks, "cudaMalloc") - before == 0
 
 
 def test_reserve_is_checked_and_passed_through(standin):
@@ -217,7 +300,8 @@ def test_reserve_is_checked_and_passed_through(standin):
     gx, gw, gb = dev(x), dev(w), dev(b)
     y, sm, si, reserve = cudnn_bind.batch_norm_forward_training(gx, gw, gb)
     dy = dev(make((4, 3, 5, 6), "float32", seed=2)[0])
-    other = cudnn_bind.batch_norm_forward_training(gx, gw, gb, activation="relu")[3]
+    other = cudnn_bind.batch_norm_forward_training(dev(make((4, 3, 5, 7), "float32")[0]),
+                                                   gw, gb)[3]
     if other.nbytes != reserve.nbytes:
         with pytest.raises(ValueError, match="reserve has"):
             cudnn_bind.batch_norm_backward(gx, dy, gw, sm, si, 1e-5, other)
@@ -321,13 +405,18 @@ def test_bad_input_is_refused_before_cudnn(standin):
 
 def test_device_array_round_trip_and_free(standin):
     lib, hooks, _ = standin
+    cudnn_bind.empty_cache()
     live = hooks.standin_live_allocations()
     a = np.arange(12, dtype=np.float32).reshape(3, 4)
     with dev(a) as d:
         assert hooks.standin_live_allocations() == live + 1
         np.testing.assert_array_equal(d.to_numpy(), a)
         assert d.__cuda_array_interface__["shape"] == (3, 4)
-    assert hooks.standin_live_allocations() == live and d.ptr == 0
+        assert d.__cuda_array_interface__["stream"] == 1  # the legacy default stream
+    assert d.ptr == 0 and cudnn_bind.memory_info()["cached_bytes"] >= 48  # kept for reuse
+    assert hooks.standin_live_allocations() == live + 1
+    cudnn_bind.empty_cache()
+    assert hooks.standin_live_allocations() == live
     with pytest.raises(ValueError, match="freed"):
         cudnn_bind.batch_norm_forward_training(d, d, d)
     bf = dev(a.astype(BF16))
@@ -367,20 +456,31 @@ def test_no_gpu_handle_error_through_the_standin(standin):
     assert proc.stdout.startswith("1001 CUDNN_STATUS_NOT_INITIALIZED |")
 
 
-def test_descriptors_and_activations_are_destroyed_after_each_call(standin):
-    lib, hooks, _ = standin
+def test_descriptors_are_made_once_per_signature_and_go_with_the_library(standin):
+    lib, hooks, path = standin
     live = hooks.standin_live_objects
-    live.restype, live.argtypes = ctypes.c_long, [ctypes.c_char_p]
-    x, w, b = make((4, 3, 5, 6), "float32")
-    gx, gw, gb = dev(x), dev(w), dev(b)
+    x, w, b = make((4, 4, 5, 6), "float16")
+    gx, gw, gb = upload(x, "channels_last"), dev(w), dev(b)
     cudnn_bind.handle_for(0)
-    before = (live(b"tensor"), live(b"activation"), live(b"handle"))
-    y, sm, si, reserve = cudnn_bind.batch_norm_forward_training(gx, gw, gb, activation="relu")
-    cudnn_bind.batch_norm_backward(gx, gx, gw, sm, si, 1e-5, reserve, y=y, bias=gb,
-                                   activation="relu")
+
+    def step():
+        y, sm, si, reserve = cudnn_bind.batch_norm_forward_training(gx, gw, gb, activation="relu")
+        cudnn_bind.batch_norm_backward(gx, gx, gw, sm, si, 1e-5, reserve, y=y, bias=gb,
+                                       activation="relu")
+        cudnn_bind.batch_norm_forward_inference(gx, gw, gb, gw, gw)
+    step()
+    counts = (live(b"tensor"), live(b"activation"), live(b"handle"))
+    created = calls(hooks, "cudnnCreateTensorDescriptor")
+    for _ in range(3):
+        step()
     with pytest.raises(ValueError):
-        cudnn_bind.batch_norm_forward_training(gx, dev(w[:2]), gb)  # fails after descriptors exist
-    assert (live(b"tensor"), live(b"activation"), live(b"handle")) == before
+        cudnn_bind.batch_norm_forward_training(gx, dev(w[:2]), gb, activation="relu")
+    assert (live(b"tensor"), live(b"activation"), live(b"handle")) == counts
+    assert calls(hooks, "cudnnCreateTensorDescriptor") == created
+    # reset() drops the plans, their descriptors and the handles
+    cudnn_bind.load(path, cudart=path)
+    gc.collect()  # tracebacks of earlier failures hold frames that hold plans
+    assert (live(b"tensor"), live(b"activation"), live(b"handle")) == (0, 0, 0)
 
 
 def test_dlpack_exporters_of_host_memory_are_refused():
@@ -412,7 +512,7 @@ def test_size_one_dims_get_aten_strides_whatever_they_held():
 def test_destroyed_or_foreign_handles_are_refused(standin):
     x, w, b = make((4, 3, 5, 6), "float32")
     gx, gw, gb = dev(x), dev(w), dev(b)
-    h = cudnn_bind.Handle(standin[0], 0)
+    h = cudnn_bind.Handle(_lib.get(), 0)
     y, *_ = cudnn_bind.batch_norm_forward_training(gx, gw, gb, handle=h)
     h.destroy()
     with pytest.raises(ValueError, match="handle has been destroyed"):

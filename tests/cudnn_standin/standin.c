@@ -37,6 +37,8 @@
 
 long standin_calls(const char *name);
 void standin_reset(void);
+size_t standin_take_log(char *buffer, size_t size);
+void standin_fail_mallocs(long count);
 long standin_live_allocations(void);
 long standin_live_objects(const char *kind);
 size_t standin_last_size(const char *what);
@@ -70,7 +72,8 @@ static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
     X(cudaGetDevice) X(cudaSetDevice) X(cudaMalloc) X(cudaFree) X(cudaMemcpy)  \
     X(cudaMemset) X(cudaDeviceSynchronize) X(cudaStreamSynchronize)            \
     X(cudaPointerGetAttributes) X(cudaGetErrorString) X(cudaGetErrorName)      \
-    X(cudaGetLastError)
+    X(cudaGetLastError) X(cudaMemcpyAsync) X(cudaEventCreateWithFlags)         \
+    X(cudaEventRecord) X(cudaEventDestroy) X(cudaStreamWaitEvent)
 
 #define AS_NAME(f) #f,
 static const char *const g_fn_names[] = {STANDIN_FUNCTIONS(AS_NAME)};
@@ -103,6 +106,34 @@ static void record_sizes(size_t workspace, size_t reserve)
     pthread_mutex_lock(&g_lock);
     g_last_workspace = workspace;
     g_last_reserve = reserve;
+    pthread_mutex_unlock(&g_lock);
+}
+
+/* The stream log: one line per call that takes or uses a stream, in call
+ * order ("record E on S", "wait S for E", "<function> on S", ...), so
+ * tests can check what a call makes wait for what; standin_take_log()
+ * hands it over and clears it. */
+static char g_log[8192];
+static size_t g_log_len;
+
+static void log_line(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void log_line(const char *fmt, ...)
+{
+    char line[256];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line - 1, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    if ((size_t)n > sizeof line - 2)
+        n = (int)(sizeof line - 2);
+    line[n++] = '\n';
+    pthread_mutex_lock(&g_lock);
+    if (g_log_len + (size_t)n < sizeof g_log) {   /* a full log drops new lines */
+        memcpy(g_log + g_log_len, line, (size_t)n);
+        g_log_len += (size_t)n;
+    }
     pthread_mutex_unlock(&g_lock);
 }
 
@@ -222,7 +253,7 @@ static cudnnStatus_t fail(cudnnStatus_t st, const char *fn, const char *fmt, ...
 /* Knowing which pointers are live lets us report use-after-destroy,
  * double destroy and "wrong kind of descriptor" as BAD_PARAM instead of
  * reading freed memory (the real library would crash or worse). */
-typedef enum { OBJ_HANDLE = 1, OBJ_TENSOR, OBJ_ACTIVATION } obj_kind_t;
+typedef enum { OBJ_HANDLE = 1, OBJ_TENSOR, OBJ_ACTIVATION, OBJ_EVENT } obj_kind_t;
 
 static struct live_obj {
     const void *ptr;
@@ -688,12 +719,35 @@ static const char *ops_name(cudnnBatchNormOps_t ops)
     }
 }
 
-/* Activation ops need a live, set ReLU descriptor; plain BN ignores it. */
+/* Whether x is fully packed channels-last (NHWC / NDHWC). */
+static int is_nhwc_packed(const struct cudnnTensorStruct *x)
+{
+    if (x->nb < 4 || x->nb > 5 || x->strides[1] != 1)
+        return 0;
+    long expect = x->dims[1];
+    for (int i = x->nb - 1; i >= 2; i--) {
+        if (x->strides[i] != expect)
+            return 0;
+        expect *= x->dims[i];
+    }
+    return x->strides[0] == expect;
+}
+
+/* Activation ops need a live, set ReLU descriptor, and (cuDNN's documented
+ * conditions for its fused NHWC kernel) half NHWC data in SPATIAL_PERSISTENT
+ * mode, C % 4 == 0 for add+activation; plain BN ignores the descriptor. */
 static cudnnStatus_t check_activation(const char *fn, cudnnBatchNormOps_t ops,
-                                      cudnnActivationDescriptor_t a)
+                                      cudnnActivationDescriptor_t a,
+                                      const struct cudnnTensorStruct *x, cudnnBatchNormMode_t mode)
 {
     if (ops == CUDNN_BATCHNORM_OPS_BN)
         return CUDNN_STATUS_SUCCESS;
+    if (x->type != CUDNN_DATA_HALF || !is_nhwc_packed(x) || mode != CUDNN_BATCHNORM_SPATIAL_PERSISTENT
+        || (ops == CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION && x->dims[1] % 4))
+        return fail(CUDNN_STATUS_NOT_SUPPORTED, fn,
+                    "%s runs only on fully packed NHWC half data in SPATIAL_PERSISTENT mode "
+                    "(C %% 4 == 0 with add): x type %d, mode %d, C %d",
+                    ops_name(ops), (int)x->type, (int)mode, x->dims[1]);
     if (!a)
         return fail(CUDNN_STATUS_NOT_SUPPORTED, fn,
                     "%s needs an activation descriptor but activationDesc is NULL", ops_name(ops));
@@ -1246,7 +1300,7 @@ cudnnStatus_t cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(
     if (bnOps == CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION)
         TRY(check_like_x(fn, "zDesc", zDesc, xDesc));
     TRY(check_param_desc(fn, "bnScaleBiasMeanVarDesc", bnScaleBiasMeanVarDesc, xDesc, mode));
-    TRY(check_activation(fn, bnOps, activationDesc));
+    TRY(check_activation(fn, bnOps, activationDesc, xDesc, mode));
     TRY(need(fn, sizeInBytes, "sizeInBytes (output pointer)"));
     *sizeInBytes = forward_workspace_bytes(&g);
     return CUDNN_STATUS_SUCCESS;
@@ -1274,7 +1328,7 @@ cudnnStatus_t cudnnGetBatchNormalizationBackwardExWorkspaceSize(
         TRY(check_like_x(fn, "dzDesc", dzDesc, xDesc));
     TRY(check_like_x(fn, "dxDesc", dxDesc, xDesc));
     TRY(check_param_desc(fn, "dBnScaleBiasDesc", dBnScaleBiasDesc, xDesc, mode));
-    TRY(check_activation(fn, bnOps, activationDesc));
+    TRY(check_activation(fn, bnOps, activationDesc, xDesc, mode));
     TRY(need(fn, sizeInBytes, "sizeInBytes (output pointer)"));
     *sizeInBytes = backward_workspace_bytes(&g);
     return CUDNN_STATUS_SUCCESS;
@@ -1292,7 +1346,7 @@ cudnnStatus_t cudnnGetBatchNormalizationTrainingExReserveSpaceSize(
     TRY(check_ops(fn, bnOps));
     TRY(check_tensor(fn, "xDesc", xDesc));
     TRY(bn_geometry(fn, xDesc, mode, &g));
-    TRY(check_activation(fn, bnOps, activationDesc));
+    TRY(check_activation(fn, bnOps, activationDesc, xDesc, mode));
     TRY(need(fn, sizeInBytes, "sizeInBytes (output pointer)"));
     *sizeInBytes = reserve_bytes(&g, bnOps);
     return CUDNN_STATUS_SUCCESS;
@@ -1346,6 +1400,7 @@ cudnnStatus_t cudnnBatchNormalizationForwardTrainingEx(
 
     /* --- validate everything before touching any output --- */
     TRY(check_handle(fn, handle));
+    log_line("%s on %p mode %d", fn, (void *)handle->stream, (int)mode);
     TRY(check_ops(fn, bnOps));
     TRY(need(fn, alpha, "alpha"));
     TRY(need(fn, beta, "beta"));
@@ -1373,7 +1428,7 @@ cudnnStatus_t cudnnBatchNormalizationForwardTrainingEx(
         TRY(check_tensor_data(fn, "resultSaveMean", pdesc, resultSaveMean));
         TRY(check_tensor_data(fn, "resultSaveInvVariance", pdesc, resultSaveInvVariance));
     }
-    TRY(check_activation(fn, bnOps, activationDesc));
+    TRY(check_activation(fn, bnOps, activationDesc, xDesc, mode));
     TRY(check_buffer(fn, "workspace", "workSpaceSizeInBytes", workspace, workSpaceSizeInBytes,
                      forward_workspace_bytes(&g),
                      "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize"));
@@ -1436,6 +1491,7 @@ cudnnStatus_t cudnnBatchNormalizationForwardInference(
     count_call(fn);
 
     TRY(check_handle(fn, handle));
+    log_line("%s on %p mode %d", fn, (void *)handle->stream, (int)mode);
     TRY(need(fn, alpha, "alpha"));
     TRY(need(fn, beta, "beta"));
     TRY(check_tensor(fn, "xDesc", xDesc));
@@ -1516,6 +1572,7 @@ cudnnStatus_t cudnnBatchNormalizationBackwardEx(
 
     /* --- validate everything before touching any output --- */
     TRY(check_handle(fn, handle));
+    log_line("%s on %p mode %d", fn, (void *)handle->stream, (int)mode);
     TRY(check_ops(fn, bnOps));
     TRY(need(fn, alphaDataDiff, "alphaDataDiff"));
     TRY(need(fn, betaDataDiff, "betaDataDiff"));
@@ -1550,7 +1607,7 @@ cudnnStatus_t cudnnBatchNormalizationBackwardEx(
         TRY(check_tensor_data(fn, "savedMean", pdesc, savedMean));
         TRY(check_tensor_data(fn, "savedInvVariance", pdesc, savedInvVariance));
     }
-    TRY(check_activation(fn, bnOps, activationDesc));
+    TRY(check_activation(fn, bnOps, activationDesc, xDesc, mode));
     TRY(check_buffer(fn, "workSpace", "workSpaceSizeInBytes", workSpace, workSpaceSizeInBytes,
                      backward_workspace_bytes(&g), "cudnnGetBatchNormalizationBackwardExWorkspaceSize"));
     TRY(check_buffer(fn, "reserveSpace", "reserveSpaceSizeInBytes", reserveSpace, reserveSpaceSizeInBytes,
@@ -1634,6 +1691,7 @@ static const struct {
     CUDA_ERR(cudaErrorNoDevice, "no CUDA-capable device is detected"),
     CUDA_ERR(cudaErrorInvalidDevice, "invalid device ordinal"),
     CUDA_ERR(cudaErrorIllegalAddress, "an illegal memory access was encountered"),
+    CUDA_ERR(cudaErrorInvalidResourceHandle, "invalid resource handle"),
     CUDA_ERR(cudaErrorUnknown, "unknown error"),
 };
 #undef CUDA_ERR
@@ -1699,6 +1757,8 @@ cudaError_t cudaSetDevice(int device)
 
 /* Fresh "device" memory is filled with 0xFF bytes, a NaN in every float
  * format, so reading an output that was never written shows up. */
+static long g_failing_mallocs;      /* standin_fail_mallocs() */
+
 cudaError_t cudaMalloc(void **devPtr, size_t size)
 {
     count_call(__func__);
@@ -1706,6 +1766,12 @@ cudaError_t cudaMalloc(void **devPtr, size_t size)
         return cuda_result(cudaErrorInvalidValue);
     if (no_gpu())
         return cuda_result(cudaErrorInsufficientDriver);
+    pthread_mutex_lock(&g_lock);
+    int fail_now = g_failing_mallocs > 0;
+    g_failing_mallocs -= fail_now;
+    pthread_mutex_unlock(&g_lock);
+    if (fail_now)
+        return cuda_result(cudaErrorMemoryAllocation);
     if (size == 0) {               /* the real runtime hands back NULL */
         *devPtr = NULL;
         return cudaSuccess;
@@ -1802,6 +1868,75 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes, c
     return cudaSuccess;
 }
 
+/* Runs at once (like everything here) but is logged with its stream. */
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
+                            cudaStream_t stream)
+{
+    count_call(__func__);
+    log_line("cudaMemcpyAsync on %p", (void *)stream);
+    if ((int)kind < (int)cudaMemcpyHostToHost || (int)kind > (int)cudaMemcpyDefault)
+        return cuda_result(cudaErrorInvalidMemcpyDirection);
+    if (count == 0)
+        return cudaSuccess;
+    if (!dst || !src)
+        return cuda_result(cudaErrorInvalidValue);
+    if (bytes_past_block_end(dst, count) || bytes_past_block_end(src, count))
+        return cuda_result(cudaErrorInvalidValue);
+    memmove(dst, src, count);
+    return cudaSuccess;
+}
+
+/* Events are registered objects; recording and waiting only log. */
+struct CUevent_st {
+    unsigned flags;
+};
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags)
+{
+    count_call(__func__);
+    if (!event || flags > (cudaEventBlockingSync | cudaEventDisableTiming | cudaEventInterprocess))
+        return cuda_result(cudaErrorInvalidValue);
+    if (no_gpu())
+        return cuda_result(cudaErrorInsufficientDriver);
+    struct CUevent_st *e = calloc(1, sizeof *e);
+    if (!e || !registry_add(e, OBJ_EVENT)) {
+        free(e);
+        return cuda_result(cudaErrorMemoryAllocation);
+    }
+    e->flags = flags;
+    *event = e;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
+{
+    count_call(__func__);
+    if (!event || !registry_has(event, OBJ_EVENT))
+        return cuda_result(cudaErrorInvalidResourceHandle);
+    log_line("record %p on %p", (void *)event, (void *)stream);
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags)
+{
+    count_call(__func__);
+    if (!event || !registry_has(event, OBJ_EVENT))
+        return cuda_result(cudaErrorInvalidResourceHandle);
+    if (flags)
+        return cuda_result(cudaErrorInvalidValue);
+    log_line("wait %p for %p", (void *)stream, (void *)event);
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t event)
+{
+    count_call(__func__);
+    if (!event || !registry_remove(event, OBJ_EVENT))
+        return cuda_result(cudaErrorInvalidResourceHandle);
+    free(event);
+    return cudaSuccess;
+}
+
 const char *cudaGetErrorString(cudaError_t error)
 {
     count_call(__func__);
@@ -1860,7 +1995,8 @@ long standin_live_allocations(void)
     return n;
 }
 
-/* Live handles/descriptors of one kind: "handle", "tensor", "activation";
+/* Live handles/descriptors/events of one kind: "handle", "tensor",
+ * "activation", "event";
  * -1 for any other name. */
 long standin_live_objects(const char *kind)
 {
@@ -1871,6 +2007,8 @@ long standin_live_objects(const char *kind)
         k = OBJ_TENSOR;
     else if (kind && strcmp(kind, "activation") == 0)
         k = OBJ_ACTIVATION;
+    else if (kind && strcmp(kind, "event") == 0)
+        k = OBJ_EVENT;
     else
         return -1;
     long n = 0;
@@ -1895,4 +2033,28 @@ size_t standin_last_size(const char *what)
         v = g_last_reserve;
     pthread_mutex_unlock(&g_lock);
     return v;
+}
+
+/* The stream log since the last call (NUL-terminated, truncated to size);
+ * returns its full length and clears it. */
+size_t standin_take_log(char *buffer, size_t size)
+{
+    pthread_mutex_lock(&g_lock);
+    size_t n = g_log_len;
+    if (buffer && size) {
+        size_t k = n < size - 1 ? n : size - 1;
+        memcpy(buffer, g_log, k);
+        buffer[k] = '\0';
+    }
+    g_log_len = 0;
+    pthread_mutex_unlock(&g_lock);
+    return n;
+}
+
+/* The next `count` cudaMalloc calls fail with cudaErrorMemoryAllocation. */
+void standin_fail_mallocs(long count)
+{
+    pthread_mutex_lock(&g_lock);
+    g_failing_mallocs = count;
+    pthread_mutex_unlock(&g_lock);
 }

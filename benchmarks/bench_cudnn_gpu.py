@@ -1,0 +1,115 @@
+"""cudnn_bind against torch.nn.functional.batch_norm on a GPU, per call: host
+time (the Python call, nothing waited for) and device time (CUDA events
+around back-to-back calls), for training forward, backward and inference on
+ResNet-like shapes, float32 N,C,H,W and float16 channels-last, with PyTorch
+CUDA tensors as inputs for both (so the same memory and streams).
+
+    python benchmarks/bench_cudnn_gpu.py                  # needs a GPU, torch with CUDA
+    python benchmarks/bench_cudnn_gpu.py --calls 200 --json out.json
+
+torch's batch_norm on these inputs is cuDNN's kernel too (PyTorch routes
+4-D CUDA batch norm there), so device times should agree and the host
+columns compare the two bindings.  Median of `--repeats` samples of
+`--calls` calls each.
+"""
+import argparse
+import json
+import statistics
+import sys
+import time
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--calls", type=int, default=100)
+    ap.add_argument("--repeats", type=int, default=11)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+
+    import torch
+    import cudnn_bind
+    reason = cudnn_bind.unavailable_reason()
+    if reason or not torch.cuda.is_available():
+        sys.exit(f"no GPU for this benchmark: {reason or 'torch has no CUDA'}")
+    F = torch.nn.functional
+    dev = torch.device("cuda")
+    print(f"# {torch.cuda.get_device_name(0)}; cuDNN {cudnn_bind.version()} (cudnn_bind), "
+          f"torch {torch.__version__} with cuDNN {torch.backends.cudnn.version()}")
+
+    def timed(fn):
+        """(host µs, device µs) per call."""
+        for _ in range(10):
+            fn()
+        torch.cuda.synchronize()
+        host, device = [], []
+        for _ in range(args.repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            start.record()
+            for _ in range(args.calls):
+                fn()
+            end.record()
+            host.append((time.perf_counter() - t) / args.calls * 1e6)
+            end.synchronize()
+            device.append(start.elapsed_time(end) / args.calls * 1e3)
+        return statistics.median(host), statistics.median(device)
+
+    rows = []
+    for shape, dtype, layout in [((32, 64, 56, 56), torch.float32, "nchw"),
+                                 ((32, 256, 14, 14), torch.float32, "nchw"),
+                                 ((8, 64, 14, 14), torch.float32, "nchw"),
+                                 ((2, 4, 1, 1), torch.float32, "nchw"),
+                                 ((32, 64, 56, 56), torch.float16, "nhwc"),
+                                 ((32, 256, 14, 14), torch.float16, "nhwc")]:
+        x = torch.randn(shape, device=dev, dtype=dtype)
+        if layout == "nhwc":
+            x = x.to(memory_format=torch.channels_last)
+        c = shape[1]
+        w, b = torch.randn(c, device=dev), torch.randn(c, device=dev)
+        rm, rv = torch.zeros(c, device=dev), torch.ones(c, device=dev)
+        dy = torch.randn_like(x)
+        y, sm, si, reserve = cudnn_bind.batch_norm_forward_training(x, w, b, rm, rv)
+        xt = x.detach().requires_grad_()
+        wt, bt = w.detach().requires_grad_(), b.detach().requires_grad_()
+        cases = {
+            "training forward": (
+                lambda: cudnn_bind.batch_norm_forward_training(x, w, b, rm, rv),
+                lambda: F.batch_norm(x, rm, rv, w, b, training=True)),
+            "backward": (
+                lambda: cudnn_bind.batch_norm_backward(x, dy, w, sm, si, 1e-5, reserve),
+                lambda: torch.ops.aten.cudnn_batch_norm_backward(
+                    x, dy, w, rm, rv, sm, si, 1e-5, reserve)),
+            "inference": (
+                lambda: cudnn_bind.batch_norm_forward_inference(x, w, b, rm, rv),
+                lambda: F.batch_norm(x, rm, rv, w, b, training=False)),
+        }
+        del xt, wt, bt
+        for name, (ours, theirs) in cases.items():
+            try:
+                h1, d1 = timed(ours)
+                h2, d2 = timed(theirs)
+            except Exception as exc:  # noqa: BLE001 - a row says what failed
+                rows.append({"shape": shape, "dtype": str(dtype), "layout": layout, "call": name,
+                             "error": f"{type(exc).__name__}: {exc}"})
+                continue
+            rows.append({"shape": shape, "dtype": str(dtype).replace("torch.", ""),
+                         "layout": layout, "call": name, "host_us": h1, "device_us": d1,
+                         "torch_host_us": h2, "torch_device_us": d2})
+    print("| shape | dtype | layout | call | cudnn_bind host µs | torch host µs | "
+          "cudnn_bind device µs | torch device µs |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        if "error" in r:
+            print(f"| {r['shape']} | {r['dtype']} | {r['layout']} | {r['call']} | failed: "
+                  f"{r['error']} | | | |")
+            continue
+        print(f"| {r['shape']} | {r['dtype']} | {r['layout']} | {r['call']} | {r['host_us']:.1f} | "
+              f"{r['torch_host_us']:.1f} | {r['device_us']:.1f} | {r['torch_device_us']:.1f} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+"""Stream-ordered caching of device memory: the binding's own allocator.
+
+Memory no array library owns comes from here: `DeviceArray` and
+`DeviceBuffer`, and the outputs, workspace and reserve of calls whose x is
+a `DeviceArray`, a raw `__cuda_array_interface__` or a DLPack capsule.  (For
+PyTorch and CuPy inputs those come from the library's own allocator, under
+the stream the kernels run on.)
+
+A block is cudaMalloc'ed once.  When its owner is freed it goes back to a
+free list of the (device, stream) it was allocated for, and only a later
+allocation for that same stream takes it again.  Work on one stream runs in
+order, so a kernel still using the block when its owner died finishes
+before the next owner's kernels start: no synchronization and no CUDA call
+on the steady path, and a block never changes streams while queued work
+may still touch it (the rule PyTorch's caching allocator keeps).  Memory
+that a caller uses on another stream than the one it was made for must
+stay referenced until that use is done (synchronize first), as with
+PyTorch tensors.
+
+Cached blocks are handed back to CUDA (a device synchronization, then
+cudaFree) by `empty_cache()`, when cudaMalloc runs out of memory (then the
+allocation is retried once), and when the library is unloaded.
+"""
+import ctypes
+import threading
+
+from cudnn_bind.errors import CudaError
+
+__all__ = ["Pool", "Block", "ALIGNMENT"]
+
+# every block is a multiple of this (cudaMalloc itself aligns to 256 bytes)
+ALIGNMENT = 512
+
+
+def rounded(nbytes):
+    """The size of the block an allocation of nbytes takes."""
+    return -(-nbytes // ALIGNMENT) * ALIGNMENT
+
+
+PER_THREAD_STREAM = 2  # cudaStreamPerThread: a different stream in every thread
+
+
+def stream_key(stream):
+    """What identifies a stream across threads: the per-thread default
+    stream's handle (2) names another stream in each thread."""
+    return (PER_THREAD_STREAM, threading.get_ident()) if stream == PER_THREAD_STREAM else stream
+
+
+class Block:
+    """`nbytes` (rounded) of device memory at `ptr` for (`device`, `stream`):
+    back to its pool's free list when the last reference to it goes (the
+    arrays carved from it hold it), or at release()."""
+    __slots__ = ("ptr", "nbytes", "device", "key", "_pool")
+
+    def __init__(self, pool, nbytes, device, stream):
+        self.nbytes = rounded(nbytes)
+        self.device, self.key = device, stream_key(stream)
+        self.ptr = pool.take(self.nbytes, device, self.key)
+        self._pool = pool
+
+    def release(self):
+        """Give the block back now (once); later users of ptr are the caller's bug."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.give(self.ptr, self.nbytes, self.device, self.key)
+
+    def __del__(self):
+        try:
+            self.release()
+        except Exception:  # interpreter shutdown: the library may be gone
+            pass
+
+
+class Pool:
+    """Free lists of device blocks keyed by (device, stream, size).
+
+    The steady path (take from / give to a free list) holds no lock: a
+    list's pop and append, and dict.setdefault, are atomic under the GIL.
+    cudaMalloc and cudaFree run under the lock."""
+
+    def __init__(self, lib):
+        self._lib = lib
+        self._lock = threading.Lock()
+        self._free = {}
+        self._closed = False
+        self.reserved_bytes = 0  # cudaMalloc'ed and not yet cudaFree'd
+
+    def take(self, size, device, stream):
+        """The address of `size` (a rounded(), > 0) bytes on `device` for
+        `stream` (a stream_key()).  The caller has made `device` current."""
+        free = self._free.get((device, stream, size))
+        if free:
+            try:
+                return free.pop()
+            except IndexError:  # another thread took the last one
+                pass
+        if self._closed:
+            raise ValueError("this library has been unloaded (cudnn_bind.load or reset): "
+                             "its memory pool is closed")
+        return self._cuda_malloc(size)
+
+    def give(self, ptr, size, device, stream):
+        """Put a block from take() back on the free list of its stream."""
+        if self._closed:
+            self._cuda_free(ptr, size)
+        else:
+            self._free.setdefault((device, stream, size), []).append(ptr)
+
+    @property
+    def cached_bytes(self):
+        return sum(key[2] * len(ptrs) for key, ptrs in list(self._free.items()))
+
+    @property
+    def live_bytes(self):
+        return self.reserved_bytes - self.cached_bytes
+
+    def _cuda_malloc(self, size):
+        out = ctypes.c_void_p()
+        try:
+            with self._lock:
+                self._lib.cuda("cudaMalloc", ctypes.byref(out), size)
+                self.reserved_bytes += size
+        except CudaError as exc:
+            if exc.name != "cudaErrorMemoryAllocation" or not self.cached_bytes:
+                raise
+            self.empty_cache()  # cached blocks of every stream go back; try once more
+            with self._lock:
+                self._lib.cuda("cudaMalloc", ctypes.byref(out), size)
+                self.reserved_bytes += size
+        return out.value
+
+    def _cuda_free(self, ptr, size):
+        with self._lock:
+            self._lib.cuda("cudaFree", ctypes.c_void_p(ptr))
+            self.reserved_bytes -= size
+
+    def empty_cache(self):
+        """Free every cached (unowned) block: each device with cached blocks
+        is synchronized first, since queued work may still use them."""
+        taken = []
+        for key in list(self._free):
+            ptrs = self._free.pop(key, None)
+            if ptrs:
+                taken.append((key, ptrs))
+        devices = sorted({device for (device, _, _), _ in taken})
+        if not devices:
+            return
+        current = ctypes.c_int()
+        self._lib.cuda("cudaGetDevice", ctypes.byref(current))
+        try:
+            for device in devices:
+                self._lib.cuda("cudaSetDevice", device)
+                self._lib.cuda("cudaDeviceSynchronize")
+                for (dev, _, size), ptrs in taken:
+                    if dev == device:
+                        for ptr in ptrs:
+                            self._cuda_free(ptr, size)
+        finally:
+            self._lib.cuda("cudaSetDevice", current.value)
+
+    def close(self):
+        """Empty the cache; blocks still owned are freed as their owners die."""
+        self._closed = True
+        self.empty_cache()

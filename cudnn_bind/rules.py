@@ -1,0 +1,117 @@
+"""Which batch norms cudnn_bind runs on cuDNN, and how: the rules, once.
+
+The three calls and `can_use_cudnn` all ask `plan_mode` (layout, mode and
+fused op) and `layout_of`; what they refuse, they refuse with the same
+`UnsupportedError`, which names the rule (`.rule`).
+
+Rules (cuDNN 8/9 legacy batch-norm API, as PyTorch, TensorFlow and CuPy
+use it):
+
+* layout: x is packed in N,C,... order ("contiguous") or, for 4-D and 5-D,
+  channels-last.  When both describe it (C = 1, or unit spatial dims),
+  PyTorch's stride rule (suggest_memory_format) picks, so the mode is the
+  one PyTorch would pick for the same tensor.
+* mode, chosen automatically as ATen's getCudnnBatchNormMode does:
+  SPATIAL_PERSISTENT for channels-last training, SPATIAL otherwise.  2-D
+  input (N, C) runs as (N, C, 1, 1) in SPATIAL mode, the same statistics:
+  PyTorch never gives 2-D input to cuDNN, whose PER_ACTIVATION kernel is
+  many times slower and refuses large batches.  An explicit `mode=` is
+  used as given.
+* fused ReLU (activation='relu') and add+ReLU (z=...): cuDNN has kernels
+  for these only for fully packed channels-last (NHWC/NDHWC) float16 data
+  in SPATIAL_PERSISTENT mode, with C % 4 == 0 for add+ReLU (for ReLU too
+  before cuDNN 8.2): cudnnBatchNormalizationForwardTrainingEx's documented
+  conditions for its NHWC kernel; TensorFlow's remapper and CuPy gate on
+  the same.
+"""
+from cudnn_bind.descriptors import PER_ACTIVATION, SPATIAL, SPATIAL_PERSISTENT, bn_mode
+from cudnn_bind.errors import UnsupportedError
+
+__all__ = ["layout_of", "plan_mode", "packed", "MODE_NAMES"]
+
+MODE_NAMES = {PER_ACTIVATION: "PER_ACTIVATION", SPATIAL: "SPATIAL",
+              SPATIAL_PERSISTENT: "SPATIAL_PERSISTENT"}
+
+
+def packed(shape, strides, order):
+    """Whether an array is densely packed with its dimensions, innermost
+    first, in `order` (size-1 dimensions may have any stride)."""
+    acc = 1
+    for i in order:
+        if shape[i] != 1 and strides[i] != acc:
+            return False
+        acc *= shape[i]
+    return True
+
+
+def _torch_says_channels_last(shape, strides):
+    """PyTorch's is_channels_last_strides_2d/3d (the rule behind
+    suggest_memory_format): the strides of size-1 dimensions decide."""
+    if strides[1] == 0:
+        return False
+    order = (1, 3, 2, 0) if len(shape) == 4 else (1, 4, 3, 2, 0)
+    floor = 0
+    for d in order:
+        if shape[d] == 0 or strides[d] < floor:
+            return False
+        if d == 0 and floor == strides[1]:
+            return False  # N111 with equal strides: N,C,... by default
+        floor = strides[d] * shape[d] if shape[d] > 1 else strides[d]
+    return True
+
+
+def layout_of(shape, strides, name="x"):
+    """'contiguous' (packed N,C,...) or 'channels_last' (packed N,...,C; 4-D
+    and 5-D), else ValueError naming `name`."""
+    nd = len(shape)
+    nchw = packed(shape, strides, range(nd - 1, -1, -1))
+    nhwc = nd in (4, 5) and packed(shape, strides, [1] + list(range(nd - 1, 1, -1)) + [0])
+    if nchw and nhwc:
+        return "channels_last" if _torch_says_channels_last(shape, strides) else "contiguous"
+    if nchw:
+        return "contiguous"
+    if nhwc:
+        return "channels_last"
+    raise ValueError(f"{name} must be contiguous in N,C,... order or channels-last, "
+                     f"got shape {shape} with strides {strides} (elements)")
+
+
+def _fused_rule(fused, ndim, layout, dtype, channels, mode, version):
+    """None when cuDNN has a kernel for the fused op, else why not."""
+    need_c4 = fused == "add_relu" or version < 8200
+    wants = []
+    if dtype != "float16":
+        wants.append(f"float16 data (x is {dtype})")
+    if layout != "channels_last" or ndim not in (4, 5):
+        wants.append("channels-last 4-D or 5-D x (x is "
+                     f"{'channels-last' if layout == 'channels_last' else 'N,C,...'} {ndim}-D)")
+    if need_c4 and channels % 4:
+        wants.append(f"a channel count divisible by 4 (C = {channels})")
+    if mode is not None and mode != SPATIAL_PERSISTENT:
+        wants.append(f"mode SPATIAL_PERSISTENT (mode= asked for {MODE_NAMES[mode]})")
+    if not wants:
+        return None
+    what = "add+ReLU" if fused == "add_relu" else "ReLU"
+    c4 = " with C % 4 == 0" if need_c4 else ""
+    return (f"cuDNN fuses {what} into batch norm only for float16 channels-last data{c4} "
+            f"in SPATIAL_PERSISTENT mode; this call needs " + "; ".join(wants))
+
+
+def plan_mode(ndim, layout, dtype, channels, training, mode=None, fused=None, version=90000):
+    """The cudnnBatchNormMode_t for a call, or UnsupportedError naming the rule.
+
+    `mode`: None (choose as ATen does) or an explicit mode; `fused`: None,
+    'relu' or 'add_relu' (training forward and backward only); `version`:
+    the loaded cuDNN's (cudnnGetVersion)."""
+    if mode is not None:
+        mode = bn_mode(mode)
+    if fused is not None:
+        why = _fused_rule(fused, ndim, layout, dtype, channels, mode, version)
+        if why:
+            raise UnsupportedError("fused_activation", why)
+        return SPATIAL_PERSISTENT
+    if mode is not None:
+        return mode
+    if training and layout == "channels_last" and ndim >= 4:
+        return SPATIAL_PERSISTENT
+    return SPATIAL
