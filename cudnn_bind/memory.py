@@ -135,13 +135,7 @@ class DeviceArray:
     read_only = False
 
     def __init__(self, shape, dtype="float32", strides=None, *, stream=None):
-        self.shape = integers(shape, "shape", 0)
-        self.dtype = dtype_name(dtype)
-        self.strides = (integers(strides, "strides", 0) if strides is not None
-                        else c_strides(self.shape))
-        if len(self.strides) != len(self.shape):
-            raise ValueError(f"strides {show(self.strides)} do not match shape {show(self.shape)}")
-        self.nbytes = _span(self.shape, self.strides) * self.itemsize
+        self._set_geometry(shape, dtype, strides)
         if self.nbytes > UINT64_MAX:
             raise ValueError(f"shape {show(self.shape)} with strides {show(self.strides)} spans "
                              f"{show(self.nbytes)} bytes, more than a size_t holds")
@@ -150,6 +144,16 @@ class DeviceArray:
         self.device = current_device(lib)
         self._owner = Block(lib.pool, self.nbytes, self.device, self.stream) if self.nbytes else None
         self.ptr = self._owner.ptr if self._owner is not None else 0
+
+    def _set_geometry(self, shape, dtype, strides):
+        """shape, dtype, strides (elements; None: C order) and nbytes, checked."""
+        self.shape = integers(shape, "shape", 0)
+        self.dtype = dtype_name(dtype)
+        self.strides = (integers(strides, "strides", 0) if strides is not None
+                        else c_strides(self.shape))
+        if len(self.strides) != len(self.shape):
+            raise ValueError(f"strides {show(self.strides)} do not match shape {show(self.shape)}")
+        self.nbytes = _span(self.shape, self.strides) * self.itemsize
 
     @property
     def obj(self):
@@ -184,13 +188,7 @@ class DeviceArray:
         are produced (None: ready now)."""
         ptr = integer(ptr, "ptr (a device address)", 0, UINT64_MAX)
         self = cls.__new__(cls)
-        self.shape = integers(shape, "shape", 0)
-        self.dtype = dtype_name(dtype)
-        self.strides = (integers(strides, "strides", 0) if strides is not None
-                        else c_strides(self.shape))
-        if len(self.strides) != len(self.shape):
-            raise ValueError(f"strides {show(self.strides)} do not match shape {show(self.shape)}")
-        self.nbytes = _span(self.shape, self.strides) * self.itemsize
+        self._set_geometry(shape, dtype, strides)
         if ptr + self.nbytes > UINT64_MAX + 1:
             raise ValueError(f"ptr plus the {show(self.nbytes)} bytes of shape {show(self.shape)} "
                              "overflows 64 bits")

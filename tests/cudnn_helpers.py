@@ -55,3 +55,34 @@ def build_standin(directory):
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, f"stand-in does not compile against the real headers:\n{proc.stderr}"
     return out
+
+
+def run_fused_case(shape, with_z, make, to_device, close):
+    """Fused ReLU (with_z: add+ReLU) forward and backward on float16
+    channels-last x, against cynorm with the ReLU applied by hand.
+    make(shape, dtype, seed) -> (x, w, b); to_device(array, layout);
+    close(got, want, dtype, what) asserts."""
+    import numpy as np
+
+    import cudnn_bind
+    import cynorm
+    x, w, b = make(shape, "float16")
+    z = make(shape, "float16", seed=7)[0]
+    gx, gw, gb = to_device(x, "channels_last"), to_device(w, "contiguous"), to_device(b, "contiguous")
+    gz = to_device(z, "channels_last") if with_z else None
+    y, sm, si, reserve = cudnn_bind.batch_norm_forward_training(gx, gw, gb, z=gz, activation="relu")
+    pre, m, i = cynorm.batch_norm(x, w, b, training=True)
+    pre = pre.astype(np.float64) + (z.astype(np.float64) if with_z else 0)
+    close(y.to_numpy(), np.maximum(pre, 0), "float16", "y")
+    dy = make(shape, "float16", seed=8)[0]
+    out = cudnn_bind.batch_norm_backward(gx, to_device(dy, "channels_last"), gw, sm, si, 1e-5,
+                                         reserve, y=y, z=gz, bias=gb, activation="relu")
+    g = (dy.astype(np.float64) * (pre > 0)).astype(np.float32)
+    ref = cynorm.batch_norm_backward(g, x.astype(np.float32), w, None, None, m, i, True)
+    count = x.size // shape[1]
+    close(out[0].to_numpy(), ref[0], "float16", "dx")
+    close(out[1].to_numpy() / count, ref[1] / count, "float32", "dweight")
+    close(out[2].to_numpy() / count, ref[2] / count, "float32", "dbias")
+    assert len(out) == (4 if with_z else 3)
+    if with_z:
+        close(out[3].to_numpy(), g, "float16", "dz")

@@ -13,6 +13,7 @@ import pytest
 
 import cudnn_bind
 import cynorm
+from cudnn_helpers import run_fused_case
 
 pytestmark = [pytest.mark.cudnn, pytest.mark.gpu]
 
@@ -116,25 +117,7 @@ def test_fused_relu_and_add_relu_where_cudnn_has_them(shape, with_z):
                 make(shape, "float16"), ("channels_last", "contiguous", "contiguous"))),
                 z=to_device(make(shape, "float16")[0], "channels_last"), activation="relu")
         return
-    x, w, b = make(shape, "float16")
-    z = make(shape, "float16", seed=7)[0]
-    gx, gw, gb = to_device(x, "channels_last"), to_device(w), to_device(b)
-    gz = to_device(z, "channels_last") if with_z else None
-    y, sm, si, reserve = cudnn_bind.batch_norm_forward_training(gx, gw, gb, z=gz, activation="relu")
-    pre, m, i = cynorm.batch_norm(x, w, b, training=True)
-    pre = pre.astype(np.float64) + (z.astype(np.float64) if with_z else 0)
-    close(y.to_numpy(), np.maximum(pre, 0), "float16", "y")
-    dy = make(shape, "float16", seed=8)[0]
-    out = cudnn_bind.batch_norm_backward(gx, to_device(dy, "channels_last"), gw, sm, si, 1e-5,
-                                         reserve, y=y, z=gz, bias=gb, activation="relu")
-    g = (dy.astype(np.float64) * (pre > 0)).astype(np.float32)
-    ref = cynorm.batch_norm_backward(g, x.astype(np.float32), w, None, None, m, i, True)
-    count = x.size // shape[1]
-    close(out[0].to_numpy(), ref[0], "float16", "dx")
-    close(out[1].to_numpy() / count, ref[1] / count, "float32", "dweight")
-    close(out[2].to_numpy() / count, ref[2] / count, "float32", "dbias")
-    if with_z:
-        close(out[3].to_numpy(), g, "float16", "dz")
+    run_fused_case(shape, with_z, make, to_device, close)
 
 
 @needs_gpu

@@ -18,7 +18,7 @@ import pytest
 import cudnn_bind
 import cynorm
 from cudnn_bind import _lib
-from cudnn_helpers import build_standin
+from cudnn_helpers import build_standin, run_fused_case
 
 pytestmark = pytest.mark.cudnn
 
@@ -111,7 +111,7 @@ CASES = [((8, 5), "contiguous"), ((4, 3, 10), "contiguous"), ((4, 3, 5, 6), "con
          ((2, 3, 4, 5, 6), "channels_last")]
 
 
-def upload(a, layout):
+def upload(a, layout="contiguous"):
     return channels_last(a) if layout == "channels_last" else dev(a)
 
 
@@ -212,28 +212,9 @@ def test_per_activation_override_normalizes_each_position_over_the_batch(standin
 @pytest.mark.parametrize("with_z", [False, True])
 def test_fused_relu_and_add_relu(standin, shape, with_z):
     lib, hooks, _ = standin
-    x, w, b = make(shape, "float16")
-    z = make(shape, "float16", seed=7)[0]
-    gx, gw, gb = upload(x, "channels_last"), dev(w), dev(b)
-    gz = upload(z, "channels_last") if with_z else None
     take_log(hooks)
-    y, sm, si, reserve = cudnn_bind.batch_norm_forward_training(gx, gw, gb, z=gz, activation="relu")
-    assert modes(hooks) == [cudnn_bind.SPATIAL_PERSISTENT]
-    pre, m, i = cynorm.batch_norm(x, w, b, training=True)
-    pre = pre.astype(np.float64) + (z.astype(np.float64) if with_z else 0)
-    close(y.to_numpy(), np.maximum(pre, 0), "float16", "y")
-    dy = make(shape, "float16", seed=8)[0]
-    out = cudnn_bind.batch_norm_backward(gx, upload(dy, "channels_last"), gw, sm, si, 1e-5,
-                                         reserve, y=y, z=gz, bias=gb, activation="relu")
-    g = (dy.astype(np.float64) * (pre > 0)).astype(np.float32)
-    ref = cynorm.batch_norm_backward(g, x.astype(np.float32), w, None, None, m, i, True)
-    count = x.size // shape[1]
-    close(out[0].to_numpy(), ref[0], "float16", "dx")
-    close(out[1].to_numpy() / count, ref[1] / count, "float32", "dweight")
-    close(out[2].to_numpy() / count, ref[2] / count, "float32", "dbias")
-    assert len(out) == (4 if with_z else 3)
-    if with_z:
-        close(out[3].to_numpy(), g, "float16", "dz")
+    run_fused_case(shape, with_z, make, upload, close)
+    assert modes(hooks)[:1] == [cudnn_bind.SPATIAL_PERSISTENT]
 
 
 @pytest.mark.parametrize("dtype,layout,shape,kwargs,needs", [

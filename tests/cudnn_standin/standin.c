@@ -1805,9 +1805,8 @@ cudaError_t cudaFree(void *devPtr)
 
 /* Any kind works (host and device memory are the same here), but copies
  * running past the end of a cudaMalloc block are refused. */
-cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind)
+static cudaError_t copy_bytes(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind)
 {
-    count_call(__func__);
     if ((int)kind < (int)cudaMemcpyHostToHost || (int)kind > (int)cudaMemcpyDefault)
         return cuda_result(cudaErrorInvalidMemcpyDirection);
     if (count == 0)
@@ -1818,6 +1817,12 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpy
         return cuda_result(cudaErrorInvalidValue);
     memmove(dst, src, count);
     return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind)
+{
+    count_call(__func__);
+    return copy_bytes(dst, src, count, kind);
 }
 
 cudaError_t cudaMemset(void *devPtr, int value, size_t count)
@@ -1874,16 +1879,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaM
 {
     count_call(__func__);
     log_line("cudaMemcpyAsync on %p", (void *)stream);
-    if ((int)kind < (int)cudaMemcpyHostToHost || (int)kind > (int)cudaMemcpyDefault)
-        return cuda_result(cudaErrorInvalidMemcpyDirection);
-    if (count == 0)
-        return cudaSuccess;
-    if (!dst || !src)
-        return cuda_result(cudaErrorInvalidValue);
-    if (bytes_past_block_end(dst, count) || bytes_past_block_end(src, count))
-        return cuda_result(cudaErrorInvalidValue);
-    memmove(dst, src, count);
-    return cudaSuccess;
+    return copy_bytes(dst, src, count, kind);
 }
 
 /* Events are registered objects; recording and waiting only log. */
