@@ -25,7 +25,8 @@ import site
 import sys
 import threading
 
-from cudnn_bind.errors import CudaError, CudnnError, CudnnUnavailableError, status_name
+from cudnn_bind.errors import (
+    CudaError, CudnnBindError, CudnnError, CudnnUnavailableError, status_name)
 from cudnn_bind.pool import Pool
 
 __all__ = ["Library", "get", "load", "reset", "CUDNN_FUNCTIONS", "CUDART_FUNCTIONS"]
@@ -285,7 +286,10 @@ def _unload_hooks():
     lib = _STATE["lib"]
     if lib is not None:
         lib.plans.clear()  # their descriptors are destroyed with them
-        lib.pool.close()   # last: the hooks above hand their blocks back first
+        try:  # last: the hooks above hand their blocks back first
+            lib.pool.close()
+        except CudnnBindError:
+            pass  # a failing device must not keep the old library installed
 
 
 def _path_arg(value, name):

@@ -29,7 +29,7 @@ from cudnn_bind.descriptors import (
 from cudnn_bind.errors import CudnnBindError, UnsupportedError
 from cudnn_bind.handles import Handle, cached_handle
 from cudnn_bind.memory import DTYPE_SIZES, DeviceArray, as_view, current_device, new_arrays
-from cudnn_bind.rules import layout_of, packed, plan_mode
+from cudnn_bind.rules import layout_of, layout_order, packed, plan_mode
 
 __all__ = ["batch_norm_forward_training", "batch_norm_forward_inference", "batch_norm_backward",
            "can_use_cudnn", "choose_mode", "TRAINING_MAX_BATCH", "INFERENCE_MAX_BATCH"]
@@ -96,9 +96,10 @@ def _check_like(v, x, name, layout):
         raise ValueError(f"{name} must have x's shape {x.shape}, got {v.shape}")
     if v.dtype != x.dtype:
         raise TypeError(f"{name} must have x's dtype {x.dtype}, got {v.dtype}")
-    if v.strides == x.strides:
-        return
-    if layout_of(v.shape, v.strides, name) != layout and v.size:
+    if v.strides == x.strides or packed(v.shape, v.strides, layout_order(v.ndim, layout)):
+        return  # packed as x is (size-1 dims may have any stride)
+    layout_of(v.shape, v.strides, name)  # neither layout: that error
+    if v.size:
         raise ValueError(f"{name} must have x's memory layout ({layout})")
 
 
@@ -278,7 +279,10 @@ def _plan(lib, call, x, mode, fused):
         _check_x(x)
         plan = _Plan(lib, x, mode, fused, call != "inference")
         if len(plans) >= MAX_PLANS:
-            plans.pop(next(iter(plans)), None)
+            try:
+                plans.pop(next(iter(plans)), None)
+            except (RuntimeError, StopIteration):  # another thread changed the dict: skip
+                pass
         plans[key] = plan
     return plan
 
@@ -302,14 +306,9 @@ def _leave_device(lib, previous):
 def _start(h, stream, views):
     """Point h at `stream` and make it wait for the inputs' producers."""
     h.use_stream(stream)
-    waited = None
-    for v in views:
-        if v is not None and v.stream is not None and v.stream != stream:
-            if waited is None:
-                waited = set()
-            if v.stream not in waited:
-                h.wait_for(v.stream, stream)
-                waited.add(v.stream)
+    producers = {v.stream for v in views if v is not None} - {None, stream}
+    for producer in producers:
+        h.wait_for(producer, stream)
 
 
 # ---- forward, training ---------------------------------------------------------
@@ -446,6 +445,9 @@ def batch_norm_backward(x, dy, weight, save_mean, save_invstd, eps, reserve, *, 
     st = _stream(stream, x)
     xv = as_view(x, "x", lib, st)
     plan = _plan(lib, "training", xv, mode, fused)
+    if xv.shape[0] > TRAINING_MAX_BATCH:
+        raise ValueError(f"x has a batch of {xv.shape[0]}; cuDNN batch-norm training is limited to "
+                         f"N <= {TRAINING_MAX_BATCH} (PyTorch's limit)")
     if plan.per_channel <= 1:
         raise ValueError("Expected more than 1 value per channel when training (batch norm "
                          f"backward uses training statistics), got x of shape {xv.shape}")
@@ -465,6 +467,9 @@ def batch_norm_backward(x, dy, weight, save_mean, save_invstd, eps, reserve, *, 
                                       ("save_mean", save_mean), ("save_invstd", save_invstd)),
                                ("weight", "save_mean", "save_invstd"), lib, st)
     rv = as_view(reserve, "reserve", lib, st) if reserve is not None else None
+    if rv is not None and not packed(rv.shape, rv.strides, range(rv.ndim - 1, -1, -1)):
+        raise ValueError(f"reserve must be contiguous, got strides {rv.strides} (elements): pass "
+                         "the reserve batch_norm_forward_training returned")
     views = (xv, dyv, yv, zv, wv, bv, smv, siv, rv)
     device = _same_device(("x", "dy", "y", "z", "weight", "bias", "save_mean", "save_invstd",
                            "reserve"), views)

@@ -58,7 +58,7 @@ class Handle:
         self.lib = lib
         self.device = integer(device, "device", 0, C_INT_MAX)
         self.ptr = ctypes.c_void_p()
-        self._workspaces = {}  # stream -> (pointer, bytes, owner, allocator kind)
+        self._workspaces = {}  # stream -> (pointer, bytes, owner, allocator)
         self._event = None
         self._stream = 0  # a new handle runs on the legacy default stream
         # with no driver or GPU, cudnnCreate's own error (NOT_INITIALIZED and
@@ -113,11 +113,12 @@ class Handle:
         """A pointer to at least nbytes of workspace for `stream` (grown,
         never shrunk), from the allocator of array kind `kind`."""
         spaces = self._workspaces
+        allocator = kind if kind in ("torch", "cupy") else "pool"
         entry = spaces.pop(stream, None)  # re-inserted last: most recently used
-        if entry is None or nbytes > entry[1] or entry[3] != kind:
+        if entry is None or nbytes > entry[1] or entry[3] != allocator:
             entry = None  # the old buffer goes back (for its stream) before the new one
             ptr, owner = scratch(kind, self.device, stream, nbytes, self.lib)
-            entry = (ptr, nbytes, owner, kind)
+            entry = (ptr, nbytes, owner, allocator)
             while len(spaces) >= MAX_STREAMS:
                 spaces.pop(next(iter(spaces)))
         spaces[stream] = entry

@@ -224,6 +224,8 @@ class DeviceArray:
             if not self.ptr:
                 raise ValueError("this DeviceArray has been freed")
             lib = _lib.get()
+            if self.stream is not None and self.stream != stream:  # its producer first
+                lib.cuda("cudaStreamSynchronize", ctypes.c_void_p(self.stream or None))
             lib.cuda("cudaMemcpyAsync", raw.ctypes.data_as(ctypes.c_void_p), ctypes.c_void_p(self.ptr),
                      self.nbytes, _lib.CUDA_MEMCPY_DEVICE_TO_HOST, ctypes.c_void_p(stream or None))
             lib.cuda("cudaStreamSynchronize", ctypes.c_void_p(stream or None))
@@ -375,7 +377,12 @@ _capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c
     ("PyCapsule_GetPointer", ctypes.pythonapi))
 
 
-def _dlpack_capsule(obj, name, stream):
+def _torch():
+    import torch
+    return torch
+
+
+def _dlpack_capsule(obj, name, stream, lib):
     """obj's capsule; the producer is told the consumer's `stream` (DLPack:
     1 for the legacy default stream, as 0 is not allowed) and makes it wait
     for its own work."""
@@ -392,13 +399,16 @@ def _dlpack_capsule(obj, name, stream):
         except BufferError as exc:
             raise TypeError(f"{name}: its __dlpack__() failed: {exc}") from exc
     try:
-        return obj.__dlpack__(**attempts[-1])
+        capsule = obj.__dlpack__(**attempts[-1])
     except (TypeError, BufferError) as exc:
         raise TypeError(f"{name}: its __dlpack__() failed: {exc}") from exc
+    if stream is not None:  # a producer that cannot be told the stream: wait for all work
+        lib.cuda("cudaDeviceSynchronize")
+    return capsule
 
 
-def _from_dlpack(obj, name, stream):
-    capsule = _dlpack_capsule(obj, name, stream)
+def _from_dlpack(obj, name, stream, lib):
+    capsule = _dlpack_capsule(obj, name, stream, lib)
     if _capsule_valid(capsule, b"dltensor_versioned"):
         base = _capsule_pointer(capsule, b"dltensor_versioned")
         major = ctypes.c_uint32.from_address(base).value
@@ -445,15 +455,17 @@ def as_view(obj, name, lib=None, stream=None):
     if _is_torch_tensor(obj):
         if not obj.is_cuda:
             raise ValueError(f"{name}: expected a CUDA tensor, got one on {obj.device}")
+        # PyTorch queues work on its current stream: a call on another waits for it
+        producer = int(_torch().cuda.current_stream(obj.device).cuda_stream)
         return View(obj.data_ptr(), tuple(obj.shape), tuple(obj.stride()), dtype_name(obj.dtype),
-                    obj.device.index, "torch", obj)
+                    obj.device.index, "torch", obj, False, producer)
     if hasattr(obj, "__cuda_array_interface__"):
         return _from_cai(obj, name, lib)
     if isinstance(obj, np.ndarray):
         raise TypeError(f"{name}: a NumPy array is host memory; copy it to the device first "
                         "(cudnn_bind.DeviceArray.from_numpy) or use cynorm.batch_norm on the CPU")
     if hasattr(obj, "__dlpack__") or type(obj).__name__ == "PyCapsule":
-        return _from_dlpack(obj, name, stream)
+        return _from_dlpack(obj, name, stream, lib)
     if isinstance(obj, int):
         raise TypeError(f"{name}: a raw pointer needs its shape and dtype: wrap it with "
                         "cudnn_bind.DeviceArray.from_pointer(ptr, shape, dtype)")
@@ -471,6 +483,8 @@ def _torch_stream(torch, device, stream):
     key = ("torch", device, stream)
     s = _EXTERNAL_STREAMS.get(key)
     if s is None:
+        if len(_EXTERNAL_STREAMS) >= 64:  # streams come and go: keep the recent ones
+            _EXTERNAL_STREAMS.clear()
         s = _EXTERNAL_STREAMS[key] = torch.cuda.ExternalStream(stream, device=device)
     return s
 
@@ -479,6 +493,8 @@ def _cupy_stream(cupy, device, stream):
     key = ("cupy", device, stream)
     s = _EXTERNAL_STREAMS.get(key)
     if s is None:
+        if len(_EXTERNAL_STREAMS) >= 64:
+            _EXTERNAL_STREAMS.clear()
         with cupy.cuda.Device(device):
             s = _EXTERNAL_STREAMS[key] = cupy.cuda.ExternalStream(stream)
     return s

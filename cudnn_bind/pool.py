@@ -17,11 +17,15 @@ that a caller uses on another stream than the one it was made for must
 stay referenced until that use is done (synchronize first), as with
 PyTorch tensors.
 
+Stream 2 (cudaStreamPerThread) is a different stream in each thread: its
+blocks are kept per thread.
+
 Cached blocks are handed back to CUDA (a device synchronization, then
 cudaFree) by `empty_cache()`, when cudaMalloc runs out of memory (then the
 allocation is retried once), and when the library is unloaded.
 """
 import ctypes
+import itertools
 import threading
 
 from cudnn_bind.errors import CudaError
@@ -40,10 +44,20 @@ def rounded(nbytes):
 PER_THREAD_STREAM = 2  # cudaStreamPerThread: a different stream in every thread
 
 
+_thread_numbers = itertools.count()
+_this_thread = threading.local()
+
+
 def stream_key(stream):
     """What identifies a stream across threads: the per-thread default
-    stream's handle (2) names another stream in each thread."""
-    return (PER_THREAD_STREAM, threading.get_ident()) if stream == PER_THREAD_STREAM else stream
+    stream's handle (2) names another stream in each thread (numbered here
+    once per thread: thread idents are reused as soon as a thread ends)."""
+    if stream != PER_THREAD_STREAM:
+        return stream
+    number = getattr(_this_thread, "number", None)
+    if number is None:
+        number = _this_thread.number = next(_thread_numbers)
+    return (PER_THREAD_STREAM, number)
 
 
 class Block:
@@ -53,8 +67,9 @@ class Block:
     __slots__ = ("ptr", "nbytes", "device", "key", "_pool")
 
     def __init__(self, pool, nbytes, device, stream):
-        self.nbytes = rounded(nbytes)
-        self.device, self.key = device, stream_key(stream)
+        self.nbytes = -(-nbytes // ALIGNMENT) * ALIGNMENT  # rounded(nbytes)
+        self.device = device
+        self.key = stream if stream != PER_THREAD_STREAM else stream_key(stream)
         self.ptr = pool.take(self.nbytes, device, self.key)
         self._pool = pool
 
@@ -74,9 +89,10 @@ class Block:
 class Pool:
     """Free lists of device blocks keyed by (device, stream, size).
 
-    The steady path (take from / give to a free list) holds no lock: a
-    list's pop and append, and dict.setdefault, are atomic under the GIL.
-    cudaMalloc and cudaFree run under the lock."""
+    The free lists change only under the lock; cudaMalloc and cudaFree run
+    outside it.  Nothing under the lock creates a Python container (the one
+    give() may need is made before), so no garbage collection, and no
+    Block.__del__, can run there and ask for the lock again."""
 
     def __init__(self, lib):
         self._lib = lib
@@ -88,27 +104,28 @@ class Pool:
     def take(self, size, device, stream):
         """The address of `size` (a rounded(), > 0) bytes on `device` for
         `stream` (a stream_key()).  The caller has made `device` current."""
-        free = self._free.get((device, stream, size))
-        if free:
-            try:
+        with self._lock:
+            if self._closed:
+                raise ValueError("this library has been unloaded (cudnn_bind.load or reset): "
+                                 "its memory pool is closed")
+            free = self._free.get((device, stream, size))
+            if free:
                 return free.pop()
-            except IndexError:  # another thread took the last one
-                pass
-        if self._closed:
-            raise ValueError("this library has been unloaded (cudnn_bind.load or reset): "
-                             "its memory pool is closed")
         return self._cuda_malloc(size)
 
     def give(self, ptr, size, device, stream):
         """Put a block from take() back on the free list of its stream."""
-        if self._closed:
-            self._cuda_free(ptr, size)
-        else:
-            self._free.setdefault((device, stream, size), []).append(ptr)
+        spare = []
+        with self._lock:
+            if not self._closed:
+                self._free.setdefault((device, stream, size), spare).append(ptr)
+                return
+        self._cuda_free(ptr, size)
 
     @property
     def cached_bytes(self):
-        return sum(key[2] * len(ptrs) for key, ptrs in list(self._free.items()))
+        with self._lock:
+            return sum(key[2] * len(ptrs) for key, ptrs in self._free.items())
 
     @property
     def live_bytes(self):
@@ -117,32 +134,27 @@ class Pool:
     def _cuda_malloc(self, size):
         out = ctypes.c_void_p()
         try:
-            with self._lock:
-                self._lib.cuda("cudaMalloc", ctypes.byref(out), size)
-                self.reserved_bytes += size
+            self._lib.cuda("cudaMalloc", ctypes.byref(out), size)
         except CudaError as exc:
             if exc.name != "cudaErrorMemoryAllocation" or not self.cached_bytes:
                 raise
             self.empty_cache()  # cached blocks of every stream go back; try once more
-            with self._lock:
-                self._lib.cuda("cudaMalloc", ctypes.byref(out), size)
-                self.reserved_bytes += size
+            self._lib.cuda("cudaMalloc", ctypes.byref(out), size)
+        with self._lock:
+            self.reserved_bytes += size
         return out.value
 
     def _cuda_free(self, ptr, size):
+        self._lib.cuda("cudaFree", ctypes.c_void_p(ptr))
         with self._lock:
-            self._lib.cuda("cudaFree", ctypes.c_void_p(ptr))
             self.reserved_bytes -= size
 
     def empty_cache(self):
         """Free every cached (unowned) block: each device with cached blocks
         is synchronized first, since queued work may still use them."""
-        taken = []
-        for key in list(self._free):
-            ptrs = self._free.pop(key, None)
-            if ptrs:
-                taken.append((key, ptrs))
-        devices = sorted({device for (device, _, _), _ in taken})
+        with self._lock:  # detached whole: no other thread can reach these blocks
+            taken, self._free = self._free, {}
+        devices = sorted({device for device, _, _ in taken})
         if not devices:
             return
         current = ctypes.c_int()
@@ -151,7 +163,7 @@ class Pool:
             for device in devices:
                 self._lib.cuda("cudaSetDevice", device)
                 self._lib.cuda("cudaDeviceSynchronize")
-                for (dev, _, size), ptrs in taken:
+                for (dev, _, size), ptrs in taken.items():
                     if dev == device:
                         for ptr in ptrs:
                             self._cuda_free(ptr, size)
@@ -160,5 +172,6 @@ class Pool:
 
     def close(self):
         """Empty the cache; blocks still owned are freed as their owners die."""
-        self._closed = True
+        with self._lock:
+            self._closed = True
         self.empty_cache()

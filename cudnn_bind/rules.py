@@ -27,7 +27,7 @@ use it):
 from cudnn_bind.descriptors import PER_ACTIVATION, SPATIAL, SPATIAL_PERSISTENT, bn_mode
 from cudnn_bind.errors import UnsupportedError
 
-__all__ = ["layout_of", "plan_mode", "packed", "MODE_NAMES"]
+__all__ = ["layout_of", "layout_order", "plan_mode", "packed", "MODE_NAMES"]
 
 MODE_NAMES = {PER_ACTIVATION: "PER_ACTIVATION", SPATIAL: "SPATIAL",
               SPATIAL_PERSISTENT: "SPATIAL_PERSISTENT"}
@@ -40,8 +40,15 @@ def packed(shape, strides, order):
     for i in order:
         if shape[i] != 1 and strides[i] != acc:
             return False
-        acc *= shape[i]
+        acc *= max(shape[i], 1)  # an empty dimension's neighbours keep C-order strides
     return True
+
+
+def layout_order(ndim, layout):
+    """The dimensions of a packed `layout`, innermost first."""
+    if layout == "channels_last":
+        return [1] + list(range(ndim - 1, 1, -1)) + [0]
+    return list(range(ndim - 1, -1, -1))
 
 
 def _torch_says_channels_last(shape, strides):
@@ -64,8 +71,8 @@ def layout_of(shape, strides, name="x"):
     """'contiguous' (packed N,C,...) or 'channels_last' (packed N,...,C; 4-D
     and 5-D), else ValueError naming `name`."""
     nd = len(shape)
-    nchw = packed(shape, strides, range(nd - 1, -1, -1))
-    nhwc = nd in (4, 5) and packed(shape, strides, [1] + list(range(nd - 1, 1, -1)) + [0])
+    nchw = packed(shape, strides, layout_order(nd, "contiguous"))
+    nhwc = nd in (4, 5) and packed(shape, strides, layout_order(nd, "channels_last"))
     if nchw and nhwc:
         return "channels_last" if _torch_says_channels_last(shape, strides) else "contiguous"
     if nchw:

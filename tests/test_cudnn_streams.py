@@ -313,3 +313,91 @@ def test_two_threads_keep_their_own_handles_and_streams(hooks):
     assert (s1, s2) == (0x31, 0x32) and h1 is not h2
     np.testing.assert_array_equal(y1, y2)
     np.testing.assert_array_equal(dx1, dx2)
+
+
+def test_pool_under_threads_and_empty_cache_never_double_frees(hooks):
+    errors = []
+    stop = threading.Event()
+
+    def churn(stream):
+        try:
+            while not stop.is_set():
+                arrays = [cudnn_bind.DeviceArray((n,), "float32", stream=stream)
+                          for n in (100, 1000, 5000)]
+                del arrays
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+    threads = [threading.Thread(target=churn, args=(s,)) for s in (0x5, 0x6, 2)]
+    for t in threads:
+        t.start()
+    for _ in range(200):
+        cudnn_bind.empty_cache()
+    stop.set()
+    for t in threads:
+        t.join()
+    assert not errors, errors  # a pointer freed twice is cudaErrorInvalidValue here
+    cudnn_bind.empty_cache()
+    pool = _lib.get().pool
+    assert pool.cached_bytes == 0 and pool.live_bytes == pool.reserved_bytes
+
+
+def test_per_thread_default_stream_blocks_stay_in_their_thread(hooks):
+    cudnn_bind.empty_cache()
+    ptrs = []
+
+    def first():
+        a = cudnn_bind.DeviceArray((777,), "float32", stream=2)
+        ptrs.append(a.ptr)
+        del a  # cached for this thread's stream 2
+
+    def second():
+        b = cudnn_bind.DeviceArray((777,), "float32", stream=2)
+        ptrs.append(b.ptr)
+    for fn in (first, second):
+        t = threading.Thread(target=fn)
+        t.start()
+        t.join()
+    assert ptrs[0] != ptrs[1]  # another thread's stream 2 is another stream
+
+
+def test_like_x_arrays_may_describe_ambiguous_layouts_either_way(hooks):
+    x, w, b = data((4, 8, 1, 1))
+    gx, gw, gb = dev(x), dev(w), dev(b)
+    out = cudnn_bind.DeviceArray((4, 8, 1, 1), "float32", strides=(8, 1, 8, 8))
+    y = cudnn_bind.batch_norm_forward_training(gx, gw, gb, out=out)[0]
+    assert y is out
+    np.testing.assert_allclose(out.to_numpy(), (x - x.mean((0, 2, 3), keepdims=True))
+                               / np.sqrt(x.var((0, 2, 3), keepdims=True) + 1e-5)
+                               * w[None, :, None, None] + b[None, :, None, None],
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_backward_checks_the_batch_limit_and_the_reserve_layout(hooks):
+    x, w, b = data()
+    gx, gw, gb = dev(x), dev(w), dev(b)
+    y, sm, si, reserve = cudnn_bind.batch_norm_forward_training(gx, gw, gb)
+    huge = cudnn_bind.DeviceArray.from_pointer(gx.ptr, (cudnn_bind.TRAINING_MAX_BATCH + 1, 3, 1, 1),
+                                               "float32", owner=gx)
+    with pytest.raises(ValueError, match="880801"):
+        cudnn_bind.batch_norm_backward(huge, huge, gw, sm, si, 1e-5, reserve)
+    if reserve.nbytes >= 2:
+        strided = cudnn_bind.DeviceArray.from_pointer(reserve.ptr, (reserve.nbytes // 2,), "uint8",
+                                                      (2,), owner=reserve)
+        with pytest.raises(ValueError, match="reserve must be contiguous"):
+            cudnn_bind.batch_norm_backward(gx, gx, gw, sm, si, 1e-5, strided)
+
+
+def test_empty_spatial_dims_are_an_empty_batch(hooks):
+    w, b = np.ones(3, np.float32), np.zeros(3, np.float32)
+    x = cudnn_bind.DeviceArray((2, 3, 0, 4), "float32")
+    y = cudnn_bind.batch_norm_forward_inference(x, dev(w), dev(b), dev(w), dev(w))
+    assert y.shape == (2, 3, 0, 4)
+
+
+def test_host_copy_on_another_stream_waits_for_the_producer(hooks):
+    a = cudnn_bind.DeviceArray.from_numpy(np.arange(6, dtype=np.float32), stream=0x91)
+    syncs = hooks.standin_calls(b"cudaStreamSynchronize")
+    take_log(hooks)
+    np.testing.assert_array_equal(a.to_numpy(stream=0x92), np.arange(6, dtype=np.float32))
+    assert parse(take_log(hooks)) == [("cudaMemcpyAsync", 0x92)]
+    assert hooks.standin_calls(b"cudaStreamSynchronize") == syncs + 2  # 0x91, then 0x92
