@@ -311,6 +311,18 @@ def _start(h, stream, views):
         h.wait_for(producer, stream)
 
 
+def _training_x(x, stream, mode, fused, lib):
+    """(stream, x's view, plan) of a training-mode call (forward or backward)."""
+    st = _stream(stream, x)
+    xv = as_view(x, "x", lib, st)
+    plan = _plan(lib, "training", xv, mode, fused)
+    if xv.shape[0] > TRAINING_MAX_BATCH:
+        raise ValueError(f"x has a batch of {xv.shape[0]}; cuDNN batch-norm training is limited to "
+                         f"N <= {TRAINING_MAX_BATCH} (PyTorch's limit): split the batch or use "
+                         "cynorm's split-statistics ops")
+    return st, xv, plan
+
+
 # ---- forward, training ---------------------------------------------------------
 
 def batch_norm_forward_training(x, weight, bias, running_mean=None, running_var=None,
@@ -328,13 +340,7 @@ def batch_norm_forward_training(x, weight, bias, running_mean=None, running_var=
     eps = _eps(eps, lib)
     factor = real(exponential_average_factor, "exponential_average_factor")
     fused = _fused(activation, z)
-    st = _stream(stream, x)
-    xv = as_view(x, "x", lib, st)
-    plan = _plan(lib, "training", xv, mode, fused)
-    if xv.shape[0] > TRAINING_MAX_BATCH:
-        raise ValueError(f"x has a batch of {xv.shape[0]}; cuDNN batch-norm training is limited to "
-                         f"N <= {TRAINING_MAX_BATCH} (PyTorch's limit): split the batch or use "
-                         "cynorm's split-statistics ops")
+    st, xv, plan = _training_x(x, stream, mode, fused, lib)
     if plan.per_channel <= 1:
         raise ValueError("Expected more than 1 value per channel when training, got x of "
                          f"shape {xv.shape}")
@@ -442,12 +448,7 @@ def batch_norm_backward(x, dy, weight, save_mean, save_invstd, eps, reserve, *, 
     lib = _lib.get()
     eps = _eps(eps, lib)
     fused = _fused(activation, z)
-    st = _stream(stream, x)
-    xv = as_view(x, "x", lib, st)
-    plan = _plan(lib, "training", xv, mode, fused)
-    if xv.shape[0] > TRAINING_MAX_BATCH:
-        raise ValueError(f"x has a batch of {xv.shape[0]}; cuDNN batch-norm training is limited to "
-                         f"N <= {TRAINING_MAX_BATCH} (PyTorch's limit)")
+    st, xv, plan = _training_x(x, stream, mode, fused, lib)
     if plan.per_channel <= 1:
         raise ValueError("Expected more than 1 value per channel when training (batch norm "
                          f"backward uses training statistics), got x of shape {xv.shape}")
