@@ -28,7 +28,7 @@ from cudnn_bind.descriptors import (
     TensorDescriptor, bn_mode, derive_bn_descriptor)
 from cudnn_bind.errors import CudnnBindError, UnsupportedError
 from cudnn_bind.handles import Handle, cached_handle
-from cudnn_bind.memory import DTYPE_SIZES, DeviceArray, as_view, current_device, new_arrays
+from cudnn_bind.memory import DTYPE_SIZES, as_view, current_device, new_arrays
 from cudnn_bind.rules import layout_of, layout_order, packed, plan_mode
 
 __all__ = ["batch_norm_forward_training", "batch_norm_forward_inference", "batch_norm_backward",
@@ -143,25 +143,21 @@ def _eps(eps, lib):
     return eps
 
 
-def _stream(stream, x):
-    """The cudaStream_t to run on (see the module docstring)."""
+def _stream_and_x(stream, x, lib):
+    """The cudaStream_t to run on (see the module docstring) and x's view.
+    Without `stream=`, x's view says where x was produced: PyTorch's current
+    stream, a DeviceArray's stream, the interface's "stream" key, nothing
+    for DLPack (the legacy default stream then); for CuPy, its current
+    stream."""
     if stream is not None:
-        return stream_value(stream, "stream")
-    if type(x) is DeviceArray:
-        return x.stream or 0
-    module = type(x).__module__
-    if module.startswith("torch") and getattr(x, "is_cuda", False):
-        import torch
-        return int(torch.cuda.current_stream(x.device).cuda_stream)
-    if module.startswith("cupy") and hasattr(x, "device"):
+        st = stream_value(stream, "stream")
+        return st, as_view(x, "x", lib, st)
+    xv = as_view(x, "x", lib, 0)
+    if xv.kind == "cupy":
         import cupy
         with x.device:
-            return int(cupy.cuda.get_current_stream().ptr)
-    cai = getattr(x, "__cuda_array_interface__", None)
-    own = cai.get("stream") if isinstance(cai, dict) else None
-    # the interface's 1 is the legacy default stream; 0 is invalid there
-    # (as_view says so) and means the legacy default stream here
-    return 0 if own in (None, 1) or not isinstance(own, int) else own
+            return int(cupy.cuda.get_current_stream().ptr), xv
+    return xv.stream or 0, xv
 
 
 def _handle(handle, device, lib):
@@ -313,8 +309,7 @@ def _start(h, stream, views):
 
 def _training_x(x, stream, mode, fused, lib):
     """(stream, x's view, plan) of a training-mode call (forward or backward)."""
-    st = _stream(stream, x)
-    xv = as_view(x, "x", lib, st)
+    st, xv = _stream_and_x(stream, x, lib)
     plan = _plan(lib, "training", xv, mode, fused)
     if xv.shape[0] > TRAINING_MAX_BATCH:
         raise ValueError(f"x has a batch of {xv.shape[0]}; cuDNN batch-norm training is limited to "
@@ -395,8 +390,7 @@ def batch_norm_forward_inference(x, weight, bias, running_mean, running_var, eps
     Batches over 65535 samples (PyTorch's limit for this call) run in chunks."""
     lib = _lib.get()
     eps = _eps(eps, lib)
-    st = _stream(stream, x)
-    xv = as_view(x, "x", lib, st)
+    st, xv = _stream_and_x(stream, x, lib)
     plan = _plan(lib, "inference", xv, mode, None)
     wv, bv, rmv, rvv = _params(plan, (("weight", weight), ("bias", bias),
                                       ("running_mean", running_mean),

@@ -85,6 +85,13 @@ def current_device(lib):
     return dev.value
 
 
+def _copy_and_wait(lib, dst, src, nbytes, kind, stream):
+    """cudaMemcpyAsync on `stream`, then wait for that stream."""
+    lib.cuda("cudaMemcpyAsync", ctypes.c_void_p(dst), ctypes.c_void_p(src), nbytes, kind,
+             ctypes.c_void_p(stream or None))
+    lib.cuda("cudaStreamSynchronize", ctypes.c_void_p(stream or None))
+
+
 class DeviceBuffer:
     """Untyped device memory from the binding's stream-ordered pool
     (`cudnn_bind.pool`), for use on `stream` (default: the legacy default
@@ -208,10 +215,8 @@ class DeviceArray:
         out = cls(host.shape, host.dtype if host.dtype.name != "bfloat16" else "bfloat16",
                   stream=stream)
         if out.nbytes:
-            lib = _lib.get()
-            lib.cuda("cudaMemcpyAsync", ctypes.c_void_p(out.ptr), host.ctypes.data_as(ctypes.c_void_p),
-                     host.nbytes, _lib.CUDA_MEMCPY_HOST_TO_DEVICE, ctypes.c_void_p(out.stream or None))
-            lib.cuda("cudaStreamSynchronize", ctypes.c_void_p(out.stream or None))
+            _copy_and_wait(_lib.get(), out.ptr, host.ctypes.data, host.nbytes,
+                           _lib.CUDA_MEMCPY_HOST_TO_DEVICE, out.stream)
         return out
 
     def to_numpy(self, *, stream=None):
@@ -226,9 +231,8 @@ class DeviceArray:
             lib = _lib.get()
             if self.stream is not None and self.stream != stream:  # its producer first
                 lib.cuda("cudaStreamSynchronize", ctypes.c_void_p(self.stream or None))
-            lib.cuda("cudaMemcpyAsync", raw.ctypes.data_as(ctypes.c_void_p), ctypes.c_void_p(self.ptr),
-                     self.nbytes, _lib.CUDA_MEMCPY_DEVICE_TO_HOST, ctypes.c_void_p(stream or None))
-            lib.cuda("cudaStreamSynchronize", ctypes.c_void_p(stream or None))
+            _copy_and_wait(lib, raw.ctypes.data, self.ptr, self.nbytes,
+                           _lib.CUDA_MEMCPY_DEVICE_TO_HOST, stream)
         return np.lib.stride_tricks.as_strided(
             raw, self.shape, tuple(s * self.itemsize for s in self.strides)).copy()
 
@@ -478,25 +482,20 @@ _TORCH_DTYPES = {}
 _EXTERNAL_STREAMS = {}
 
 
-def _torch_stream(torch, device, stream):
-    """torch's stream object for a raw cudaStream_t (cached: creating one costs)."""
-    key = ("torch", device, stream)
+def _external_stream(module, device, stream):
+    """PyTorch's or CuPy's stream object for a raw cudaStream_t (cached:
+    creating one costs)."""
+    key = (module.__name__, device, stream)
     s = _EXTERNAL_STREAMS.get(key)
     if s is None:
         if len(_EXTERNAL_STREAMS) >= 64:  # streams come and go: keep the recent ones
             _EXTERNAL_STREAMS.clear()
-        s = _EXTERNAL_STREAMS[key] = torch.cuda.ExternalStream(stream, device=device)
-    return s
-
-
-def _cupy_stream(cupy, device, stream):
-    key = ("cupy", device, stream)
-    s = _EXTERNAL_STREAMS.get(key)
-    if s is None:
-        if len(_EXTERNAL_STREAMS) >= 64:
-            _EXTERNAL_STREAMS.clear()
-        with cupy.cuda.Device(device):
-            s = _EXTERNAL_STREAMS[key] = cupy.cuda.ExternalStream(stream)
+        if module.__name__ == "torch":
+            s = module.cuda.ExternalStream(stream, device=device)
+        else:
+            with module.cuda.Device(device):
+                s = module.cuda.ExternalStream(stream)
+        _EXTERNAL_STREAMS[key] = s
     return s
 
 
@@ -531,21 +530,21 @@ def new_arrays(kind, device, stream, specs, lib):
 
 def _framework_array(kind, device, stream, shape, strides, dtype):
     if kind == "torch":
-        import torch
+        torch = _torch()
         if not _TORCH_DTYPES:
             _TORCH_DTYPES.update(float32=torch.float32, float64=torch.float64,
                                  float16=torch.float16, bfloat16=torch.bfloat16, uint8=torch.uint8)
         where = f"cuda:{device}"
         if torch.cuda.current_stream(device).cuda_stream == stream:
             return torch.empty_strided(shape, strides, dtype=_TORCH_DTYPES[dtype], device=where)
-        with torch.cuda.stream(_torch_stream(torch, device, stream)):
+        with torch.cuda.stream(_external_stream(torch, device, stream)):
             return torch.empty_strided(shape, strides, dtype=_TORCH_DTYPES[dtype], device=where)
     import cupy
     with cupy.cuda.Device(device):
         if cupy.cuda.get_current_stream().ptr == stream:
             base = cupy.empty(_span(shape, strides), dtype=dtype)
         else:
-            with _cupy_stream(cupy, device, stream):
+            with _external_stream(cupy, device, stream):
                 base = cupy.empty(_span(shape, strides), dtype=dtype)
         size = DTYPE_SIZES[dtype]
         return cupy.lib.stride_tricks.as_strided(base, shape, tuple(s * size for s in strides))
