@@ -161,14 +161,15 @@ def compile_flags():
     return cflags, ldflags, openmp
 
 
-# Extra flags of single modules (GCC/clang).  segments: lets GCC if-convert
-# the selects of its float32 exp, so the loop vectorizes at x86-64-v3 and
-# up; no program here reads the floating-point exception flags, and the
-# values are the same.
-MODULE_FLAGS = {} if sys.platform == "win32" else {"segments": ["-fno-trapping-math"]}
+# Extra flags of single modules (GCC/clang).  segments, softmax, pointwise:
+# lets GCC if-convert the selects of their float32 exp and log1p
+# (cn_vecmath.h), so the loops vectorize at x86-64-v3 and up; no program
+# here reads the floating-point exception flags, and the values are the same.
+MODULE_FLAGS = {} if sys.platform == "win32" else {
+    name: ["-fno-trapping-math"] for name in ("segments", "softmax", "pointwise")}
 
 # the kernel modules built once per SIMD level in a dispatching build
-DISPATCHED = ["weight_norm", "layer_norm", "batch_norm", "segments", "_convert"]
+DISPATCHED = ["weight_norm", "layer_norm", "batch_norm", "segments", "softmax", "pointwise", "_convert"]
 LEVEL_FLAGS = {
     "v3": ["-march=x86-64-v3"],
     # GCC picks 256-bit vectors even where AVX-512 exists (see compile_flags).
@@ -203,8 +204,9 @@ def extensions():
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION"),
                        ("NPY_TARGET_VERSION", "NPY_2_0_API_VERSION")],
     )
-    names = ["weight_norm", "layer_norm", "batch_norm", "activations", "segments", "_runtime", "_alloc",
-             "_convert", "_views", "_plain"]
+    names = ["weight_norm", "layer_norm", "batch_norm", "activations", "segments", "softmax",
+             "pointwise", "nll_loss",
+             "_runtime", "_alloc", "_convert", "_views", "_plain"]
     exts = [Extension(f"cynorm._kernels.{n}", [f"{KERNELS}/{n}.pyx"],
                       extra_compile_args=cflags + MODULE_FLAGS.get(n, []), **common) for n in names]
     options = dict(compiler_directives={"language_level": 3},

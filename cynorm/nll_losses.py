@@ -5,13 +5,17 @@ nll_loss2d).
 x holds log-probabilities with the classes on axis 1 ((N, C), or (C,) for a
 single sample; (N, C, H, W) for the 2d ops); target holds class indices.
 reduction is "none", "mean" or "sum" (or ATen's 0, 1, 2).  Entries whose
-target equals ignore_index count for nothing.  Sums accumulate in float64.
+target equals ignore_index count for nothing.  The forward runs a Cython
+kernel (_kernels/nll_loss.pyx.tp): each loss in float64, the reduced loss
+and the total weight as compensated float64 sums.
 """
 import operator
 
 import numpy as np
 
 from cynorm._dtypes import from_float64
+from cynorm._kernels import float_kernel
+from cynorm._kernels import nll_loss as _k
 from cynorm._validation import as_array, as_float_array, check_int, check_same
 
 REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
@@ -55,6 +59,7 @@ class _Problem:
         self.x, self.C, self.t_shape = x, C, t_shape
         self.rows = self.as_rows(x)
         t = target.reshape(-1).astype(np.int64)
+        self.targets = np.ascontiguousarray(t)
         self.valid = t != self.ignore
         bad = self.valid & ((t < 0) | (t >= C))
         if bad.any():
@@ -97,19 +102,27 @@ class _Problem:
 def _forward(x, target, weight, reduction, ignore_index, two_d):
     p = _Problem(x, target, weight, ignore_index, two_d)
     r = _reduction(reduction)
-    w = p.weights()
-    losses = np.where(p.valid, -w * p.picked(), 0.0)      # ignored entries: +0, not -0
+    math = np.float64 if p.x.dtype == np.float64 else np.float32
+    rows = np.ascontiguousarray(p.rows, math)
+    w = None if p.weight is None else np.ascontiguousarray(p.weight, math)
+    t = p.targets
+    # every target is in [0, C) or ignored (checked): an ignore_index beyond
+    # int64 equals none of them, and neither does -1
+    ignore = p.ignore if -2**63 <= p.ignore < 2**63 else -1
+    losses = np.empty(t.size) if r == 0 else None
+    total_loss, total = float_kernel(_k, "nll_forward", rows)(
+        rows.reshape(-1), t, w, p.C, ignore, losses)
     dtype = p.x.dtype
-    # ATen reports total_weight for "none" only for a single sample (1-D x)
-    total = np.asarray(w.sum() if r or p.x.ndim == 1 else 0.0)
     if r == 0:
         out = losses.reshape(p.t_shape)
     elif r == 2:
-        out = np.asarray(losses.sum())
+        out = np.float64(total_loss)
     else:
         with np.errstate(invalid="ignore", divide="ignore"):
-            out = np.asarray(losses.sum() / total)
-    return np.asarray(from_float64(out, dtype)), np.asarray(from_float64(total, dtype))
+            out = np.float64(total_loss) / np.float64(total)
+    # ATen reports total_weight for "none" only for a single sample (1-D x)
+    total = total if r or p.x.ndim == 1 else 0.0
+    return np.asarray(from_float64(out, dtype)), np.asarray(from_float64(np.float64(total), dtype))
 
 
 def nll_loss_forward(x, target, weight=None, reduction="mean", ignore_index=-100):
@@ -120,7 +133,9 @@ def nll_loss_forward(x, target, weight=None, reduction="mean", ignore_index=-100
     total_weight: the sum of weight[t] over non-ignored samples (for "none"
     0, except weight[t] for a single 1-D sample, as ATen reports it).
     Both have x's dtype."""
-    return _forward(x, target, weight, reduction, ignore_index, False)
+    result = _k.nll_forward_plain(x, target, weight, reduction, ignore_index)
+    return result if result is not None else _forward(x, target, weight, reduction, ignore_index,
+                                                      False)
 
 
 def nll_loss2d_forward(x, target, weight=None, reduction="mean", ignore_index=-100):

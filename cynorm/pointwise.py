@@ -1,17 +1,27 @@
 """Small ops of PyTorch's forward-mode decomposition table that are not
 normalizations: trace and log_sigmoid_forward (ATen's trace,
-log_sigmoid_forward).  NumPy, in the math dtype."""
+log_sigmoid_forward).  Cython kernels (_kernels/pointwise.pyx.tp); a plain
+argument goes straight to the kernel's plain entry, any other is validated
+and converted here, then runs the same kernel."""
 import numpy as np
 
-from cynorm._dtypes import is_16bit
+from cynorm._dtypes import POLICY
+from cynorm import _kernels
+from cynorm._kernels import float_kernel
+from cynorm._kernels._runtime import get_num_threads
 from cynorm._validation import as_array, as_float_array
+
+_k = _kernels.load("pointwise")  # the SIMD level chosen at import
 
 
 def trace(x):
     """Sum of the main diagonal of a 2-D array (torch.trace).
 
-    Floating x gives x's dtype (16-bit sums accumulate in float32, then
-    round); integer x gives int64, as in PyTorch."""
+    Floating x gives x's dtype: the sum accumulates in float64 and rounds
+    once (16-bit: through float32); integer x gives int64, as in PyTorch."""
+    result = _k.trace_plain(x)
+    if result is not None:
+        return result
     if type(x) is not np.ndarray:
         x = as_array(x, "x")
     if x.ndim != 2:
@@ -21,19 +31,26 @@ def trace(x):
     if x.dtype.kind in "iu":
         return np.asarray(np.trace(x, dtype=np.int64))
     x, _ = as_float_array(x, "x")
-    acc = np.float64 if x.dtype == np.float64 else np.float32
-    return np.asarray(np.trace(x, dtype=acc)).astype(x.dtype)
+    result = _k.trace_plain(x)
+    if result is None:
+        # unaligned, or an equal but distinct dtype object: the diagonal copied
+        # into the policy dtype, seen as a (k, k) array whose diagonal it is
+        dtype = next(d for d in POLICY if d == x.dtype)
+        diagonal = np.diagonal(x).astype(dtype)
+        result = _k.trace_plain(np.lib.stride_tricks.as_strided(
+            diagonal, (diagonal.size, diagonal.size), (0, diagonal.itemsize), writeable=False))
+    return result
 
 
 def log_sigmoid_forward(x):
     """(log(sigmoid(x)), buffer) as PyTorch's CPU kernel: out =
     min(x, 0) - log1p(exp(-|x|)), buffer = exp(-|x|) (what the backward reads)."""
+    result = _k.log_sigmoid_forward_plain(x)
+    if result is not None:
+        return result
     x, _ = as_float_array(x, "x")
-    xm = x.astype(np.float64 if x.dtype == np.float64 else np.float32, copy=False)
-    z = np.exp(-np.abs(xm))
-    out = np.asarray(np.minimum(xm, 0) - np.log1p(z))
-    z = np.asarray(z)
-    dtype = x.dtype
-    if is_16bit(dtype):
-        return out.astype(dtype), z.astype(dtype)
-    return out.astype(dtype, copy=False), z.astype(dtype, copy=False)
+    xm = np.asarray(x, np.float64 if x.dtype == np.float64 else np.float32, order="C")
+    out, buffer = np.empty_like(xm), np.empty_like(xm)
+    float_kernel(_k, "log_sigmoid_forward", xm)(xm.reshape(-1), out.reshape(-1),
+                                                buffer.reshape(-1), get_num_threads())
+    return out.astype(x.dtype, copy=False), buffer.astype(x.dtype, copy=False)

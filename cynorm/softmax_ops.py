@@ -2,15 +2,24 @@
 (ATen's _softmax, _log_softmax, _softmax_backward_data,
 _log_softmax_backward_data).
 
-NumPy, in the math dtype (float64 for float64, float32 otherwise); 16-bit
-arrays are read as float32 and the result rounds once to 16 bits.
+Cython kernels (_kernels/softmax.pyx.tp) in the math dtype (float64 for
+float64, float32 otherwise): the maximum is subtracted before exp, sums
+accumulate in float64.  16-bit arrays are read as float32 and the result
+rounds once to 16 bits.  A call with a plain float32/float64 array (exact
+ndarray, C-contiguous) goes straight to the kernel's plain entry; any other
+is validated and converted here, then runs the same kernel.
 """
 import numpy as np
 
+from cynorm import _kernels
 from cynorm._dtypes import FLOAT32, is_16bit
+from cynorm._kernels import float_kernel
+from cynorm._kernels._runtime import get_num_threads
 from cynorm._validation import (
     as_dtype, as_float_array, check_bool, check_same, in_memory, normalize_dim,
 )
+
+_k = _kernels.load("softmax")  # the SIMD level chosen at import
 
 
 def _math(x):
@@ -33,10 +42,25 @@ def _out_dtype(x, half_to_float):
     return FLOAT32
 
 
-def _shifted(x, d):
-    xm = _math(in_memory(x))      # a broadcast view too large for memory: refused at once
-    with np.errstate(invalid="ignore"):       # all -inf along an axis: nan, as in torch
-        return xm - np.max(xm, axis=d, keepdims=True) if xm.size else xm
+def _split(shape, d):
+    """(A, D, B) of an array of `shape` seen around axis d (None: a 0-d array)."""
+    if d is None:
+        return 1, 1, 1
+    return (int(np.prod(shape[:d], dtype=np.int64)), shape[d],
+            int(np.prod(shape[d + 1:], dtype=np.int64)))
+
+
+def _run(x, dim, half_to_float, log_out):
+    x, _ = as_float_array(x, "x")
+    d = _dim(dim, x)
+    dtype = _out_dtype(x, half_to_float)
+    # a broadcast view too large for memory is refused by this copy at once
+    xm = np.asarray(_math(in_memory(x)), order="C")
+    y = np.empty(xm.shape, xm.dtype)
+    A, D, B = _split(xm.shape, d)
+    float_kernel(_k, "softmax", xm)(xm.reshape(-1), y.reshape(-1), A, D, B, log_out,
+                                    get_num_threads())
+    return y.astype(dtype, copy=False)
 
 
 def softmax(x, dim, half_to_float=False):
@@ -44,25 +68,17 @@ def softmax(x, dim, half_to_float=False):
 
     half_to_float=True (16-bit x only) returns float32; otherwise x's dtype.
     """
-    x, _ = as_float_array(x, "x")
-    d = _dim(dim, x)
-    dtype = _out_dtype(x, half_to_float)
-    e = np.exp(_shifted(x, d))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.asarray(e / np.sum(e, axis=d, keepdims=True)).astype(dtype)
+    y = _k.softmax_plain(x, dim, half_to_float, False)
+    return y if y is not None else _run(x, dim, half_to_float, False)
 
 
 def log_softmax(x, dim, half_to_float=False):
     """x - log(sum(exp(x))) along `dim` (torch._log_softmax)."""
-    x, _ = as_float_array(x, "x")
-    d = _dim(dim, x)
-    dtype = _out_dtype(x, half_to_float)
-    s = _shifted(x, d)
-    with np.errstate(divide="ignore"):
-        return np.asarray(s - np.log(np.sum(np.exp(s), axis=d, keepdims=True))).astype(dtype)
+    y = _k.softmax_plain(x, dim, half_to_float, True)
+    return y if y is not None else _run(x, dim, half_to_float, True)
 
 
-def _backward_args(grad_output, output, dim, input_dtype):
+def _backward(grad_output, output, dim, input_dtype, log_out):
     output, _ = as_float_array(output, "output")
     grad_output, _ = as_float_array(grad_output, "grad_output")
     check_same(grad_output, "grad_output", output.shape, output.dtype, ref="output")
@@ -71,8 +87,14 @@ def _backward_args(grad_output, output, dim, input_dtype):
         raise ValueError(f"input_dtype must be output's dtype {output.dtype} (or a 16-bit type "
                          f"when output is float32: half_to_float), got {in_dtype}")
     d = _dim(dim, output)
-    # a broadcast view too large for memory: refused at once, not reduced over
-    return in_memory(grad_output), in_memory(output), d, in_dtype
+    # a broadcast view too large for memory is refused by these copies at once
+    g = np.asarray(_math(in_memory(grad_output)), order="C")
+    y = np.asarray(_math(in_memory(output)), order="C")
+    out = np.empty(y.shape, y.dtype)
+    A, D, B = _split(y.shape, d)
+    float_kernel(_k, "softmax_backward", y)(g.reshape(-1), y.reshape(-1), out.reshape(-1),
+                                            A, D, B, log_out, get_num_threads())
+    return out.astype(in_dtype, copy=False)
 
 
 def softmax_backward_data(grad_output, output, dim, input_dtype):
@@ -81,14 +103,12 @@ def softmax_backward_data(grad_output, output, dim, input_dtype):
 
     input_dtype is the forward input's dtype: the result has it (a 16-bit
     one when the forward ran with half_to_float)."""
-    g, y, d, in_dtype = _backward_args(grad_output, output, dim, input_dtype)
-    gm, ym = _math(g), _math(y)
-    return np.asarray(ym * (gm - np.sum(gm * ym, axis=d, keepdims=True))).astype(in_dtype)
+    out = _k.softmax_backward_plain(grad_output, output, dim, input_dtype, False)
+    return out if out is not None else _backward(grad_output, output, dim, input_dtype, False)
 
 
 def log_softmax_backward_data(grad_output, output, dim, input_dtype):
     """Gradient of log_softmax w.r.t. its input from its output:
     grad_output - exp(output) * sum(grad_output) (torch._log_softmax_backward_data)."""
-    g, y, d, in_dtype = _backward_args(grad_output, output, dim, input_dtype)
-    gm, ym = _math(g), _math(y)
-    return np.asarray(gm - np.exp(ym) * np.sum(gm, axis=d, keepdims=True)).astype(in_dtype)
+    out = _k.softmax_backward_plain(grad_output, output, dim, input_dtype, True)
+    return out if out is not None else _backward(grad_output, output, dim, input_dtype, True)

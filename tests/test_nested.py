@@ -249,7 +249,7 @@ ragged = st.lists(st.integers(0, 6), min_size=0, max_size=6)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_softmax_of_nan_and_inf(dtype):
     # a NaN, or +inf (inf - inf), makes its row NaN, -inf gives 0, the other
-    # rows keep their values; float32's exp (cn_segments.h) must take NaN
+    # rows keep their values; float32's exp (cn_vecmath.h) must take NaN
     # without undefined behaviour (converting it to int), which UBSan checks
     # in .ci/sanitize
     rows = [[np.nan, 1.0, 2.0], [np.inf, 1.0], [-np.inf, 0.0, 1.0], [1.0, 2.0, 3.0]]

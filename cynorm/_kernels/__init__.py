@@ -58,8 +58,8 @@ SIMD_LEVEL = _choose()
 
 
 def load(name):
-    """The kernel module `name` (weight_norm, layer_norm, batch_norm, segments, or the
-    tests' _convert) at SIMD_LEVEL."""
+    """The kernel module `name` (weight_norm, layer_norm, batch_norm, segments,
+    softmax, pointwise, or the tests' _convert) at SIMD_LEVEL."""
     return importlib.import_module(f"cynorm._kernels.{name}{LEVELS[SIMD_LEVEL][0]}")
 
 
@@ -76,3 +76,10 @@ def by_storage(module, names):
         return table[name, policy.suffix]
     kernel.names = tuple(names)
     return kernel
+
+
+def float_kernel(module, name, buffer):
+    """module's kernel `name` for a float32 or float64 buffer (name_f32,
+    name_f64: the entries of the float-only templates: segments, softmax,
+    activations)."""
+    return getattr(module, f"{name}_{'f64' if buffer.dtype.itemsize == 8 else 'f32'}")

@@ -31,9 +31,20 @@ cdef int storage_of(object a) noexcept:
     if type(a) is not cnp.ndarray or not cnp.PyArray_CHKFLAGS(
             <cnp.ndarray>a, cnp.NPY_ARRAY_C_CONTIGUOUS | cnp.NPY_ARRAY_ALIGNED):
         return NOT_PLAIN
+    return storage_of_descr(<cnp.ndarray>a)
+
+
+cdef int storage_of_any_layout(object a) noexcept:
+    """storage_of for an exact, aligned ndarray of any strides."""
+    if type(a) is not cnp.ndarray or not cnp.PyArray_CHKFLAGS(<cnp.ndarray>a, cnp.NPY_ARRAY_ALIGNED):
+        return NOT_PLAIN
+    return storage_of_descr(<cnp.ndarray>a)
+
+
+cdef int storage_of_descr(cnp.ndarray a) noexcept:
     # NumPy's descriptors of native built-in types are singletons (ml_dtypes'
     # too): an equal but distinct one (unpickled, say) is left to Python
-    d = <object>cnp.PyArray_DESCR(<cnp.ndarray>a)
+    d = <object>cnp.PyArray_DESCR(a)
     if d is F32:
         return STORAGE_F32
     if d is F64:

@@ -39,12 +39,6 @@ def math_buffer(x):
     return b.astype(np.float32) if is_16bit(b.dtype) else b
 
 
-def float_kernel(module, name, buffer):
-    """module's kernel `name` for a float32 or float64 buffer (name_f32,
-    name_f64: the templates' float entries)."""
-    return getattr(module, f"{name}_{'f64' if buffer.dtype == np.float64 else 'f32'}")
-
-
 def stored(values, dtype):
     """Math-dtype values as storage dtype (16-bit: rounded from float32)."""
     if is_16bit(dtype):

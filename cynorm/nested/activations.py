@@ -3,10 +3,10 @@ nested relu/threshold/gelu/silu and threshold_backward, gelu_backward,
 silu_backward): one pass over the whole buffer, whatever the shapes."""
 import numpy as np
 
-from cynorm._kernels import activations as _act
+from cynorm._kernels import activations as _act, float_kernel
 from cynorm._kernels._runtime import get_num_threads
 from cynorm.nested._common import (
-    check_nested, check_same_structure, float_kernel, math_buffer, stored,
+    check_nested, check_same_structure, math_buffer, stored,
 )
 from cynorm._validation import check_real
 

@@ -11,9 +11,10 @@ own (its slices are not contiguous runs of the buffer).
 import numpy as np
 
 from cynorm import _kernels
+from cynorm._kernels import float_kernel
 from cynorm._kernels._runtime import get_num_threads
 from cynorm.nested._common import (
-    check_nested, check_same_structure, component_dim, float_kernel, math_buffer, row_lengths,
+    check_nested, check_same_structure, component_dim, math_buffer, row_lengths,
     stored,
 )
 from cynorm._validation import as_array, check_bool, check_index, check_int

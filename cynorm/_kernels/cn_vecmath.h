@@ -1,10 +1,10 @@
-/* float32 exp for the segmented softmax (segments.pyx.tp): no libm call,
- * so the loop that calls it vectorizes (setup.py compiles that module with
- * -fno-trapping-math, without which GCC keeps cn_expf's selects as
- * branches).
+/* float32 exp and log1p without libm calls, so the loops that call them
+ * vectorize: softmax's rows (softmax_rows.pxi.tp) and log_sigmoid
+ * (pointwise.pyx.tp).  setup.py compiles those modules with
+ * -fno-trapping-math, without which GCC keeps the selects as branches.
  */
-#ifndef CN_SEGMENTS_H
-#define CN_SEGMENTS_H
+#ifndef CN_VECMATH_H
+#define CN_VECMATH_H
 
 #include <math.h>
 #include <stdint.h>
@@ -44,4 +44,34 @@ static inline float cn_expf(float x) {
     return x != x ? x : e;
 }
 
-#endif /* CN_SEGMENTS_H */
+/* log1p(z) for float32 z in [0, 1] (log_sigmoid's log1p(exp(-|x|))) to
+ * about 2 ulp: u = 1 + z rounded, c = z - (u - 1) what the rounding dropped
+ * (exact: u - 1 is exact for u in [1, 2]), log1p(z) = log(u) + c / u.  log(u)
+ * by Cephes' logf: u = m 2^e with m in [sqrt(1/2), sqrt(2)], a degree-8
+ * polynomial in m - 1, e ln2 in two parts.  NaN stays NaN. */
+static inline float cn_log1pf_unit(float z) {
+    float u = 1.0f + z;
+    float c = (z - (u - 1.0f)) / u;
+    int big = u > 1.41421356f;
+    float m = big ? u * 0.5f : u;
+    float e = big ? 1.0f : 0.0f;
+    float x = m - 1.0f;
+    float x2 = x * x;
+    float p = 7.0376836292e-2f;
+    p = p * x - 1.1514610310e-1f;
+    p = p * x + 1.1676998740e-1f;
+    p = p * x - 1.2420140846e-1f;
+    p = p * x + 1.4249322787e-1f;
+    p = p * x - 1.6668057665e-1f;
+    p = p * x + 2.0000714765e-1f;
+    p = p * x - 2.4999993993e-1f;
+    p = p * x + 3.3333331174e-1f;
+    float y = x * x2 * p;
+    y = y + e * -2.12194440e-4f;
+    y = y - 0.5f * x2;
+    float r = x + y;
+    r = r + e * 0.693359375f;
+    return r + c;
+}
+
+#endif /* CN_VECMATH_H */
