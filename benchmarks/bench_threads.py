@@ -5,10 +5,13 @@ in one process, inputs warm in cache.
     python benchmarks/bench_threads.py
     python benchmarks/bench_threads.py --dtype bfloat16 --repeats 41
 
-The kernels run one thread below 65,536 elements whatever the setting
-(entry.pxd's SERIAL_BELOW), so the sweep starts there: the table says, for
-each family (row and column reductions, elementwise passes) and size, the
-time at 1 thread over the time at 2 (above 1: the second thread pays).
+A kernel call runs one thread while it moves fewer bytes (reads and writes
+over all its passes) than the threshold of set_parallel_min_bytes; this
+benchmark sets the threshold to 0, so "2 threads" always wakes the team.
+The table says, for each family (row and column reductions, elementwise
+passes, softmax, log_sigmoid) and size, the time at 1 thread over the time
+at 2 (above 1: the second thread pays), and the bytes the call moves by the
+kernels' own count (the traffic the threshold is compared with).
 """
 import argparse
 import os
@@ -20,11 +23,13 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import time_interleaved  # noqa: E402
 
-SIZES = [1 << k for k in range(16, 23)]      # elements: 64 Ki .. 4 Mi
+SIZES = [1 << k for k in range(11, 21)]      # elements: 2 Ki .. 1 Mi
 
 
 def families(cn, n, dtype, rng):
-    """(family, op, callable) with about n elements of input."""
+    """(family, op, elements, passes, callable) with about n elements of input;
+    passes: the kernels' count of element reads and writes (entry.pxd's
+    threads_for)."""
     def arr(*shape):
         return rng.standard_normal(shape).astype(np.float32).astype(dtype)
 
@@ -34,30 +39,35 @@ def families(cn, n, dtype, rng):
     x = arr(n // 256, 256)
     w, b = np.ones(256, pdt), np.zeros(256, pdt)
     y, mean, rstd = cn.layer_norm(x, (256,), w, b)
-    out.append(("row reduction + elementwise", f"LN fwd ({n // 256}, 256)",
+    out.append(("row reduction + elementwise", f"LN fwd ({n // 256}, 256)", x.size, 3,
                 lambda: cn.layer_norm(x, (256,), w, b)))
-    out.append(("row reduction + elementwise", f"LN bwd ({n // 256}, 256)",
+    out.append(("row reduction + elementwise", f"LN bwd ({n // 256}, 256)", x.size, 5,
                 lambda: cn.layer_norm_backward(x, x, (256,), mean, rstd, w, b)))
     # batch norm: N,C,H,W with 14x14 planes (channel rows), channels-last (columns)
     C = 64
-    xr = arr(max(1, n // (C * 196)), C, 14, 14)
-    xc = arr(max(1, n // (C * 196)), 14, 14, C)
+    # (A, 64, 7, 7): planes of 49 elements, so the small sizes have a batch
+    xr = arr(max(1, n // (C * 49)), C, 7, 7)
+    xc = arr(max(1, n // (C * 49)), 7, 7, C)
     rm, rv = np.zeros(C, np.float32), np.ones(C, np.float32)
-    out.append(("channel reduction (rows)", f"BN train {xr.shape} NCHW",
+    out.append(("channel reduction (rows)", f"BN train {xr.shape} NCHW", xr.size, 3,
                 lambda: cn.batch_norm(xr, training=True)))
-    out.append(("channel reduction (columns)", f"BN train {xc.shape} NHWC",
+    out.append(("channel reduction (columns)", f"BN train {xc.shape} NHWC", xc.size, 3,
                 lambda: cn.batch_norm(xc, training=True, axis=-1)))
-    out.append(("elementwise (rows)", f"BN eval {xr.shape} NCHW",
+    out.append(("elementwise (rows)", f"BN eval {xr.shape} NCHW", xr.size, 2,
                 lambda: cn.batch_norm(xr, None, None, rm, rv, False)))
-    out.append(("elementwise (columns)", f"BN eval {xc.shape} NHWC",
+    out.append(("elementwise (columns)", f"BN eval {xc.shape} NHWC", xc.size, 2,
                 lambda: cn.batch_norm(xc, None, None, rm, rv, False, axis=-1)))
     # weight norm over rows (dim 0) and columns (dim 1)
     v = arr(n // 256, 256)
     g0, g1 = np.ones((n // 256, 1), pdt), np.ones((1, 256), pdt)
-    out.append(("row norms + scale", f"WN fwd ({n // 256}, 256) dim=0",
+    out.append(("row norms + scale", f"WN fwd ({n // 256}, 256) dim=0", v.size, 3,
                 lambda: cn.weight_norm_interface(v, g0, 0)))
-    out.append(("column norms + scale", f"WN fwd ({n // 256}, 256) dim=1",
+    out.append(("column norms + scale", f"WN fwd ({n // 256}, 256) dim=1", v.size, 3,
                 lambda: cn.weight_norm_interface(v, g1, 1)))
+    if dtype == np.float32:
+        out.append(("softmax rows", f"softmax ({n // 256}, 256)", v.size, 5, lambda: cn.softmax(v, 1)))
+        out.append(("pointwise (exp, log1p)", f"log_sigmoid ({v.size},)", v.size, 6,
+                    lambda: cn.log_sigmoid_forward(v.reshape(-1))))
     return out
 
 
@@ -69,6 +79,8 @@ def main():
     import ml_dtypes
 
     import cynorm as cn
+    from cynorm._kernels import _runtime
+    _runtime.set_parallel_min_bytes(0)
     dtype = np.dtype(ml_dtypes.bfloat16) if args.dtype == "bfloat16" else np.dtype(np.float32)
     rng = np.random.default_rng(0)
 
@@ -80,15 +92,16 @@ def main():
 
     print(f"{args.dtype}; median of {args.repeats} interleaved samples (more calls per sample for "
           "small inputs); inputs warm\n")
-    print("| family | op | KiB in | 1 thread µs | 2 threads µs | 1 thr / 2 thr |")
-    print("|---|---|---|---|---|---|")
+    print("| family | op | KiB in | KiB moved | 1 thread µs | 2 threads µs | 1 thr / 2 thr |")
+    print("|---|---|---|---|---|---|---|")
     for n in SIZES:
-        for family, name, f in families(cn, n, dtype, rng):
-            inner = max(1, (1 << 20) // (n * dtype.itemsize))
+        for family, name, size, passes, f in families(cn, n, dtype, rng):
+            inner = max(1, (1 << 20) // (size * dtype.itemsize))
             s = time_interleaved({"1": at(1, f), "2": at(2, f)}, args.repeats, inner)
             t1, t2 = (statistics.median(s[k]) * 1e6 for k in ("1", "2"))
-            print(f"| {family} | {name} | {n * dtype.itemsize >> 10} | {t1:.1f} | {t2:.1f} | "
-                  f"{t1 / t2:.2f} |", flush=True)
+            print(f"| {family} | {name} | {size * dtype.itemsize / 1024:g} | "
+                  f"{size * dtype.itemsize * passes / 1024:g} | {t1:.1f} | {t2:.1f} | {t1 / t2:.2f} |",
+                  flush=True)
     cn.set_num_threads(os.cpu_count() or 1)
 
 

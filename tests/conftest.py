@@ -44,6 +44,17 @@ def restore_threads():
     cynorm.set_num_threads(n)
 
 
+@pytest.fixture
+def team_always():
+    """Every kernel call wakes the thread team, whatever its size (the
+    families' thresholds below which one thread runs are set aside), so
+    small inputs exercise the parallel loops too."""
+    from cynorm._kernels import _runtime
+    _runtime.set_parallel_min_bytes(0)
+    yield
+    _runtime.set_parallel_min_bytes(None)
+
+
 def has_torch():
     try:
         import torch  # noqa: F401

@@ -46,7 +46,7 @@ def same_bits(got, want):
 
 
 @pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
-def threads(request):
+def threads(request, team_always):
     old = cynorm.get_num_threads()
     cynorm.set_num_threads(request.param)
     yield request.param

@@ -10,8 +10,9 @@
   with its own OpenMP thread count, every result bitwise equal to a
   single-threaded call;
 * OpenMP thread counts 1, 2, 3, 4 give the same bits for every op family,
-  on shapes above the kernels' serial threshold (SERIAL_BELOW = 65536
-  elements, cynorm/_kernels/entry.pxd) with sizes that do not divide evenly,
+  with the thread team woken for every call (the families' serial
+  thresholds, cynorm/_kernels/entry.pxd, set aside) on sizes that do not
+  divide evenly,
   also with streaming stores forced on;
 * layer_norm and batch_norm calls past 2**31 elements (slow; they need
   ~9 GiB of free memory and skip without it).
@@ -233,7 +234,7 @@ def _read_only(*arrays):
 
 def _thread_ops(rng):
     """(name, fn(ctx) -> list of arrays) on shared read-only inputs of
-    ~265k elements (over SERIAL_BELOW: every kernel runs an OpenMP team;
+    ~265k elements (over the families' thresholds: every kernel runs an OpenMP team;
     1 MiB float32 outputs: the block cache is shared too).  ctx holds the
     calling thread's own outputs and running statistics."""
     r = lambda *s: rng.standard_normal(s).astype(F32)
@@ -339,7 +340,7 @@ def _thread_ops(rng):
     return ops, outs, shared
 
 
-def test_eight_python_threads_share_inputs(rng, restore_threads):
+def test_eight_python_threads_share_inputs(rng, restore_threads, team_always):
     """8 Python threads, each with its own OpenMP thread count (1-4; the
     count belongs to the calling thread), run every op 3 times in a
     thread-dependent order, started together at a barrier.  The kernels
@@ -564,7 +565,7 @@ def numpy_ops_case():
     return run
 
 
-# shapes: every one over SERIAL_BELOW elements, none a multiple of the thread counts
+# shapes: none a multiple of the thread counts (the tests wake the team for every call)
 THREAD_CASES = {
     # weight norm: fused rows (A == 1, D >= 8), plain rows, columns (B < 128),
     # A > 1, one norm over all, F order (read transposed), rows past ROW_CHUNK
@@ -611,7 +612,7 @@ def _all_counts_agree(calls, what):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("case", list(THREAD_CASES))
-def test_thread_counts_1_to_4_bitwise(case, dtype, rng, restore_threads):
+def test_thread_counts_1_to_4_bitwise(case, dtype, rng, restore_threads, team_always):
     """Each case's calls (forward, backward, out= variants, split statistics,
     ...) at 1, 2, 3 and 4 OpenMP threads: every output bitwise equal."""
     _all_counts_agree(THREAD_CASES[case](rng, dtype), case)
@@ -634,7 +635,7 @@ STREAM_CASES = ["wn rows fused (301, 1031) dim 0", "wn columns (1031, 301) dim 1
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("case", STREAM_CASES)
-def test_thread_counts_1_to_4_bitwise_streaming(case, dtype, rng, restore_threads,
+def test_thread_counts_1_to_4_bitwise_streaming(case, dtype, rng, restore_threads, team_always,
                                                 streaming_everywhere):
     """As above with streaming stores forced on (the path large outputs
     take: 32 MiB and up for weight/batch norm, 256 MiB for layer norm), where

@@ -1,6 +1,7 @@
 # cython: language_level=3
-"""OpenMP thread control, the streaming-store threshold every kernel module
-reads, and the facts of this build (compiler, SIMD, OpenMP)."""
+"""OpenMP thread control, the streaming-store and thread-team thresholds
+every kernel module reads, and the facts of this build (compiler, SIMD,
+OpenMP)."""
 import glob
 import os
 
@@ -91,4 +92,26 @@ def set_stream_min_bytes(Py_ssize_t nbytes):
     global STREAM_MIN_BYTES
     old = STREAM_MIN_BYTES
     STREAM_MIN_BYTES = nbytes
+    return old
+
+
+# -1: each kernel family's own threshold (entry.pxd); >= 0: one for all
+cdef Py_ssize_t PARALLEL_MIN_BYTES = -1
+
+
+cdef Py_ssize_t parallel_min_bytes() noexcept nogil:
+    return PARALLEL_MIN_BYTES
+
+
+def set_parallel_min_bytes(nbytes):
+    """Kernel calls that read and write at least nbytes (over all their
+    passes) run on the thread team, smaller ones on one thread; None
+    restores each kernel family's measured threshold (entry.pxd).  Returns
+    the old value (None for the families' own).  For tuning and tests: 0
+    wakes the team for every call."""
+    global PARALLEL_MIN_BYTES
+    old = None if PARALLEL_MIN_BYTES < 0 else PARALLEL_MIN_BYTES
+    if nbytes is not None and nbytes < 0:
+        raise ValueError(f"nbytes must be >= 0 or None, got {nbytes}")
+    PARALLEL_MIN_BYTES = -1 if nbytes is None else nbytes
     return old

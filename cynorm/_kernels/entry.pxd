@@ -1,16 +1,33 @@
 # Shared by the def entry points of every kernel module: the thread count a
-# call of a given size gets, whether its output goes out with streaming
+# call of a given amount of work gets, whether its output goes out with streaming
 # stores, and the size check of an array argument.
 
-from cynorm._kernels._runtime cimport stream_min_bytes
+from cynorm._kernels._runtime cimport parallel_min_bytes, stream_min_bytes
+
 
 cdef enum:
-    # below this many elements one thread beats waking a team
-    SERIAL_BELOW = 65536
+    # The memory traffic (bytes read and written over all of a call's passes)
+    # from which a second thread pays, per kernel family, measured with
+    # benchmarks/bench_threads.py (benchmarks/README.md, "Where the second
+    # thread pays"); below it waking the team costs more than it saves.
+    ROWS_MIN_BYTES = 512 << 10          # row reductions + a pass: layer norm, weight norm rows
+    ELEMENTWISE_MIN_BYTES = 768 << 10   # one elementwise pass: batch norm's normalize, grad input
+    CHANNELS_MIN_BYTES = 1 << 20        # batch norm's channel statistics (+ the pass)
+    ROW_GRADS_MIN_BYTES = 3 << 19       # layer norm's backward: rows, then column sums
+    COLUMNS_MIN_BYTES = 3 << 20         # weight norm's column norms: blocks, merge, pass
+    EXP_MIN_BYTES = 96 << 10            # exp-bound: softmax, log_sigmoid, gelu/silu
 
 
-cdef inline int threads_for(Py_ssize_t size, int n_threads) noexcept nogil:
-    return 1 if size < SERIAL_BELOW else max(1, n_threads)
+cdef inline int threads_for(Py_ssize_t size, Py_ssize_t bytes_per_element,
+                            Py_ssize_t min_bytes, int n_threads) noexcept nogil:
+    # bytes_per_element: what the call reads and writes per element over all
+    # its passes; one thread below its family's min_bytes of that traffic
+    # (or below set_parallel_min_bytes's value, when one is set).  The
+    # kernels' blocks do not depend on the thread count, so neither do the bits.
+    cdef Py_ssize_t forced = parallel_min_bytes()
+    if forced >= 0:
+        min_bytes = forced
+    return 1 if size * bytes_per_element < min_bytes else max(1, n_threads)
 
 
 cdef inline int check_size(Py_ssize_t size, Py_ssize_t expected, str name) except -1:

@@ -49,7 +49,6 @@ def threshold(x, threshold, value):
 def relu(x):
     """max(x, 0) (NaN stays NaN, as in torch)."""
     check_nested(x, "x")
-    xb = x.buffer
     return threshold(x, 0.0, 0.0)
 
 

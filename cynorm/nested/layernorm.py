@@ -7,7 +7,6 @@ import numpy as np
 from cynorm import layernorm as _ln
 from cynorm._validation import as_array, check_mask, int_tuple
 from cynorm.nested._common import check_nested, check_same_structure
-from cynorm.nested.container import NestedArray
 
 
 def _rows(x, normalized_shape, name="x"):
