@@ -55,6 +55,15 @@ def team_always():
     _runtime.set_parallel_min_bytes(None)
 
 
+@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
+def threads(request, team_always):
+    """1 and 2 OpenMP threads, the team woken for every call."""
+    old = cynorm.get_num_threads()
+    cynorm.set_num_threads(request.param)
+    yield request.param
+    cynorm.set_num_threads(old)
+
+
 def has_torch():
     try:
         import torch  # noqa: F401

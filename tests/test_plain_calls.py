@@ -45,14 +45,6 @@ def same_bits(got, want):
                                       np.asarray(w).reshape(-1).view(np.uint8))
 
 
-@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
-def threads(request, team_always):
-    old = cynorm.get_num_threads()
-    cynorm.set_num_threads(request.param)
-    yield request.param
-    cynorm.set_num_threads(old)
-
-
 LN_SHAPES = [((2, 4), (4,)), ((3, 5, 7), (5, 7)), ((6, 300), 300), ((1, 1), (1,)),
              ((40, 2000), (2000,))]
 

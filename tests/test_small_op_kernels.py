@@ -28,14 +28,6 @@ def same_bits(got, want):
         np.testing.assert_array_equal(g.reshape(-1).view(np.uint8), w.reshape(-1).view(np.uint8))
 
 
-@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
-def threads(request, team_always):
-    old = cn.get_num_threads()
-    cn.set_num_threads(request.param)
-    yield request.param
-    cn.set_num_threads(old)
-
-
 def ref_softmax(x, d, log):
     x = x.astype(np.float64)
     s = x - x.max(axis=d, keepdims=True)
