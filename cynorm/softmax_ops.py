@@ -16,7 +16,7 @@ from cynorm._dtypes import FLOAT32, is_16bit
 from cynorm._kernels import float_kernel
 from cynorm._kernels._runtime import get_num_threads
 from cynorm._validation import (
-    as_dtype, as_float_array, check_bool, check_same, in_memory, normalize_dim,
+    as_dtype, as_float_array, check_bool, check_same, in_memory, normalize_dim, split_shape,
 )
 
 _k = _kernels.load("softmax")  # the SIMD level chosen at import
@@ -42,14 +42,6 @@ def _out_dtype(x, half_to_float):
     return FLOAT32
 
 
-def _split(shape, d):
-    """(A, D, B) of an array of `shape` seen around axis d (None: a 0-d array)."""
-    if d is None:
-        return 1, 1, 1
-    return (int(np.prod(shape[:d], dtype=np.int64)), shape[d],
-            int(np.prod(shape[d + 1:], dtype=np.int64)))
-
-
 def _run(x, dim, half_to_float, log_out):
     x, _ = as_float_array(x, "x")
     d = _dim(dim, x)
@@ -57,7 +49,7 @@ def _run(x, dim, half_to_float, log_out):
     # a broadcast view too large for memory is refused by this copy at once
     xm = np.asarray(_math(in_memory(x)), order="C")
     y = np.empty(xm.shape, xm.dtype)
-    A, D, B = _split(xm.shape, d)
+    A, D, B = split_shape(xm.shape, d)
     float_kernel(_k, "softmax", xm)(xm.reshape(-1), y.reshape(-1), A, D, B, log_out,
                                     get_num_threads())
     return y.astype(dtype, copy=False)
@@ -91,7 +83,7 @@ def _backward(grad_output, output, dim, input_dtype, log_out):
     g = np.asarray(_math(in_memory(grad_output)), order="C")
     y = np.asarray(_math(in_memory(output)), order="C")
     out = np.empty(y.shape, y.dtype)
-    A, D, B = _split(y.shape, d)
+    A, D, B = split_shape(y.shape, d)
     float_kernel(_k, "softmax_backward", y)(g.reshape(-1), y.reshape(-1), out.reshape(-1),
                                             A, D, B, log_out, get_num_threads())
     return out.astype(in_dtype, copy=False)
