@@ -3,6 +3,7 @@ portable (dispatching) wheel build vs a -march=native build.
 
     python benchmarks/bench_builds.py                     # build both, compare
     python benchmarks/bench_builds.py --repeats 41 --dtypes bfloat16 --ops bn
+    python benchmarks/bench_builds.py --packages A B --ops wn   # weight norm's cases only
     python benchmarks/bench_builds.py --dirs A B          # two existing `pip install --target` dirs
     python benchmarks/bench_builds.py --packages A B --threads 1
                                    # two whole installs, Python layers too: every case of
@@ -219,7 +220,8 @@ def packages_child(args):
         cases = {}
         for role, mods in pkgs.items():
             cn = mods["cynorm"]
-            cases[role] = (weight_norm_cases(cn, dtype, np.random.default_rng(0))
+            cases[role] = ((weight_norm_cases(cn, dtype, np.random.default_rng(0))
+                            if args.weight_norm else [])
                            + norms_cases(cn, dtype, args.ops, np.random.default_rng(1), evict))
         for ca, cb in zip(cases["A"], cases["B"]):
             label, nbytes, fa, ftorch, before = ca
@@ -235,6 +237,21 @@ def packages_child(args):
     json.dump(rows, sys.stdout)
 
 
+def parse_ops(spec):
+    """(weight norm's cases wanted, bench_norms.py's ops) from --ops."""
+    import bench_norms
+    if spec in ("", "all"):
+        return True, list(bench_norms.OPS)
+    tokens = [t.strip().lower() for t in spec.split(",")]
+    rest = [t for t in tokens if t != "wn"]
+    return "wn" in tokens, (bench_norms.parse_ops(",".join(rest)) if rest else [])
+
+
+def ops_arg(args):
+    """--ops for a child: what this process chose."""
+    return ",".join(["wn"] * args.weight_norm + list(args.ops))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -245,7 +262,8 @@ def main():
                    "x4 for inputs under 8 MiB)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dtypes", default="float32,bfloat16")
-    p.add_argument("--ops", default="all")
+    p.add_argument("--ops", default="all", help="comma-separated: wn (weight norm, --packages "
+                   "only), ln, bn or bench_norms.py's op names (default all)")
     p.add_argument("--tolerance", type=float, default=0.10, help="target: A within this of B")
     p.add_argument("--warm", action="store_true", help="time DRAM-bound cases (bench_norms.py) "
                    "without evicting the caches before each call")
@@ -254,8 +272,7 @@ def main():
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--other-files", default="{}", help=argparse.SUPPRESS)
     args = p.parse_args()
-    import bench_norms
-    args.ops = bench_norms.parse_ops(args.ops)
+    args.weight_norm, args.ops = parse_ops(args.ops)
     args.dtypes = args.dtypes.split(",")
     if args.child and args.packages:
         return packages_child(args)
@@ -283,7 +300,7 @@ def main():
     os.environ["PYTHONPATH"] = dirs["A"]
     rows = run_child(__file__, "faultfree",
                      ["--repeats", str(args.repeats), "--threads", str(args.threads),
-                      "--dtypes", ",".join(args.dtypes), "--ops", ",".join(args.ops),
+                      "--dtypes", ",".join(args.dtypes), "--ops", ops_arg(args),
                       "--other-files", json.dumps(files["B"])] + ["--warm"] * args.warm,
                      capture_stderr=False)
     print(f"\n{args.threads} threads, fault-free allocation; median of {args.repeats} interleaved calls "
@@ -318,7 +335,7 @@ def packages_main(args):
     rows = run_child(__file__, "faultfree",
                      ["--packages", *args.packages, "--repeats", str(args.repeats),
                       "--threads", str(args.threads), "--dtypes", ",".join(args.dtypes),
-                      "--ops", ",".join(args.ops)] + ["--warm"] * args.warm + ["--torch"] * args.torch,
+                      "--ops", ops_arg(args)] + ["--warm"] * args.warm + ["--torch"] * args.torch,
                      capture_stderr=False)
     print(f"\nA: {args.packages[0]}\nB: {args.packages[1]}\n{args.threads} threads, fault-free "
           f"allocation; median of {args.repeats} interleaved calls (x4 for inputs under 8 MiB) in "

@@ -4,6 +4,7 @@
     python benchmarks/bench_norms.py --quick          # smoke run: 5 repeats
     python benchmarks/bench_norms.py --ops layer_norm --dtypes float32 --threads 2
     python benchmarks/bench_norms.py --no-cynorm      # torch and NumPy only
+    python benchmarks/bench_norms.py --cases cache    # the cache-resident shapes only
 
 Each allocation setting and thread count runs in its own child process,
 pinned to that many CPUs (XLA sizes JAX's thread pool from them):
@@ -67,6 +68,17 @@ CASES = [
     ("batch_norm", (128, 256, 14, 14), "NCHW"),
     ("batch_norm", (4096, 1024), "NC"),
 ]
+# the shapes most layers have: data that stays in the L2/L3 (a few hundred KiB
+# to 2 MiB), where the per-call cost and the thread team's wake-up show
+CACHE_CASES = [
+    ("layer_norm", (64, 768), "last axis"),
+    ("layer_norm", (512, 768), "last axis"),
+    ("batch_norm", (8, 64, 14, 14), "NCHW"),
+    ("batch_norm", (8, 64, 14, 14), "NHWC"),
+    ("batch_norm", (32, 256, 7, 7), "NCHW"),
+    ("batch_norm", (64, 512), "NC"),
+]
+CASE_SETS = {"all": CASES + CACHE_CASES, "dram": CASES, "cache": CACHE_CASES}
 CYNORM_FUNCS = ["layer_norm", "layer_norm_backward", "batch_norm", "batch_norm_backward"]
 # max |out - ref| / max |ref| (ref: float64 on the same inputs) above which a check is reported
 CHECK_TOL = {"float32": 1e-3, "bfloat16": 2e-2}
@@ -435,7 +447,7 @@ def run_setting(args):
     rng = np.random.default_rng(0)
     evictors = {} if args.warm else {t: CacheEvictor(t) for t in args.threads}
     order = 0
-    for family, shape, layout in CASES:
+    for family, shape, layout in CASE_SETS[args.cases]:
         ops = [op for op in args.ops if op.startswith(family)]
         if not ops:
             continue
@@ -613,6 +625,8 @@ def main():
     p.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated: float32,bfloat16")
     p.add_argument("--ops", default="all", help="comma-separated op names or substrings (default all)")
     p.add_argument("--settings", default=",".join(SETTINGS), help="allocation settings: default,faultfree")
+    p.add_argument("--cases", choices=sorted(CASE_SETS), default="all",
+                   help="dram: the large shapes; cache: the cache-resident ones (default all)")
     p.add_argument("--no-cynorm", action="store_true", help="time torch and NumPy only")
     p.add_argument("--no-out", action="store_true", help="skip cynorm's out= variant")
     p.add_argument("--only", default="", help=argparse.SUPPRESS)   # child: time only these (comma-separated)
@@ -662,7 +676,7 @@ def main():
              f"over {CacheEvictor.size_mib()} MiB first, a share of it written)"), flush=True)
     child_args = ["--repeats", str(args.repeats),
                   "--dtypes", ",".join(args.dtypes), "--ops", ",".join(args.ops),
-                  "--ln-param-dtype", args.ln_param_dtype]
+                  "--ln-param-dtype", args.ln_param_dtype, "--cases", args.cases]
     child_args += ["--no-cynorm"] * args.no_cynorm + ["--no-out"] * args.no_out + ["--warm"] * args.warm
     all_results, busy = {}, {}
     for i, setting in enumerate(args.settings.split(",")):

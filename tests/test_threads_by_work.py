@@ -1,6 +1,7 @@
 """The thread team's threshold per kernel family (cynorm/_kernels/entry.pxd):
 a call below its family's traffic runs on one thread, and the override
 set_parallel_min_bytes changes only where the team starts, never the bits."""
+import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy)
 import numpy as np
 import pytest
 
@@ -20,10 +21,13 @@ def test_override_round_trip_and_bad_values():
     assert _runtime.set_parallel_min_bytes(None) is None
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("forced", [0, 1 << 40, None], ids=["team-always", "never", "families"])
-def test_the_threshold_never_changes_the_bits(forced, restore_threads):
+def test_the_threshold_never_changes_the_bits(forced, dtype, restore_threads):
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((96, 700)).astype(np.float32)     # 262 KiB: around the thresholds
+    # 262 KiB of float32 (131 KiB of bfloat16, counted at float32's width):
+    # around the thresholds
+    x = rng.standard_normal((96, 700)).astype(np.float32).astype(np.dtype(dtype))
     w, b = np.ones(700, np.float32), np.zeros(700, np.float32)
     g = np.ones((1, 700), np.float32)
 

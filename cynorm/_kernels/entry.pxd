@@ -18,16 +18,21 @@ cdef enum:
     EXP_MIN_BYTES = 96 << 10            # exp-bound: softmax, log_sigmoid, gelu/silu
 
 
-cdef inline int threads_for(Py_ssize_t size, Py_ssize_t bytes_per_element,
+cdef inline int threads_for(Py_ssize_t size, Py_ssize_t passes, Py_ssize_t itemsize,
                             Py_ssize_t min_bytes, int n_threads) noexcept nogil:
-    # bytes_per_element: what the call reads and writes per element over all
+    # passes: how many times the call reads or writes each element over all
     # its passes; one thread below its family's min_bytes of that traffic
-    # (or below set_parallel_min_bytes's value, when one is set).  The
-    # kernels' blocks do not depend on the thread count, so neither do the bits.
+    # (or below set_parallel_min_bytes's value, when one is set).  16-bit
+    # storage counts at float32's width: each element is widened to float32
+    # and back, so it costs what a float32 element costs, and the crossover
+    # falls at the same element count (benchmarks/README.md).  The kernels'
+    # blocks do not depend on the thread count, so neither do the bits.
     cdef Py_ssize_t forced = parallel_min_bytes()
     if forced >= 0:
         min_bytes = forced
-    return 1 if size * bytes_per_element < min_bytes else max(1, n_threads)
+    if itemsize < 4:
+        itemsize = 4
+    return 1 if size * passes * itemsize < min_bytes else max(1, n_threads)
 
 
 cdef inline int check_size(Py_ssize_t size, Py_ssize_t expected, str name) except -1:
