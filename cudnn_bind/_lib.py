@@ -177,7 +177,20 @@ def cudart_candidates(major, path=None):
     return wheel + system
 
 
-def _open(candidates, what):
+# what to do about a library that is not there, by the variable that names one
+INSTALL_HINT = {
+    "CUDNN_BIND_LIBRARY": "install cuDNN 9 and the CUDA 12 runtime from PyPI with `pip install "
+                          "--no-deps nvidia-cudnn-cu12 nvidia-cuda-runtime-cu12`, or name a "
+                          "libcudnn.so in $CUDNN_BIND_LIBRARY (or cudnn_bind.load(path))",
+    "CUDNN_BIND_CUDART": "install the CUDA runtime cuDNN was built for from PyPI (`pip install "
+                         "--no-deps nvidia-cuda-runtime-cu12` for CUDA 12), or name a "
+                         "libcudart.so in $CUDNN_BIND_CUDART (or cudnn_bind.load(path, cudart))",
+}
+
+
+def _open(candidates, what, variable, explicit):
+    """The first candidate that loads; CudnnUnavailableError naming every
+    failure and, when the library was searched for, how to get one."""
     errors = []
     for name in candidates:
         try:
@@ -185,7 +198,8 @@ def _open(candidates, what):
         except OSError as exc:
             errors.append(str(exc) if name in str(exc) else f"{name}: {exc}")
     more = f"; and {len(errors) - 4} more" if len(errors) > 4 else ""
-    raise CudnnUnavailableError(f"no {what} could be loaded ({'; '.join(errors[:4])}{more})")
+    hint = "check the path given" if explicit else INSTALL_HINT[variable]
+    raise CudnnUnavailableError(f"no {what} could be loaded ({'; '.join(errors[:4])}{more}): {hint}")
 
 
 def _declare(lib, table, path, what):
@@ -207,7 +221,9 @@ class Library:
     """
 
     def __init__(self, path=None, cudart=None):
-        self.cudnn, self.cudnn_path = _open(cudnn_candidates(path), "cuDNN library (libcudnn)")
+        self.cudnn, self.cudnn_path = _open(
+            cudnn_candidates(path), "cuDNN library (libcudnn)", "CUDNN_BIND_LIBRARY",
+            bool(path or os.environ.get("CUDNN_BIND_LIBRARY")))
         _declare(self.cudnn, {name: CUDNN_FUNCTIONS[name] for name in
                               ("cudnnGetVersion", "cudnnGetCudartVersion")},
                  self.cudnn_path, "cuDNN library")
@@ -221,8 +237,9 @@ class Library:
             _declare(self.cudnn, CUDNN9_FUNCTIONS, self.cudnn_path, "cuDNN library")
         self.cudart_version = int(self.cudnn.cudnnGetCudartVersion())
         cuda_major = self.cudart_version // 1000
-        self.cudart, self.cudart_path = _open(cudart_candidates(cuda_major, cudart),
-                                              f"CUDA {cuda_major} runtime (libcudart)")
+        self.cudart, self.cudart_path = _open(
+            cudart_candidates(cuda_major, cudart), f"CUDA {cuda_major} runtime (libcudart)",
+            "CUDNN_BIND_CUDART", bool(cudart or os.environ.get("CUDNN_BIND_CUDART")))
         _declare(self.cudart, CUDART_FUNCTIONS, self.cudart_path, "CUDA runtime library")
         runtime = c_int()
         self.cuda("cudaRuntimeGetVersion", ctypes.byref(runtime))
@@ -310,19 +327,17 @@ def load(path=None, cudart=None):
     """Load (or reload) cuDNN from `path` (and the runtime from `cudart`).
 
     Without arguments the search order of the module docstring applies.
-    Returns the Library; raises CudnnUnavailableError if nothing loads.
-    Every handle of the previous library is destroyed: do not call this
-    while other threads are running batch norm."""
+    Returns the Library; raises CudnnUnavailableError if nothing loads, and
+    then nothing is loaded and the paths are forgotten: the next use searches
+    as if load had not been called.  Every handle of the previous library is
+    destroyed: do not call this while other threads are running batch norm."""
     path, cudart = _path_arg(path, "path"), _path_arg(cudart, "cudart")
     with _LOCK:
         _unload_hooks()
-        _STATE.update(lib=None, error=None, path=path, cudart=cudart)
-        try:
-            _STATE["lib"] = Library(path, cudart)
-        except CudnnUnavailableError as exc:
-            _STATE["error"] = exc
-            raise
-        return _STATE["lib"]
+        _STATE.update(lib=None, error=None, path=None, cudart=None)
+        lib = Library(path, cudart)
+        _STATE.update(lib=lib, path=path, cudart=cudart)
+        return lib
 
 
 def get():

@@ -26,12 +26,12 @@ threadpoolctl work too).  Build facts: `show_config()`.  Large outputs come
 from a small cache of freed blocks: `alloc_cache_info`,
 `set_alloc_cache_limit`, `clear_alloc_cache` (or CYNORM_ALLOC_CACHE=off).
 """
-import pkgutil
+import pkgutil as _pkgutil
 
 # Run from a source checkout (`python -m cynorm` in the repository root puts
 # the checkout first on sys.path) this package has no compiled kernels; let
 # its subpackages also look in the installed copy (pip install .), which has.
-__path__ = pkgutil.extend_path(__path__, __name__)
+__path__ = _pkgutil.extend_path(__path__, __name__)
 
 from cynorm._version import __version__  # noqa: E402
 from cynorm._threads import get_num_threads, set_num_threads  # noqa: E402

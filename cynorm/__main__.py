@@ -8,6 +8,7 @@ Exit status 1 if any check fails.  Options: --quick (a few layers),
 """
 import argparse
 import sys
+import statistics
 import time
 
 import numpy as np
@@ -87,14 +88,9 @@ def run_dtype(dtype, layers, rng, progress):
         gw = rng.standard_normal(shape).astype(dtype)
         g = (rng.random((shape[0],) + (1,) * (len(shape) - 1)) + 0.5).astype(gdt)
 
-        for _ in range(2):          # the second, warm call is the one timed
-            t = time.perf_counter()
-            n = cynorm.norm_except_dim(v, 2, 0)
-            t1 = time.perf_counter()
-            w, norm = cynorm.weight_norm_interface(v, g, 0)
-            t2 = time.perf_counter()
-            gv, gg = cynorm.weight_norm_backward(gw, v, g, norm, 0)
-            t3 = time.perf_counter()
+        n, t_norm = _timed(lambda: cynorm.norm_except_dim(v, 2, 0))
+        (w, norm), t_fwd = _timed(lambda: cynorm.weight_norm_interface(v, g, 0))
+        (gv, gg), t_bwd = _timed(lambda: cynorm.weight_norm_backward(gw, v, g, norm, 0))
 
         w_ref, n_ref = ref.weight_norm(v, g, 0)
         gv_ref, gg_ref = ref.weight_norm_backward(gw, v, g, 0)
@@ -104,7 +100,7 @@ def run_dtype(dtype, layers, rng, progress):
             "weight_norm_interface": max(normwise_error(w, w_ref), normwise_error(norm, n_ref)),
             "weight_norm_backward": max(normwise_error(gv, gv_ref), normwise_error(gg, gg_ref)),
         }
-        for key, dt in zip(results, (t1 - t, t2 - t1, t3 - t2)):
+        for key, dt in zip(results, (t_norm, t_fwd, t_bwd)):
             results[key][0] += dt
             results[key][1] = max(results[key][1], errs[key])
             results[key][2] += v.nbytes
@@ -112,13 +108,19 @@ def run_dtype(dtype, layers, rng, progress):
     return results
 
 
+TIMED_CALLS = 5
+
+
 def _timed(fn):
-    """fn() twice; the second, warm call is the one timed: (result, seconds)."""
-    for _ in range(2):
+    """(fn()'s result, the median seconds of TIMED_CALLS calls after a warm-up
+    call): one call's time on a busy machine can be many times the typical one."""
+    out = fn()
+    times = []
+    for _ in range(TIMED_CALLS):
         t = time.perf_counter()
         out = fn()
-        secs = time.perf_counter() - t
-    return out, secs
+        times.append(time.perf_counter() - t)
+    return out, statistics.median(times)
 
 
 def run_norms(dtype, activations, rng, progress):
@@ -181,15 +183,10 @@ def run_norms(dtype, activations, rng, progress):
 
 
 def print_cudnn():
-    """cudnn_bind's view of the GPU side: library version, availability, why not."""
+    """cudnn_bind's view of the GPU side in one line (the configuration's
+    cudnn entry above says which library and, when unavailable, why)."""
     import cudnn_bind
-    try:
-        version = cudnn_bind.version()
-    except cudnn_bind.CudnnBindError as exc:
-        version = f"none ({exc})"
-    reason = cudnn_bind.unavailable_reason()
-    print(f"\ncudnn_bind: cuDNN version {version}; is_available() = {not reason}"
-          + (f"\n  unavailable_reason(): {reason}" if reason else ""))
+    print(f"\ncudnn_bind.is_available() = {cudnn_bind.is_available()}")
 
 
 def main(argv=None):
@@ -241,8 +238,9 @@ def main(argv=None):
         failed += not ok
         print(f"  {kernel:<24}{n:<10}{ms:>9.2f}{gbs:>8.1f}{err:>11.2e}{tol:>9.0e}  {'ok' if ok else 'FAIL'}")
     print("\nerrors: max over layers and outputs of max|got - ref| / max|ref| against the float64"
-          "\nNumPy reference; times: summed over layers, second call of each (fresh outputs, from"
-          "\nthe block cache); GB/s: the main input's bytes over that time.")
+          f"\nNumPy reference; times: summed over layers, each layer's the median of {TIMED_CALLS} calls"
+          "\nafter a warm-up (fresh outputs, from the block cache; a busy machine still moves them);"
+          "\nGB/s: the main input's bytes over that time.")
     if failed:
         print(f"\n{failed} check(s) FAILED", file=sys.stderr)
         return 1

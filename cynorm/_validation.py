@@ -203,6 +203,17 @@ def check_out(out, name, shape, dtype, order="C"):
     return out
 
 
+def single_out(out):
+    """out= of a single-output function: an array or None, or a tuple of
+    one (array or None), the form the multi-output functions take."""
+    if isinstance(out, tuple):
+        if len(out) != 1:
+            raise TypeError(f"out must be an array, None or a tuple of one array/None, "
+                            f"got a tuple of length {len(out)}")
+        return out[0]
+    return out
+
+
 def split_out(out, names):
     """out=None or a tuple with one entry (array or None) per output."""
     n = len(names)

@@ -26,6 +26,7 @@ from cynorm._channels import (
 from cynorm._dtypes import from_float64
 from cynorm._validation import (
     as_array, as_float_array, check_bool, check_eps, check_real, check_same, check_updatable,
+    single_out,
 )
 
 
@@ -143,15 +144,15 @@ def batch_norm_elemt(x, weight, bias, mean, invstd, eps=1e-5, axis=1, *, out=Non
     """y = (x - mean) * invstd * weight + bias per channel (torch.batch_norm_elemt).
 
     weight and bias may be None; eps is unused (invstd already holds it) and
-    kept for PyTorch's signature.  ``out`` is an array of x's shape and dtype,
-    C- or F-contiguous."""
+    kept for PyTorch's signature.  ``out`` is an array of x's shape and dtype
+    (or a tuple of one), C- or F-contiguous; it may be x itself (in place)."""
     x, policy, axis, C, _ = channel_input(x, axis)
     check_eps(eps)
     weight = channel_vector(weight, "weight", C, policy)
     bias = channel_vector(bias, "bias", C, policy)
     m = channel_stat(mean, "mean", C)
     inv = channel_stat(invstd, "invstd", C)
-    y_out = check_big_out(out, "out", x.shape, x.dtype)
+    y_out = check_big_out(single_out(out), "out", x.shape, x.dtype)
     (x,) = unalias([x], (y_out,), keep=y_out)
     (kx,), transposed, dims = prepare([x], axis, (y_out,))
     ky, y = big_out(y_out, x.shape, x.dtype, transposed)
@@ -197,7 +198,8 @@ def batch_norm_backward_elemt(grad_out, x, mean, invstd, weight, sum_dy, sum_dy_
 
     N = sum(count): count is the per-shard counts (as given to
     batch_norm_gather_stats) or their total.  ``out``: an array of x's shape
-    and dtype, C- or F-contiguous."""
+    and dtype (or a tuple of one), C- or F-contiguous; it may be grad_out or
+    x itself (in place)."""
     x, policy, axis, C, _ = channel_input(x, axis)
     grad_out, _ = as_float_array(grad_out, "grad_out")
     check_same(grad_out, "grad_out", x.shape, x.dtype, ref="x")
@@ -209,7 +211,7 @@ def batch_norm_backward_elemt(grad_out, x, mean, invstd, weight, sum_dy, sum_dy_
     total = float(np.sum(_counts(count, "count")))
     if not total > 0:
         raise ValueError(f"count must add up to a positive number, got {total:g}")
-    gx_out = check_big_out(out, "out", x.shape, x.dtype)
+    gx_out = check_big_out(single_out(out), "out", x.shape, x.dtype)
     grad_out, x = unalias([grad_out, x], (gx_out,), keep=gx_out)
     (kdy, kx), transposed, dims = prepare([grad_out, x], axis, (gx_out,))
     kgx, gx = big_out(gx_out, x.shape, x.dtype, transposed)

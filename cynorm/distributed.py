@@ -42,7 +42,8 @@ every rank raises ValueError; so do ranks whose x dtypes disagree.  Errors in x 
 training or comm are raised before the collective, on that rank only.
 
 mpi4py is imported on first use (cynorm itself never needs it); install it
-with ``pip install 'cynorm[mpi]'`` and start the processes with
+with ``pip install mpi4py mpich`` (``pip install '.[mpi]'`` from a cynorm
+checkout installs the same) and start the processes with
 ``mpiexec -n 4 python train.py``.
 """
 import numpy as np
@@ -59,9 +60,10 @@ from cynorm import _sync_records as records
 
 __all__ = ["sync_batch_norm", "sync_batch_norm_backward"]
 
-_INSTALL_HINT = ("cynorm.distributed needs mpi4py and an MPI library: pip install 'cynorm[mpi]' "
-                 "(mpi4py and MPICH from PyPI), or pip install mpi4py built against your "
-                 "system's MPI")
+_INSTALL_HINT = ("cynorm.distributed needs mpi4py and an MPI library: pip install mpi4py mpich "
+                 "(MPICH from PyPI, Linux and Apple-silicon macOS; impi-rt on Windows; "
+                 "pip install '.[mpi]' from a cynorm checkout installs the same), or "
+                 "pip install mpi4py built against your system's MPI")
 
 
 def _mpi():

@@ -22,7 +22,9 @@ Conventions shared by the functions here:
 * dtypes: float64, float32, bfloat16 (ml_dtypes), float16.  g has v's dtype,
   or float32 when v is 16-bit.  The returned norm is float32 for 16-bit v,
   v's dtype otherwise.  16-bit data is computed in float32.
-* ``out=`` takes a tuple with one array (or None) per output; an output array
+* ``out=``: a function with one output takes an array (or a tuple of one);
+  one with several outputs takes a tuple with one array (or None) per
+  output. An output array
   must have exactly the expected shape and dtype and be C- or F-contiguous
   (a large output's order decides the order the kernel works in).
 * A zero norm is not an error: as in PyTorch, the result is non-finite (0/0
@@ -44,7 +46,7 @@ _k = _kernels.load("weight_norm")  # the SIMD level chosen at import
 from cynorm._kernels._runtime import get_num_threads as _threads
 from cynorm._validation import (
     as_float_array, check_out, check_per_channel, check_same, kept_shape,
-    normalize_dim, real_number, split_out,
+    normalize_dim, real_number, single_out, split_out,
 )
 
 __all__ = ["norm_except_dim", "weight_norm", "weight_norm_interface", "weight_norm_backward"]
@@ -86,7 +88,7 @@ def norm_except_dim(v, pow=2, dim=0, *, out=None):
     dim : int or None, default 0
         The axis that is kept.  ``None`` reduces over every axis and returns a
         0-d array (ATen's dim=-1; here -1 is the last axis).
-    out : ndarray, optional
+    out : ndarray or tuple of one ndarray, optional
         Receives the result: the keepdims shape (or () for dim=None), v's dtype.
 
     Returns
@@ -95,6 +97,7 @@ def norm_except_dim(v, pow=2, dim=0, *, out=None):
     but `dim`.  Sums accumulate in float64; 16-bit inputs round once at the end
     (a float16 norm above 65504 becomes inf, as in PyTorch).
     """
+    out = single_out(out)
     if out is None:
         result = _k.norm_plain(v, pow, dim)
         if result is not None:
@@ -166,8 +169,10 @@ def weight_norm_interface(v, g, dim=0, *, out=None):
 def weight_norm(v, g, dim=0, *, out=None):
     """w = v * g / ||v|| (torch._weight_norm): weight_norm_interface without the norm.
 
-    ``out`` is a single array of v's shape and dtype.
+    ``out`` is an array of v's shape and dtype (or a tuple of one); it may
+    be v itself (in place).
     """
+    out = single_out(out)
     if out is None:
         result = _k.forward_plain(v, g, dim)
         if result is not None:

@@ -28,7 +28,7 @@ except (ImportError, RuntimeError, OSError):    # pragma: no cover - without the
 
 REQUIRE_MPI = os.environ.get("CYNORM_REQUIRE_MPI") == "1"   # CI: missing MPI is a failure
 needs_mpi = pytest.mark.skipif(MPI is None and not REQUIRE_MPI, reason="mpi4py is not "
-                               "installed (pip install 'cynorm[mpi]')")
+                               "installed (pip install mpi4py mpich)")
 pytestmark = pytest.mark.mpi
 
 
@@ -49,10 +49,10 @@ TOL = {"float64": 1e-12, "float32": 1e-5, "bfloat16": 1e-5, "float16": 1e-5}
 @pytest.fixture(scope="module", params=[2, 3], ids=["np2", "np3"])
 def mpi_run(request, tmp_path_factory):
     if MPI is None:
-        skip_or_fail("mpi4py is not installed (pip install 'cynorm[mpi]')")
+        skip_or_fail("mpi4py is not installed (pip install mpi4py mpich)")
     launcher = mpiexec()
     if launcher is None:
-        skip_or_fail("no mpiexec next to this Python or on PATH (pip install 'cynorm[mpi]')")
+        skip_or_fail("no mpiexec next to this Python or on PATH (pip install mpi4py mpich)")
     out = tmp_path_factory.mktemp("mpi") / "results.json"
     env = dict(os.environ, OMP_NUM_THREADS="1",
                # the worker imports the cynorm these tests import
@@ -523,4 +523,4 @@ def test_cynorm_imports_without_mpi4py_and_says_what_to_install():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, cwd=str(HERE.parent))
     assert out.returncode == 0, out.stderr
-    assert "pip install 'cynorm[mpi]'" in out.stdout
+    assert "pip install mpi4py mpich" in out.stdout

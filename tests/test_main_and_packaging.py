@@ -58,6 +58,48 @@ def test_cudnn_library_path_from_env(monkeypatch):
         cudnn_bind.reset()
 
 
+def test_a_failed_load_does_not_stick(monkeypatch):
+    monkeypatch.delenv("CUDNN_BIND_LIBRARY", raising=False)
+    cudnn_bind.reset()
+    before = cudnn_bind.unavailable_reason()      # what the default search finds here
+    try:
+        with pytest.raises(cudnn_bind.CudnnUnavailableError,
+                           match="/bad/path/libcudnn.so.9.*check the path given"):
+            cudnn_bind.load("/bad/path/libcudnn.so.9")
+        # later calls search again, as if load had not been called
+        assert "/bad/path" not in cudnn_bind.unavailable_reason()
+        assert cudnn_bind.unavailable_reason() == before
+    finally:
+        cudnn_bind.reset()
+
+
+def test_the_unavailable_message_says_how_to_get_a_library(monkeypatch):
+    from cudnn_bind import _lib
+    monkeypatch.delenv("CUDNN_BIND_LIBRARY", raising=False)
+    monkeypatch.setattr(_lib, "cudnn_candidates", lambda path=None: ["libcudnn_absent.so.9"])
+    cudnn_bind.reset()
+    try:
+        reason = cudnn_bind.unavailable_reason()
+        assert reason.startswith("no cuDNN library (libcudnn) could be loaded (libcudnn_absent.so.9")
+        assert reason.count("pip install --no-deps nvidia-cudnn-cu12 nvidia-cuda-runtime-cu12") == 1
+        assert "$CUDNN_BIND_LIBRARY" in reason
+        # python -m cynorm's report: the configuration's cudnn line says it once
+        assert cudnn_bind.describe() == f"cuDNN unavailable: {reason}"
+    finally:
+        cudnn_bind.reset()
+
+
+def test_main_job_reports_cudnn_once_and_times_medians():
+    out = subprocess.run([sys.executable, "-m", "cynorm", "--quick", "--dtypes", "float32"],
+                         capture_output=True, text=True, timeout=300, cwd=os.path.dirname(__file__))
+    assert out.returncode == 0, out.stdout + out.stderr
+    reason = cudnn_bind.unavailable_reason()
+    if reason:
+        assert out.stdout.count(reason) == 1, out.stdout
+    assert "cudnn_bind.is_available() = " in out.stdout
+    assert "the median of 5 calls" in out.stdout
+
+
 @pytest.mark.skipif(not os.path.exists(os.path.join(ROOT, ".ci", "run")), reason="not a source checkout")
 def test_ci_runs_the_readme_test_command():
     readme = open(os.path.join(ROOT, "README.md")).read()

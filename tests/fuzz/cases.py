@@ -2380,7 +2380,7 @@ import importlib.util  # noqa: E402
 
 
 def _no_mpi():
-    return None if importlib.util.find_spec("mpi4py") else "mpi4py is not installed (pip install 'cynorm[mpi]')"
+    return None if importlib.util.find_spec("mpi4py") else "mpi4py is not installed (pip install mpi4py mpich)"
 
 
 def _comm(kind):
