@@ -153,11 +153,16 @@ def _wheel_files(patterns):
             yield from sorted(glob.glob(os.path.join(base, "nvidia", pattern)), reverse=True)
 
 
+def _named(path, variable):
+    """The library the caller named: `path`, else $variable (None or empty: none)."""
+    return path or os.environ.get(variable)
+
+
 def cudnn_candidates(path=None):
     """Where libcudnn is looked for, in order (absolute paths first).  A
     library named by `path` or $CUDNN_BIND_LIBRARY is the only candidate: a
     user who names one must get that one or an error, not another."""
-    explicit = path or os.environ.get("CUDNN_BIND_LIBRARY")
+    explicit = _named(path, "CUDNN_BIND_LIBRARY")
     if explicit:
         return [explicit]
     wheel = list(_wheel_files(["cudnn/lib/libcudnn.so.9", "cu13/lib/libcudnn.so.9",
@@ -168,7 +173,7 @@ def cudnn_candidates(path=None):
 def cudart_candidates(major, path=None):
     """Where the CUDA runtime of major version `major` is looked for, in order
     (`path` or $CUDNN_BIND_CUDART alone when given)."""
-    explicit = path or os.environ.get("CUDNN_BIND_CUDART")
+    explicit = _named(path, "CUDNN_BIND_CUDART")
     if explicit:
         return [explicit]
     wheel = list(_wheel_files([f"cuda_runtime/lib/libcudart.so.{major}",
@@ -223,7 +228,7 @@ class Library:
     def __init__(self, path=None, cudart=None):
         self.cudnn, self.cudnn_path = _open(
             cudnn_candidates(path), "cuDNN library (libcudnn)", "CUDNN_BIND_LIBRARY",
-            bool(path or os.environ.get("CUDNN_BIND_LIBRARY")))
+            bool(_named(path, "CUDNN_BIND_LIBRARY")))
         _declare(self.cudnn, {name: CUDNN_FUNCTIONS[name] for name in
                               ("cudnnGetVersion", "cudnnGetCudartVersion")},
                  self.cudnn_path, "cuDNN library")
@@ -239,7 +244,7 @@ class Library:
         cuda_major = self.cudart_version // 1000
         self.cudart, self.cudart_path = _open(
             cudart_candidates(cuda_major, cudart), f"CUDA {cuda_major} runtime (libcudart)",
-            "CUDNN_BIND_CUDART", bool(cudart or os.environ.get("CUDNN_BIND_CUDART")))
+            "CUDNN_BIND_CUDART", bool(_named(cudart, "CUDNN_BIND_CUDART")))
         _declare(self.cudart, CUDART_FUNCTIONS, self.cudart_path, "CUDA runtime library")
         runtime = c_int()
         self.cuda("cudaRuntimeGetVersion", ctypes.byref(runtime))
