@@ -10,6 +10,8 @@ the training-mode formula.
 """
 from cynorm.batchnorm import BACKWARD_NAMES, backward as _native
 
+__all__ = ["batch_norm_backward", "cudnn_batch_norm_backward", "miopen_batch_norm_backward"]
+
 # Errors name the arguments as these ops spell them (input, not x; save_var,
 # not save_invstd; ...).
 CUDNN_NAMES = dict(BACKWARD_NAMES, x="input", grad_out="grad_output", save_invstd="save_var",

@@ -101,6 +101,31 @@ def cases(rng):
                     (gw, v, np.array(1.3), cn.norm_except_dim(v, 2, None), None), (0, 1, 2),
                     f=lambda gw, v, g, n, dim: cn.weight_norm_backward(
                         gw, v, g, cn.norm_except_dim(v, 2, None), None)))
+    for pw, dim in ((2, 0), (1, 1), (3, None), (np.inf, 2), (0.5, 1)):
+        out.append(Case(f"norm_except_dim p={pw} dim={dim}", cn.norm_except_dim, (v, pw, dim), (0,)))
+    # the split-statistics ops: the statistics and sums passed in are
+    # independent arguments (another process computed them)
+    out.append(Case("batch_norm_stats", cn.batch_norm_stats, (x4,), (0,), kwargs=dict(eps=EPS)))
+    out.append(Case("batch_norm_stats channels-last", cn.batch_norm_stats, (xcl,), (0,),
+                    kwargs=dict(eps=EPS, axis=-1)))
+    shard_mean = r((3, C))
+    shard_invstd = rng.random((3, C)) + 0.5
+    out.append(Case("batch_norm_gather_stats", cn.batch_norm_gather_stats,
+                    (shard_mean, shard_invstd, np.array([40.0, 0.0, 25.0])), (0, 1),
+                    kwargs=dict(eps=EPS)))
+    bm, bi = r(C), rng.random(C) + 0.5
+    out.append(Case("batch_norm_elemt", cn.batch_norm_elemt, (x4, bw, bb, bm, bi), (0, 1, 2, 3, 4)))
+    out.append(Case("batch_norm_elemt channels-last no affine", cn.batch_norm_elemt,
+                    (xcl, None, None, bm, bi), (0, 3, 4), kwargs=dict(axis=-1)))
+    out.append(Case("batch_norm_backward_reduce", cn.batch_norm_backward_reduce,
+                    (dy4, x4, bm, bi, bw), (0, 1, 2, 3), ignored=(4,)))
+    out.append(Case("batch_norm_backward_reduce input_g only", cn.batch_norm_backward_reduce,
+                    (dy4, x4, bm, bi, None, True, False, False), (0, 1, 2, 3)))
+    out.append(Case("batch_norm_backward_elemt", cn.batch_norm_backward_elemt,
+                    (dy4, x4, bm, bi, bw, r(C), r(C), np.array([90.0, 110.0])),
+                    (0, 1, 2, 3, 4, 5, 6)))
+    out.append(Case("batch_norm_backward_elemt no weight", cn.batch_norm_backward_elemt,
+                    (dy4, x4, bm, bi, None, r(C), r(C), 360), (0, 1, 2, 3, 5, 6)))
     # the seed's other ops
     out.append(Case("trace", cn.trace, (r((4, 6)),), (0,)))
     out.append(Case("log_sigmoid_forward", cn.log_sigmoid_forward, (r((7, 5)) * 3,), (0,)))

@@ -113,7 +113,78 @@ def _torch_call(name, c, tangents):
     if name == "nll_loss2d_forward mean":
         lp, target, w, red = p
         return (lambda x: aten.nll_loss2d_forward(x, _t(target), None, 1, -100)), (lp,), tangents[:1]
+    if name.startswith("norm_except_dim"):
+        v, pw, dim = p
+        if float(pw).is_integer() and dim is not None:
+            return (lambda v: aten.norm_except_dim(v, int(pw), dim)), (v,), tangents[:1]
+        # torch's norm_except_dim takes an integer p, and its forward AD
+        # fails over all dims (dim=-1): the same norm by vector_norm
+        axes = tuple(i for i in range(v.ndim) if dim is None or i != dim)
+        return (lambda v: torch.linalg.vector_norm(v, pw, axes, keepdim=dim is not None)), (v,), \
+            tangents[:1]
+    if name.startswith("batch_norm_") and name.split()[0] in SPLIT_STATS:
+        return _split_stats_call(name.split()[0], c, tangents)
     return None
+
+
+# PyTorch has no forward-mode formulas for the split-statistics ops: their
+# JVPs are compared with torch.func.jvp of each op's defining formula
+SPLIT_STATS = ("batch_norm_stats", "batch_norm_gather_stats", "batch_norm_elemt",
+               "batch_norm_backward_reduce", "batch_norm_backward_elemt")
+
+
+def _split_stats_call(op, c, tangents):
+    p, axis = c.primals, c.kwargs.get("axis", 1)
+    x = p[1] if op.startswith("batch_norm_backward") else p[0]
+    axis = axis % np.ndim(x)
+    others = tuple(i for i in range(np.ndim(x)) if i != axis)
+
+    def per_channel(a):      # a (C,) tensor broadcast along x's channel axis
+        return a.reshape([-1 if i == axis else 1 for i in range(np.ndim(x))])
+
+    def keep(which):         # the case's primals and tangents at positions `which`
+        return tuple(p[i] for i in which), tuple(tangents[i] for i in which)
+    if op == "batch_norm_stats":
+        def f(x):
+            return x.mean(others), 1 / torch.sqrt(x.var(others, unbiased=False) + EPS)
+        return (f, *keep((0,)))
+    if op == "batch_norm_gather_stats":
+        n = torch.from_numpy(np.asarray(p[2], np.float64))[:, None]
+
+        def f(mean, invstd):
+            mu = (n * mean).sum(0) / n.sum()
+            var = (n * (1 / invstd ** 2 - EPS + (mean - mu) ** 2)).sum(0) / n.sum()
+            return mu, 1 / torch.sqrt(var + EPS)
+        return (f, *keep((0, 1)))
+    if op == "batch_norm_elemt":
+        x_, w, b, mean, invstd = p
+        diff = [i for i in c.diff]
+
+        def f(*a):
+            v = dict(zip(diff, a))
+            y = (v[0] - per_channel(v[3])) * per_channel(v[4])
+            y = y * per_channel(v[1]) if 1 in v else y
+            return y + per_channel(v[2]) if 2 in v else y
+        return (f, *keep(diff))
+    if op == "batch_norm_backward_reduce":
+        def f(dy, x, mean, invstd):
+            s_dy, s_dxmu = dy.sum(others), (dy * (x - per_channel(mean))).sum(others)
+            return s_dy, s_dxmu, s_dxmu * invstd, s_dy
+        if len(p) > 5 and not p[6]:      # input_g only
+            return ((lambda *a: f(*a)[:2]), *keep((0, 1, 2, 3)))
+        return (f, *keep((0, 1, 2, 3)))
+    if op == "batch_norm_backward_elemt":
+        total = float(np.sum(p[7]))
+        diff = [i for i in c.diff]
+
+        def f(*a):
+            v = dict(zip(diff, a))
+            xmu = v[1] - per_channel(v[2])
+            inv = per_channel(v[3])
+            g = (v[0] - per_channel(v[5]) / total - xmu * inv * inv * per_channel(v[6]) / total) * inv
+            return g * per_channel(v[4]) if 4 in v else g
+        return (f, *keep(diff))
+    raise AssertionError(op)
 
 
 NAMES = [n for n in CASES if _torch_call(n, CASES[n], CASES[n].tangents(np.random.default_rng(0)))]

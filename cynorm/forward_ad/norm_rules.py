@@ -318,6 +318,40 @@ def _wn_tangents(v, g, dim, tv, tg, dt):
     return t_w, t_n
 
 
+@register_jvp(_wn.norm_except_dim, nondiff=("pow", "dim"))
+def _norm_except_dim_jvp(primals, tangents, kwargs):
+    """d||v||_p = sum(sign(v) (|v| / n)**(p - 1) tv) for 0 < p < inf (terms
+    with v == 0 and slices with n == 0 add nothing); for p = inf the mean of
+    sign(v) tv over the entries where |v| reaches the norm (ties share it,
+    as in PyTorch's norm_jvp)."""
+    args, t = bind(_wn.norm_except_dim, primals, tangents, kwargs)
+    out = kwargs.get("out")
+    v = np.array(args["v"]) if out is not None else args["v"]    # out may be v's memory
+    n = _wn.norm_except_dim(*primals, **kwargs)
+    if t["v"] is None:
+        return n, zeros_like(n)
+    v = np.asarray(v)
+    dt = math_dtype(v.dtype)
+    p = float(args["pow"])
+    _, axes = _wn_axes(v, args["dim"])
+    V, TV = m(v, dt), m(t["v"], dt)
+    # the norm again in the math dtype (a 16-bit result rounds too coarsely)
+    N = m(_wn.norm_except_dim(V, p, args["dim"]), dt).reshape(
+        tuple(1 if i in axes else s for i, s in enumerate(V.shape)))
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        if np.isinf(p):
+            at_max = (np.abs(V) == N).astype(dt)
+            t_n = (np.sign(V) * TV * at_max).sum(axis=axes, keepdims=True) / at_max.sum(
+                axis=axes, keepdims=True)
+        elif p == 1.0:
+            t_n = (np.sign(V) * TV).sum(axis=axes, keepdims=True)
+        else:
+            weight = np.where(V == 0, 0.0, np.sign(V) * (np.abs(V) / N) ** (p - 1.0))
+            t_n = (weight.astype(dt, copy=False) * TV).sum(axis=axes, keepdims=True)
+        t_n = np.where(N == 0, 0.0, t_n)
+    return n, cast_like(t_n.reshape(n.shape), n)
+
+
 @register_jvp(_wn.weight_norm, nondiff=("dim",))
 def _weight_norm_jvp(primals, tangents, kwargs):
     args, t = bind(_wn.weight_norm, primals, tangents, kwargs)
