@@ -118,7 +118,7 @@ def batch_norm_backward(grad_out, x, weight, running_mean, running_var, save_mea
 
     Training uses save_mean and save_invstd; inference uses the running
     statistics (invstd = 1 / sqrt(running_var + eps)), as PyTorch does.  With
-    n values per channel, sum_dy = sum(dy) and dotp = sum(dy * (x - mean)):
+    n values per channel, sum_dy = sum(dy) and dotp = sum(dy * (x - mean))::
 
         grad_x = (dy - sum_dy / n - (x - mean) * invstd**2 * dotp / n) * invstd * w
                  (training; inference: dy * invstd * w)

@@ -2,7 +2,7 @@
 norm is built (PyTorch: batch_norm_stats, batch_norm_gather_stats_with_counts,
 batch_norm_elemt, batch_norm_backward_reduce, batch_norm_backward_elemt).
 
-One training step over a batch split into shards (one per process):
+One training step over a batch split into shards (one per process)::
 
     mean_k, invstd_k = batch_norm_stats(x_k)                      # each shard
     mean, invstd = batch_norm_gather_stats(stack(mean_k), stack(invstd_k), counts)

@@ -2,7 +2,7 @@
 
 When a batch is sharded across processes (data-parallel training), batch
 norm must normalize each channel with the statistics of the *global* batch.
-Every rank calls these functions with its own shard, collectively:
+Every rank calls these functions with its own shard, collectively::
 
     y, mean, invstd, count = sync_batch_norm(x_shard, weight, bias, rm, rv, comm=comm)
     ...
@@ -222,7 +222,7 @@ def sync_batch_norm_backward(grad_out, x, weight, save_mean, save_invstd, count,
     communicates, see below: then every rank calls it).
 
     With N = count values per channel over all ranks, and sum_dy, dotp the
-    sums of dy and dy * (x - mean) over the global batch:
+    sums of dy and dy * (x - mean) over the global batch::
 
         grad_x = (dy - sum_dy / N - (x - mean) * invstd**2 * dotp / N) * invstd * weight
                  (inference, count None: dy * invstd * weight)

@@ -44,7 +44,8 @@ def trace(x):
 
 def log_sigmoid_forward(x):
     """(log(sigmoid(x)), buffer) as PyTorch's CPU kernel: out =
-    min(x, 0) - log1p(exp(-|x|)), buffer = exp(-|x|) (what the backward reads)."""
+    ``min(x, 0) - log1p(exp(-|x|))``, buffer = ``exp(-|x|)`` (what the
+    backward reads)."""
     result = _k.log_sigmoid_forward_plain(x)
     if result is not None:
         return result

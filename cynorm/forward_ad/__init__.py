@@ -1,4 +1,4 @@
-"""Forward-mode derivatives (Jacobian-vector products) of cynorm's ops.
+"""Forward-mode derivatives (Jacobian-vector products) of cynorm's ops::
 
     outputs, output_tangents = cynorm.jvp(op, primals, tangents, **kwargs)
 

@@ -9,7 +9,7 @@ synchronized step they come from other processes, so nothing recomputes
 them from this shard's x.
 
 Per channel, with xmu = x - mean, N the total count and, for a tangent t_a
-of an argument a:
+of an argument a::
 
     batch_norm_stats:           t_mean = mean(t_x), t_invstd = -invstd**3 mean(xmu t_x)
     batch_norm_gather_stats:    the count-weighted mean and variance of the

@@ -1,0 +1,59 @@
+"""Sphinx configuration of cynorm's API reference.
+
+Build it (from the checkout, after `pip install ".[docs]"`):
+
+    sphinx-build -W --keep-going -b html docs docs/_build/html
+
+The reference is autodoc'ed from the installed package's docstrings
+(numpydoc style).  -W makes every warning an error, among them the one this
+file adds: a public name (in the __all__ of a documented module) that no
+page documents.
+"""
+import importlib
+
+import cynorm
+
+project = "cynorm"
+author = "the cynorm developers"
+copyright = "2026, the cynorm developers"
+release = version = cynorm.__version__
+
+extensions = ["sphinx.ext.autodoc", "numpydoc", "myst_parser"]
+source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
+exclude_patterns = ["_build"]
+root_doc = "index"
+
+autodoc_default_options = {"members": False}
+autodoc_typehints = "none"          # the numpydoc sections carry the types
+numpydoc_show_class_members = False
+numpydoc_xref_param_type = False
+myst_heading_anchors = 3
+
+html_theme = "alabaster"
+html_static_path = []
+
+# every public name of these modules must be documented on some page
+DOCUMENTED_MODULES = ["cynorm", "cynorm.aten", "cynorm.nested", "cynorm.distributed",
+                      "cudnn_bind"]
+# modules and data that are not documented as objects of their own
+NOT_OBJECTS = {"cynorm": {"__version__", "aten", "nested", "distributed"}}
+
+
+def _check_every_public_name_documented(app, env):
+    from sphinx.util import logging
+    log = logging.getLogger("cynorm.docs")
+    documented = set(env.get_domain("py").objects)
+    for modname in DOCUMENTED_MODULES:
+        module = importlib.import_module(modname)
+        for name in getattr(module, "__all__", ()):
+            if name in NOT_OBJECTS.get(modname, ()):
+                continue
+            obj = getattr(module, name)
+            # a name re-exported from another documented module counts once
+            home = f"{getattr(obj, '__module__', modname)}.{name}"
+            if f"{modname}.{name}" not in documented and home not in documented:
+                log.warning(f"public name {modname}.{name} is not documented on any page")
+
+
+def setup(app):
+    app.connect("env-check-consistency", _check_every_public_name_documented)
