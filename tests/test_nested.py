@@ -303,8 +303,10 @@ def test_bad_input(rng):
         nt.softmax(x, 0)
     with pytest.raises(ValueError, match="dim=3 is out of range"):
         nt.softmax(x, 3)
-    with pytest.raises(ValueError, match="dims=0 indexes the components"):
-        nt.sum(x, 0)
+    with pytest.raises(ValueError, match="dims=0 sums over dim 0 .* x's components must agree"):
+        nt.sum(x, 0)         # over dim 0 the components must agree in the kept dims
+    with pytest.raises(ValueError, match="dim=0 indexes the components"):
+        nt.softmax_backward(x, x, 0)
     with pytest.raises(ValueError, match="same nested structure"):
         nt.gelu_backward(other, x)
     with pytest.raises(ValueError, match="same nested structure"):

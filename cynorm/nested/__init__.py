@@ -5,7 +5,9 @@ and the ops of PyTorch's nested tensors with their backward.
     y, mean, rstd = cynorm.nested.layer_norm(x, (768,), w, b)
 
 Dims are nested coordinates: dim 0 indexes the components, dim d >= 1 is the
-components' dim d - 1.  Reductions and normalizations over dim 0 raise.
+components' dim d - 1.  `sum` over dim 0 adds the components up into a dense
+array (they must agree in the dims it keeps); the other reductions and the
+normalizations over dim 0 raise.
 """
 from cynorm.nested.container import NestedArray, from_padded, nested_array
 from cynorm.nested.activations import (

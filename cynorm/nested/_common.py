@@ -12,14 +12,19 @@ def check_nested(x, name):
     return x
 
 
-def component_dim(x, dim, name="dim"):
-    """Nested dim `dim` (dim 0 = the component index) as a component axis;
-    dim 0 is refused, as PyTorch's nested ops refuse it."""
+def nested_dim(x, dim, name="dim"):
+    """Nested dim `dim` wrapped into [0, x.ndim); 0 is the component index."""
     d = check_int(dim, name)
     if not -x.ndim <= d < x.ndim:
         raise ValueError(f"{name}={d} is out of range for a nested array of {x.ndim} dims "
                          f"(expected {-x.ndim} <= {name} < {x.ndim})")
-    d %= x.ndim
+    return d % x.ndim
+
+
+def component_dim(x, dim, name="dim"):
+    """Nested dim `dim` (dim 0 = the component index) as a component axis;
+    dim 0 is refused, as PyTorch's nested ops refuse it."""
+    d = nested_dim(x, dim, name)
     if d == 0:
         raise ValueError(f"{name}=0 indexes the components: this op does not work over dim 0")
     return d - 1

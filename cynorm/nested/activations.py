@@ -68,6 +68,36 @@ def gelu(x, approximate="none"):
 
 
 def gelu_backward(grad, self, approximate="none"):
+    """Backward of `gelu`: grad times the derivative of GELU at self.
+
+    The derivative is Phi(x) + x * phi(x) (Phi, phi: the standard normal's
+    distribution and density), or that of the tanh approximation for
+    ``approximate='tanh'``, as ATen's gelu_backward; one pass over the
+    buffer.
+
+    Parameters
+    ----------
+    grad : NestedArray
+        The gradient of gelu(self, approximate): self's structure and dtype.
+    self : NestedArray
+        The input of the forward.
+    approximate : {'none', 'tanh'}, optional
+        The forward's approximation.
+
+    Returns
+    -------
+    NestedArray
+        The gradient of self: its structure and dtype (16-bit data is
+        computed in float32).
+
+    Raises
+    ------
+    TypeError
+        If grad or self is not a NestedArray, or their dtypes differ.
+    ValueError
+        If grad and self have different structures (component shapes), or
+        approximate is not 'none' or 'tanh'.
+    """
     check_nested(grad, "grad")
     check_nested(self, "self")
     return _backward_kernel(grad, self, GELU, _approximate(approximate))
@@ -80,6 +110,31 @@ def silu(x):
 
 
 def silu_backward(grad, self):
+    """Backward of `silu`: grad times the derivative of SiLU at self.
+
+    The derivative is s * (1 + x * (1 - s)) with s = sigmoid(x), as ATen's
+    silu_backward; one pass over the buffer.
+
+    Parameters
+    ----------
+    grad : NestedArray
+        The gradient of silu(self): self's structure and dtype.
+    self : NestedArray
+        The input of the forward.
+
+    Returns
+    -------
+    NestedArray
+        The gradient of self: its structure and dtype (16-bit data is
+        computed in float32).
+
+    Raises
+    ------
+    TypeError
+        If grad or self is not a NestedArray, or their dtypes differ.
+    ValueError
+        If grad and self have different structures (component shapes).
+    """
     check_nested(grad, "grad")
     check_nested(self, "self")
     return _backward_kernel(grad, self, SILU)

@@ -3,7 +3,8 @@ matmul / linear and the seed's matmul_backward_nested,
 nested_linear_backward).
 
 Against a dense matrix the whole buffer is one (total_rows, features) GEMM;
-nested @ nested multiplies component by component (their shapes differ, so
+against a dense batch of matrices (B, D, E), and nested @ nested, each
+component is multiplied on its own (its matrix, or its shape, differs, so
 no single GEMM covers them).  16-bit data multiplies in float32.
 """
 import numpy as np
@@ -68,9 +69,43 @@ def _per_component(fn, a, b, like):
 
 
 def matmul(a, b):
-    """a @ b per component: a nested with components (..., n, k) and b a dense
-    (k, m) matrix (one GEMM over the buffer), or b nested with as many
-    components, each multiplied with a's."""
+    """Matrix product of a nested array with a dense or nested operand.
+
+    Three forms, as PyTorch's matmul of a nested tensor:
+
+    - b a dense (D, E) matrix: every component of a, of shape (..., n_i, D),
+      is multiplied by b; one GEMM over the buffer's rows.
+    - b a dense (B, D, E) batch of matrices: component i of a, of shape
+      (n_i, D), is multiplied by b[i]; B must be len(a), or 1 (b[0] then
+      multiplies every component, as broadcasting does).
+    - b a NestedArray with as many components: component i of a is
+      multiplied by component i of b (their shapes must multiply).
+
+    Parameters
+    ----------
+    a : NestedArray
+        The left operand.
+    b : numpy.ndarray or NestedArray
+        The right operand: a dense (D, E) or (B, D, E) array in a's dtype
+        (float32 also for 16-bit a), or a NestedArray of a's dtype.
+
+    Returns
+    -------
+    NestedArray
+        Component i is a[i] @ b (or b[i], or b's component i), in a's dtype;
+        16-bit data is multiplied in float32.
+
+    Raises
+    ------
+    TypeError
+        If a is not a NestedArray, or b's dtype does not fit a's.
+    ValueError
+        If the shapes do not multiply: a dense b that is not 2-D or 3-D, a's
+        components differing in their last dim or not matching b's rows
+        (D), a's components not 2-D for a 3-D b, a 3-D b whose B is neither
+        len(a) nor 1, or a nested b with another number of components or
+        component shapes that do not multiply.
+    """
     check_nested(a, "a")
     if isinstance(b, NestedArray):
         if len(a) != len(b):
@@ -82,6 +117,12 @@ def matmul(a, b):
                 raise ValueError(f"component {i}: shapes {x.shape} and {y.shape} do not multiply")
         # component by component: their shapes differ
         return _per_component(_mm, a, b, a)
+    b, _ = as_float_array(b, "b")
+    if b.ndim == 3:
+        return _matmul_batch(a, b)
+    if b.ndim != 2:
+        raise ValueError(f"b must be a 2-D (D, E) matrix, a 3-D (B, D, E) batch of matrices or a "
+                         f"NestedArray, got shape {b.shape}")
     k = _uniform_last(a, "a")
     b, _ = _dense(b, "b", a, ("k", "m"))
     if len(a) and b.shape[0] != k:
@@ -92,10 +133,90 @@ def matmul(a, b):
     return _with_last(a, _rows(a, b.shape[0]) @ b, b.shape[1])
 
 
+def _check_matrix_batch(x, x_name, m, m_name):
+    """Nested x, of 2-D (n_i, D) components, against a dense (B, D, E) batch
+    m of matrices, one per component or one for all (B = 1); returns D."""
+    if x.ndim != 3:
+        raise ValueError(f"{x_name}'s components must be 2-D (n_i, D) to be multiplied by a 3-D "
+                         f"(B, D, E) {m_name}, got {x.ndim - 1}-D components")
+    if m.shape[0] not in (len(x), 1):
+        raise ValueError(f"{m_name} must hold one (D, E) matrix per component of {x_name} "
+                         f"(B = {len(x)}), or one for all (B = 1), along its dim 0; got shape "
+                         f"{m.shape}")
+    if not len(x):
+        return m.shape[1]
+    d = _uniform_last(x, x_name)
+    if m.shape[1] != d:
+        raise ValueError(f"{m_name} must have {d} rows per matrix ({x_name}'s last dim), got "
+                         f"shape {m.shape}")
+    return d
+
+
+def _row_ranges(x):
+    """(start, stop) of each component's rows in x's buffer viewed as
+    (total rows, last dim); x's components are 2-D."""
+    stops = np.cumsum(np.asarray(x.sizes)[:, 0])
+    starts = stops - np.asarray(x.sizes)[:, 0]
+    return [(int(lo), int(hi)) for lo, hi in zip(starts, stops)]
+
+
+def _matrix(m, i):
+    """Component i's matrix of the dense batch m: m[i], or m[0] shared by all."""
+    return m[0] if m.shape[0] == 1 else m[i]
+
+
+def _matmul_batch(a, b):
+    """a[i] @ b[i] for every component: a nested (n_i, D), b dense (B, D, E).
+    One GEMM per component (each has its own matrix), written into one
+    buffer."""
+    b, _ = _dense(b, "b", a, ("B", "D", "E"))
+    d = _check_matrix_batch(a, "a", b, "b")
+    rows = _rows(a, d)
+    out = np.empty((rows.shape[0], b.shape[2]), rows.dtype)
+    for i, (lo, hi) in enumerate(_row_ranges(a)):
+        out[lo:hi] = _mm(rows[lo:hi], _matrix(b, i))
+    return _with_last(a, out, b.shape[2])
+
+
 def matmul_backward(grad, self, other, output_mask=(True, True)):
-    """(grad_self, grad_other) of self @ other: grad @ other^T and self^T @ grad.
-    A dense `other` gets a dense gradient (summed over every row of every
-    component); a nested one gets one per component.  Masked-off: None."""
+    """Backward of `matmul`: the gradients of self @ other.
+
+    grad_self is grad @ other^T and grad_other is self^T @ grad, per form:
+    against a dense (D, E) matrix grad_other sums over every row of every
+    component; against a dense (B, D, E) batch, grad_other[i] is component
+    i's own (B = 1: the sum over all components, as broadcasting's
+    backward); against a NestedArray it is one per component.
+
+    Parameters
+    ----------
+    grad : NestedArray
+        The gradient of self @ other: its structure, in self's dtype.
+    self : NestedArray
+        The left operand of the product.
+    other : numpy.ndarray or NestedArray
+        The right operand: a dense (D, E) or (B, D, E) array, or a
+        NestedArray, as in `matmul`.
+    output_mask : sequence of 2 bools, optional
+        Which of (grad_self, grad_other) to compute; a masked-off one is
+        None.
+
+    Returns
+    -------
+    grad_self : NestedArray or None
+        self's structure and dtype.
+    grad_other : numpy.ndarray, NestedArray or None
+        other's shape (or structure) and dtype; a dense one is native byte
+        order.
+
+    Raises
+    ------
+    TypeError
+        If grad or self is not a NestedArray, grad's dtype is not self's,
+        other's dtype does not fit self's, or output_mask is not 2 bools.
+    ValueError
+        If the shapes do not fit a product self @ other with grad its
+        result (as `matmul` checks them), or output_mask has not 2 entries.
+    """
     check_nested(grad, "grad")
     check_nested(self, "self")
     mask = check_mask(output_mask, n=2)
@@ -118,6 +239,12 @@ def matmul_backward(grad, self, other, output_mask=(True, True)):
         go = _per_component(lambda s, g: _mm(np.swapaxes(s, -1, -2), g), self, grad, other) \
             if mask[1] else None
         return gs, go
+    other, _ = as_float_array(other, "other")
+    if other.ndim == 3:
+        return _matmul_batch_backward(grad, self, other, mask)
+    if other.ndim != 2:
+        raise ValueError(f"other must be a 2-D (D, E) matrix, a 3-D (B, D, E) batch of matrices "
+                         f"or a NestedArray, got shape {other.shape}")
     other_m, other_dtype = _dense(other, "other", self, ("k", "m"))
     k = _uniform_last(self, "self") if len(self) else other_m.shape[0]
     m = other_m.shape[1]
@@ -130,6 +257,38 @@ def matmul_backward(grad, self, other, output_mask=(True, True)):
     go = None
     if mask[1]:
         go = _rows(self, k).T @ g2
+        go = go.astype(other_dtype, copy=False)
+    return gs, go
+
+
+def _matmul_batch_backward(grad, self, other, mask):
+    """matmul_backward against a dense (B, D, E) batch of matrices: one GEMM
+    per component for each gradient (B = 1: grad_other over every row)."""
+    other_m, other_dtype = _dense(other, "other", self, ("B", "D", "E"))
+    d = _check_matrix_batch(self, "self", other_m, "other")
+    e = other_m.shape[2]
+    if (grad.ndim != 3 or len(grad) != len(self)
+            or not np.array_equal(grad.sizes[:, 0], self.sizes[:, 0])
+            or (len(grad) and grad.uniform_size(1) != e)):
+        raise ValueError(f"grad must have self's structure with last dim {e} (other's columns), "
+                         f"got {grad!r} for self {self!r}")
+    g2, s2 = _rows(grad, e), _rows(self, d)
+    ranges = _row_ranges(self)
+    gs = None
+    if mask[0]:
+        out = np.empty((s2.shape[0], d), s2.dtype)
+        for i, (lo, hi) in enumerate(ranges):
+            out[lo:hi] = _mm(g2[lo:hi], _matrix(other_m, i).T)
+        gs = _with_last(self, out, d)
+    go = None
+    if mask[1]:
+        if other_m.shape[0] == 1 and len(self) != 1:
+            # one matrix for every component: its gradient sums over every row
+            go = (s2.T @ g2).reshape(other_m.shape)
+        else:
+            go = np.empty(other_m.shape, s2.dtype)
+            for i, (lo, hi) in enumerate(ranges):
+                go[i] = _mm(s2[lo:hi].T, g2[lo:hi])
         go = go.astype(other_dtype, copy=False)
     return gs, go
 

@@ -6,7 +6,9 @@ _nested_select_backward).
 Over the last dim they run segmented over the whole buffer: one row per
 last-dim slice, of its component's length, in parallel Cython kernels
 (_kernels/segments.pyx); over another dim each component is reduced on its
-own (its slices are not contiguous runs of the buffer).
+own (its slices are not contiguous runs of the buffer).  A sum over dim 0
+(the components) adds the components up elementwise into a dense array, as
+PyTorch's jagged sum over the batch and ragged dims does.
 """
 import numpy as np
 
@@ -14,10 +16,10 @@ from cynorm import _kernels
 from cynorm._kernels import float_kernel
 from cynorm._kernels._runtime import get_num_threads
 from cynorm.nested._common import (
-    check_nested, check_same_structure, component_dim, math_buffer, row_lengths,
+    check_nested, check_same_structure, component_dim, math_buffer, nested_dim, row_lengths,
     stored,
 )
-from cynorm._validation import as_array, check_bool, check_index, check_int
+from cynorm._validation import as_array, as_float_array, check_bool, check_index
 from cynorm.nested.container import NestedArray, nested_array
 
 _seg = _kernels.load("segments")  # the SIMD level chosen at import
@@ -66,23 +68,104 @@ def softmax_backward(grad, output, dim):
     return output.like(_concat(parts, output.dtype))
 
 
-def _dims(x, dims):
+def _sum_dims(x, dims):
+    """(over_batch, cd) for sum's `dims`: whether nested dim 0 (the
+    components) is summed over, and the sorted component dims summed over.
+    dims is an int, a non-empty sequence of ints, or None (every dim)."""
+    if dims is None:
+        return True, tuple(range(x.ndim - 1))
     if isinstance(dims, (int, np.integer)) and not isinstance(dims, (bool, np.bool_)):
         dims = (dims,)
     if not isinstance(dims, (tuple, list)) or not dims:
-        raise TypeError(f"dims must be an int or a non-empty sequence of ints, got {dims!r}")
-    cd = sorted({component_dim(x, d, "dims") for d in dims})
-    if len(cd) != len(dims):
+        raise TypeError(f"dims must be an int, a non-empty sequence of ints or None (every dim), "
+                        f"got {dims!r}")
+    nd = [nested_dim(x, d, "dims") for d in dims]
+    if len(set(nd)) != len(nd):
         raise ValueError(f"dims has repeated entries: {dims!r}")
-    return tuple(cd)
+    return 0 in nd, tuple(sorted(d - 1 for d in nd if d != 0))
 
 
-def sum(x, dims, keepdim=False):
-    """Sums over nested dims `dims` (all >= 1) of every component; float64
-    accumulation, x's dtype."""
+def _kept_shape(x, cd, dims, name):
+    """The shape of the component dims that a sum over dim 0 and component
+    dims cd keeps: every component of x (called `name`) must have the same
+    one, as the components are added up elementwise."""
+    keep = [j for j in range(x.ndim - 1) if j not in cd]
+    if not keep:
+        return ()
+    if not len(x):
+        raise ValueError(f"dims={dims!r} sums over dim 0 but keeps nested dims "
+                         f"{[j + 1 for j in keep]}, and {name} has no components to give their "
+                         f"sizes; sum over every dim (dims=None) instead")
+    kept = np.asarray(x.sizes)[:, keep]
+    differ = np.any(kept != kept[0], axis=1)
+    if np.any(differ):
+        i = int(np.argmax(differ))
+        raise ValueError(f"dims={dims!r} sums over dim 0 (across the components), so {name}'s "
+                         f"components must agree in the nested dims it keeps "
+                         f"{[j + 1 for j in keep]}; component 0 has shape {x.component_shape(0)}, "
+                         f"component {i} has {x.component_shape(i)}")
+    return tuple(int(s) for s in kept[0])
+
+
+def _batch_sum_shape(kept, cd, ndim, keepdim):
+    """The dense shape of a sum over dim 0 and component dims cd."""
+    if not keepdim:
+        return kept
+    it = iter(kept)
+    return (1,) + tuple(1 if j in cd else next(it) for j in range(ndim - 1))
+
+
+def sum(x, dims=None, keepdim=False):
+    """Sum of a nested array over some of its nested dims.
+
+    Over component dims only (every entry of `dims` >= 1) each component is
+    summed on its own and the result is nested.  Over dim 0 (the
+    components) the components are added up elementwise and the result is
+    a dense array, as PyTorch's jagged sum over the batch and ragged dims.
+
+    Parameters
+    ----------
+    x : NestedArray
+        The array to sum.
+    dims : int, sequence of int or None, optional
+        The nested dims to sum over: dim 0 indexes the components, dim d >= 1
+        is the components' dim d - 1, negative dims count from the end.
+        None (the default) sums over every dim, dim 0 included, as
+        ``torch.sum(x)`` does.
+    keepdim : bool, optional
+        Keep every summed dim with size 1 (dim 0 too: a dense result then
+        has ``x.ndim`` dims).
+
+    Returns
+    -------
+    NestedArray or numpy.ndarray
+        Without dim 0 in `dims`: a NestedArray, component i the sum of
+        component i.  With dim 0: a dense array of the kept component dims
+        (0-d for ``dims=None``).  In x's dtype, accumulated in float64.
+
+    Raises
+    ------
+    TypeError
+        If x is not a NestedArray, dims is not an int, a non-empty sequence
+        of ints or None, or keepdim is not a bool.
+    ValueError
+        If an entry of dims is out of range or repeated; with dim 0 in dims,
+        if the components differ in a kept dim (they cannot be added up), or
+        x has no components and a component dim is kept (its size is
+        unknown).
+
+    Notes
+    -----
+    PyTorch 2.13's jagged layout sums over dim 0 only together with the
+    ragged dim (the result is the same as here); it refuses dim 0 alone, or
+    with other dims, even for components of one shape.  cynorm allows it
+    wherever the kept dims agree.
+    """
     check_nested(x, "x")
-    cd = _dims(x, dims)
+    over_batch, cd = _sum_dims(x, dims)
     keepdim = check_bool(keepdim, "keepdim")
+    if over_batch:
+        return _sum_over_batch(x, cd, keepdim, dims)
     # over the last dim alone, segmented over the buffer; a zero-length last
     # dim has no rows but sums to zeros, so it goes component by component
     if cd == (x.ndim - 2,) and not np.any(x.sizes[:, -1] == 0):
@@ -96,6 +179,24 @@ def sum(x, dims, keepdim=False):
     return _sum_per_component(x, cd, keepdim)
 
 
+def _sum_over_batch(x, cd, keepdim, dims):
+    """The dense sum over dim 0 and component dims cd (float64 accumulation)."""
+    kept = _kept_shape(x, cd, dims, "x")
+    n_kept = int(np.prod(kept, dtype=np.int64))
+    if n_kept == 0:          # a kept dim of size 0: every component is empty
+        total = np.zeros(0)
+    elif cd == tuple(range(len(cd))):
+        # the summed dims lead every component: the buffer is rows of the
+        # kept shape, summed in one pass
+        total = x.buffer.reshape(-1, n_kept).sum(axis=0, dtype=np.float64)
+    else:
+        # a summed dim after a kept one: component by component
+        total = np.zeros(n_kept)
+        for c in x.unbind():
+            total += c.sum(axis=cd, dtype=np.float64).reshape(-1)
+    return stored(total.reshape(_batch_sum_shape(kept, cd, x.ndim, keepdim)), x.dtype)
+
+
 def _sum_per_component(x, cd, keepdim):
     # dims other than the last alone: component by component
     if not len(x):
@@ -105,12 +206,49 @@ def _sum_per_component(x, cd, keepdim):
                          for c in x.unbind()], dtype=x.dtype)
 
 
-def sum_backward(grad, self, dims, keepdim=False):
-    """grad broadcast back over the summed dims: self's structure."""
-    check_nested(grad, "grad")
+def sum_backward(grad, self, dims=None, keepdim=False):
+    """Backward of `sum`: grad broadcast back over the summed dims.
+
+    As ATen's ``_nested_sum_backward``, extended to sums over dim 0: there
+    every component receives the same dense grad.
+
+    Parameters
+    ----------
+    grad : NestedArray or numpy.ndarray
+        The gradient of sum(self, dims, keepdim): a NestedArray of its
+        structure when dims does not include dim 0, else a dense array of
+        its shape.  In self's dtype.
+    self : NestedArray
+        The input of the sum.
+    dims : int, sequence of int or None, optional
+        The nested dims that were summed over, as for `sum` (None: every
+        dim).
+    keepdim : bool, optional
+        The keepdim of the sum.
+
+    Returns
+    -------
+    NestedArray
+        The gradient of self: its structure and dtype, each component's
+        grad broadcast over the summed dims.
+
+    Raises
+    ------
+    TypeError
+        If self is not a NestedArray, grad is not a NestedArray (dims
+        without dim 0) or is one (dims with dim 0), grad's dtype is not
+        self's, or dims or keepdim are of the wrong type.
+    ValueError
+        If dims is out of range or repeated, grad's shape or structure is
+        not that of the sum, or (dims with dim 0) self's components differ
+        in a kept dim.
+    """
     check_nested(self, "self")
-    cd = _dims(self, dims)
+    over_batch, cd = _sum_dims(self, dims)
     keepdim = check_bool(keepdim, "keepdim")
+    if over_batch:
+        return _sum_backward_over_batch(grad, self, cd, keepdim, dims)
+    check_nested(grad, "grad")
     if grad.dtype != self.dtype:
         raise TypeError(f"grad must have self's dtype {self.dtype}, got {grad.dtype}")
     if len(grad) != len(self):
@@ -130,6 +268,27 @@ def sum_backward(grad, self, dims, keepdim=False):
                                           .astype(self.dtype, copy=False)))
 
 
+def _sum_backward_over_batch(grad, self, cd, keepdim, dims):
+    """sum_backward for dims with dim 0: the dense grad, broadcast over each
+    component's summed dims, is every component's gradient."""
+    if isinstance(grad, NestedArray):
+        raise TypeError(f"grad must be a dense array: dims={dims!r} sums over dim 0 and gives "
+                        f"one, got a NestedArray")
+    g, _ = as_float_array(grad, "grad")
+    if g.dtype != self.dtype:
+        raise TypeError(f"grad must have self's dtype {self.dtype}, got {g.dtype}")
+    kept = _kept_shape(self, cd, dims, "self")
+    want = _batch_sum_shape(kept, cd, self.ndim, keepdim)
+    if g.shape != want:
+        raise ValueError(f"grad must have shape {want} (that of sum(self, dims={dims!r}, "
+                         f"keepdim={keepdim})), got {g.shape}")
+    res = self.like(np.empty(self.buffer.size, self.dtype))
+    for i, c in enumerate(res.unbind()):      # the same grad for every component
+        g_i = g.reshape(tuple(1 if j in cd else s for j, s in enumerate(c.shape)))
+        c[...] = np.broadcast_to(g_i, c.shape)
+    return res
+
+
 def _index(index, size, where):
     """index wrapped into [0, size); `where` names what is indexed."""
     return check_index(index, size, "index", where)
@@ -140,7 +299,7 @@ def select(x, dim, index):
     array one dim smaller).  dim 0 selects component `index` itself, as a
     view, as PyTorch's select does."""
     check_nested(x, "x")
-    if _is_dim0(x, dim):
+    if nested_dim(x, dim) == 0:
         return x[_index(index, len(x), "the batch (dim 0)")]
     d = component_dim(x, dim)
     parts = []
@@ -150,22 +309,13 @@ def select(x, dim, index):
     return NestedArray(_concat(parts, x.dtype) if parts else np.empty(0, x.dtype), sizes)
 
 
-def _is_dim0(x, dim):
-    """Whether nested dim `dim` is 0 (the component index); an invalid dim
-    raises as component_dim does."""
-    d = check_int(dim, "dim")
-    if not -x.ndim <= d < x.ndim:
-        component_dim(x, d)     # raises: out of range
-    return d % x.ndim == 0
-
-
 def select_backward(grad, self, dim, index):
     """Zeros of self's structure with grad written into the selected slices
     (the seed's _nested_select_backward)."""
     check_nested(self, "self")
     out = np.zeros(self.buffer.size, self.dtype)
     res = self.like(out)
-    if _is_dim0(self, dim):
+    if nested_dim(self, dim) == 0:
         i = _index(index, len(self), "the batch (dim 0)")
         g = as_array(grad, "grad")
         if g.shape != self.component_shape(i):

@@ -1403,7 +1403,7 @@ def mut_tangents(g, c, a):
 
 
 def mut_op(g, c, a):
-    a.value = g.pick((np.add, cynorm.batch_norm_stats, lambda *x: x, "layer_norm", None, 3))
+    a.value = g.pick((np.add, cynorm.nested.relu, lambda *x: x, "layer_norm", None, 3))
     c.want("error", f"op={a.value!r:.40}")
 
 
@@ -1913,7 +1913,9 @@ def mut_dims(g, c, a):
     nd = a.spec["ndim"]
     v = g.pick(((1, 1), (), [], 0, (0,), nd, 1.0, "1", None, (1, nd + 3)))
     a.value = v
-    c.want("error", f"dims={v!r}")
+    # dim 0 / None: a sum over the components, valid where they agree in the
+    # kept dims (sum_backward then needs a dense grad)
+    c.want("either" if v is None or v == 0 or v == (0,) else "error", f"dims={v!r}")
 
 
 def _sum_dims(g, x):
@@ -1939,15 +1941,59 @@ def _cd(dims, nd):
     return tuple(sorted({int(d) % nd - 1 for d in dims}))
 
 
+def _batch_cd(dims, nd):
+    """(over_batch, component dims) of sum's dims (None: every dim)."""
+    if dims is None:
+        return True, tuple(range(nd - 1))
+    dims = (dims,) if isinstance(dims, (int, np.integer)) else dims
+    w = {int(d) % nd for d in dims}
+    return 0 in w, tuple(sorted(d - 1 for d in w if d))
+
+
+def _batch_sum_ok(x, cd):
+    """Whether a sum over dim 0 and component dims cd is defined: the
+    components agree in the kept dims (none kept: always)."""
+    keep = [j for j in range(x.ndim - 1) if j not in cd]
+    if not keep:
+        return True
+    kept = np.asarray(x.sizes)[:, keep]
+    return len(x) > 0 and bool(np.all(kept == kept[0]))
+
+
+def _batch_sum_ref(xs, cd, keepdim):
+    """EB of the dense sum over dim 0 and component dims cd."""
+    keep = [j for j in range(xs.ndim - 1) if j not in cd]
+    kept = tuple(int(s) for s in xs.sizes[0, keep]) if keep else ()
+    with O.at(O.P64):
+        parts = [O.EB.of(q).sum(cd).reshape(kept) if cd else O.EB.of(q) for q in comps(xs)]
+        if parts:
+            stacked = O.EB(np.stack([p.v for p in parts]), np.stack([p.e for p in parts]))
+            total = stacked.sum(0)
+        else:
+            total = O.EB(np.zeros(kept, O.LD))
+    if keepdim:
+        it = iter(kept)
+        total = total.reshape((1,) + tuple(1 if j in cd else next(it) for j in range(xs.ndim - 1)))
+    return total
+
+
 @nested_target("sum", lambda: nt.sum)
 def gen_nested_sum(g):
     c = new("cynorm.nested.sum", g)
     x, dt = _nested_input(g, c, "x")
-    c.add("dims", _sum_dims(g, x), "custom", mutate=mut_dims, ndim=x.ndim)
+    dims = _sum_dims(g, x)
+    if g.p(0.25):             # over dim 0 too: a dense sum over the components
+        dims = None if g.p(0.4) else (0,) + ((dims,) if isinstance(dims, int) else tuple(dims))
+        if not _batch_sum_ok(x, _batch_cd(dims, x.ndim)[1]):
+            c.want("error", "dims with 0: the components differ in a kept dim")
+    c.add("dims", dims, "custom", mutate=mut_dims, ndim=x.ndim)
     c.add("keepdim", g.p(0.4), kw=g.p(0.5))
 
     def oracle(s, res, live):
         xs = s["x"]
+        over_batch, cdb = _batch_cd(s["dims"], xs.ndim)
+        if over_batch:
+            return O.check("result", res, _batch_sum_ref(xs, cdb, bool(s["keepdim"])), xs.dtype)
         cd = _cd(s["dims"], xs.ndim)
         parts = []
         for q in comps(xs):
@@ -2102,10 +2148,15 @@ def gen_nested_matmul(g):
     c = new("cynorm.nested.matmul", g)
     dt = _nested_dtype(g)
     kf = g.size(zero=0.05)
-    if g.p(0.6):   # nested @ dense (k, m)
+    if g.p(0.45):   # nested @ dense (k, m)
         shapes, k = comp_shapes(g, k=g.pick((2, 3)), trailing=(kf,), lead_min=1)
         a = make_nested(g, shapes, k, dt)
         b = _dense_arg(g, (kf, g.size(zero=0.05)), dt)
+        dense = True
+    elif g.p(0.35):  # nested (n_i, k) @ dense (B, k, m): component i @ b[i] (B = 1: b[0])
+        n = g.int(0, 3)
+        a = make_nested(g, [(g.size(zero=0.1), kf) for _ in range(n)], 2, dt)
+        b = _dense_arg(g, (g.pick((n, 1)), kf, g.size(zero=0.05)), dt)
         dense = True
     else:          # nested @ nested, component by component
         n = g.int(0, 3)
@@ -2125,6 +2176,13 @@ def gen_nested_matmul(g):
                      for p, q in zip(comps(A), comps(Bv))]
             sizes = np.array([p.shape[:-1] + q.shape[-1:] for p, q in zip(comps(A), comps(Bv))],
                              np.int64).reshape(len(A), 2)
+        elif np.ndim(Bv) == 3:
+            Bb = np.asarray(Bv)
+            parts = [_mm_ref(O.EB.of(p), O.EB.of(Bb[0] if len(Bb) == 1 else Bb[i]), pm)
+                     for i, p in enumerate(comps(A))]
+            sizes = np.array(A.sizes)
+            if len(sizes):
+                sizes[:, -1] = Bb.shape[2]
         else:
             Bm = O.EB.of(np.asarray(Bv))
             parts = [_mm_ref(O.EB.of(p), Bm, pm) for p in comps(A)]
@@ -2221,11 +2279,17 @@ def gen_nested_matmul_backward(g):
     c = new("cynorm.nested.matmul_backward", g)
     dt = _nested_dtype(g)
     kf, m = g.size(zero=0.05), g.size(zero=0.05)
-    if g.p(0.6):
+    if g.p(0.45):
         shapes, k = comp_shapes(g, k=g.pick((2, 3)), trailing=(kf,), lead_min=1)
         self_ = make_nested(g, shapes, k, dt)
         other = _dense_arg(g, (kf, m), dt)
         grad = make_nested(g, [s[:-1] + (m,) for s in shapes], k, dt)
+    elif g.p(0.35):  # a dense (B, k, m) batch of matrices
+        n = g.int(0, 3)
+        rows = [g.size(zero=0.1) for _ in range(n)]
+        self_ = make_nested(g, [(r, kf) for r in rows], 2, dt)
+        other = _dense_arg(g, (g.pick((n, 1)), kf, m), dt)
+        grad = make_nested(g, [(r, m) for r in rows], 2, dt)
     else:
         n = g.int(0, 3)
         ash = [(g.size(), g.size(zero=0.05)) for _ in range(n)]
@@ -2254,6 +2318,23 @@ def gen_nested_matmul_backward(g):
                 parts = [_mm_ref(O.EB.of(np.swapaxes(sq, -1, -2)), O.EB.of(gq), pm)
                          for sq, gq in zip(comps(S), comps(G))]
                 probs += O.nested_check("grad_other", res[1], Ot.sizes, O.concat(parts), Ot.dtype)
+        elif np.ndim(Ot) == 3:
+            Ob = np.asarray(Ot)
+            if mask[0]:
+                parts = [_mm_ref(O.EB.of(gq), O.EB.of((Ob[0] if len(Ob) == 1 else Ob[i]).T), pm)
+                         for i, gq in enumerate(comps(G))]
+                probs += O.nested_check("grad_self", res[0], S.sizes, O.concat(parts), S.dtype)
+            if mask[1]:
+                if len(Ob) == 1:      # one matrix for every component: all rows at once
+                    S2 = _rows2(comps(S), Ob.shape[1])
+                    G2 = _rows2(comps(G), Ob.shape[2])
+                    go = _mm_ref(O.EB.of(S2.T), O.EB.of(G2), pm).reshape(Ob.shape)
+                elif len(Ob):
+                    per = [_mm_ref(O.EB.of(sq.T), O.EB.of(gq), pm) for sq, gq in zip(comps(S), comps(G))]
+                    go = O.EB(np.stack([p.v for p in per]), np.stack([p.e for p in per]))
+                else:
+                    go = O.EB(np.zeros(Ob.shape, O.LD))
+                probs += O.check("grad_other", res[1], go, O.data_dtype(Ob))
         else:
             Om = np.asarray(Ot)
             if mask[0]:
