@@ -104,10 +104,13 @@ def test_main_job_reports_cudnn_once_and_times_medians():
 def test_ci_runs_the_readme_test_command():
     readme = open(os.path.join(ROOT, "README.md")).read()
     commands = re.findall(r"```bash\n(.+?)\n```", readme)
-    assert len(commands) == 2, commands
+    # the two commands of "Set up", then the docs build of "API reference"
+    assert len(commands) == 3, commands
     assert "python -m cynorm" in commands[0]
+    assert "sphinx-build -W" in commands[2]
     ci = open(os.path.join(ROOT, ".ci", "run")).read()
     assert commands[1] in ci.splitlines()
+    assert commands[2] in ci.splitlines()
 
 
 @pytest.mark.skipif(not os.path.exists(os.path.join(ROOT, ".ci", "run")), reason="not a source checkout")
