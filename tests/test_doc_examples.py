@@ -33,6 +33,16 @@ RST_BLOCK = re.compile(r"(?:\.\. example: (?P<how>[^\n]*)\n\n)?\.\. code-block::
                        r"(?:[ \t]+:[^\n]*\n)*\n(?P<code>(?:(?:[ \t]+[^\n]*)?\n)+)")
 
 
+def _marks(how):
+    # the suite's markers, so that a run deselecting MPI or cuDNN tests
+    # (-m "not mpi and not cudnn": .ci/sanitize) deselects these examples too
+    if how.startswith("mpiexec"):
+        return [pytest.mark.mpi]
+    if how.startswith("gpu"):
+        return [pytest.mark.gpu, pytest.mark.cudnn]
+    return []
+
+
 def _blocks():
     files = [ROOT / "README.md"]
     docs = ROOT / "docs"
@@ -52,7 +62,8 @@ def _blocks():
                 indent = min((len(ln) - len(ln.lstrip()) for ln in lines if ln.strip()), default=0)
                 code = "\n".join(ln[indent:] for ln in lines) + "\n"
             line = text.count("\n", 0, match.start("code")) + 1
-            found.append(pytest.param(code, (match.group("how") or "").strip(),
+            how = (match.group("how") or "").strip()
+            found.append(pytest.param(code, how, marks=_marks(how),
                                       id=f"{path.relative_to(ROOT)}:{line}"))
     return found
 
