@@ -12,7 +12,13 @@ anything with `__cuda_array_interface__` or DLPack, or `DeviceArray`.
 cuDNN 9 marks this legacy batch-norm API deprecated; it still works and is
 what PyTorch calls.
 """
+from __future__ import annotations
+
+import ctypes
+from typing import Optional
+
 from cudnn_bind import _lib
+from cudnn_bind._typing import LibraryPath
 from cudnn_bind.batch_norm import (
     INFERENCE_MAX_BATCH, TRAINING_MAX_BATCH, batch_norm_backward, batch_norm_forward_inference,
     batch_norm_forward_training, can_use_cudnn, choose_mode)
@@ -35,48 +41,145 @@ __all__ = [
 ]
 
 
-def load(path=None, cudart=None):
-    """Load cuDNN from `path` (and the CUDA runtime from `cudart`), replacing
-    any library loaded before; returns the loaded library object."""
+def load(path: Optional[LibraryPath] = None,
+         cudart: Optional[LibraryPath] = None) -> _lib.Library:
+    """Load cuDNN (and the CUDA runtime), replacing any library loaded before.
+
+    cuDNN comes from `path` and the runtime from `cudart` when given.
+    Without arguments the search order of `cudnn_bind._lib` applies
+    ($CUDNN_BIND_LIBRARY / $CUDNN_BIND_CUDART, the NVIDIA wheels in
+    site-packages, the system loader).  A library named (here or by the
+    variable) is the only candidate: that one or an error.  The runtime is
+    the one of the CUDA major version cuDNN was built for (unless named).
+    The previous library's handles (those `handle_for` made, in every
+    thread) are destroyed, its plans dropped and its pool's cached memory
+    handed back: do not call this while other threads are running batch
+    norm.
+
+    Parameters
+    ----------
+    path : str, bytes or os.PathLike, optional
+        The libcudnn to load: a path or a soname (``"libcudnn.so.9"``).
+        None (the default) searches.
+    cudart : str, bytes or os.PathLike, optional
+        The CUDA runtime (libcudart) to load; None (the default) searches.
+
+    Returns
+    -------
+    cudnn_bind._lib.Library
+        The loaded library object (``.version``, ``.cudnn_path``,
+        ``.cudart_path``, ...).
+
+    Raises
+    ------
+    TypeError
+        If path or cudart is not a str, bytes, os.PathLike or None.
+    ValueError
+        If path or cudart is empty or contains a NUL character.
+    CudnnUnavailableError
+        If nothing loads, the library lacks a symbol cudnn_bind uses, or it
+        is not cuDNN 8 or 9.  Then nothing is loaded and the paths are
+        forgotten: the next use searches as if load had not been called.
+    """
     return _lib.load(path, cudart)
 
 
-def reset():
-    """Forget the loaded library; the next call searches again."""
+def reset() -> None:
+    """Forget the loaded library; the next call searches again.
+
+    The library's handles (those `handle_for` made, in every thread) are
+    destroyed first, its plans dropped and its pool's cached memory handed
+    back to CUDA.
+    """
     _lib.reset()
 
 
-def version():
-    """cuDNN's version number (e.g. 92800 for 9.28.0); CudnnUnavailableError if none loads."""
+def version() -> int:
+    """cuDNN's version number (cudnnGetVersion), loading the library on first use.
+
+    Returns
+    -------
+    int
+        The version, e.g. 92800 for 9.28.0.
+
+    Raises
+    ------
+    CudnnUnavailableError
+        If no cuDNN library loads.
+    """
     return _lib.get().version
 
 
-def empty_cache():
-    """Hand the device memory cached by cudnn_bind's pool (cudnn_bind.pool)
-    back to CUDA; each device holding cached blocks is synchronized first."""
+def empty_cache() -> None:
+    """Hand the device memory cached by cudnn_bind's pool back to CUDA.
+
+    The pool (`cudnn_bind.pool`) keeps freed blocks for reuse on their
+    stream; this cudaFrees them.  Each device holding cached blocks is
+    synchronized first (queued work may still use them).  Memory still
+    owned by arrays is untouched.
+
+    Raises
+    ------
+    CudnnUnavailableError
+        If no cuDNN library loads.
+    CudaError
+        If synchronizing or freeing fails.
+    """
     _lib.get().pool.empty_cache()
 
 
-def memory_info():
-    """{'live_bytes': ..., 'cached_bytes': ...} of cudnn_bind's pool: memory
-    owned by DeviceArrays, DeviceBuffers and workspaces, and memory kept
-    for reuse."""
+def memory_info() -> dict[str, int]:
+    """The device memory held by cudnn_bind's pool, in bytes.
+
+    Returns
+    -------
+    dict of str to int
+        ``{'live_bytes': ..., 'cached_bytes': ...}``: memory owned by
+        DeviceArrays, DeviceBuffers and workspaces (allocated from the pool,
+        not from PyTorch's or CuPy's allocators), and memory kept for reuse.
+
+    Raises
+    ------
+    CudnnUnavailableError
+        If no cuDNN library loads.
+    """
     pool = _lib.get().pool
     return {"live_bytes": pool.live_bytes, "cached_bytes": pool.cached_bytes}
 
 
-def device_count():
-    """The number of CUDA devices (raises CudaError without a driver)."""
-    import ctypes
+def device_count() -> int:
+    """The number of CUDA devices (cudaGetDeviceCount).
+
+    Returns
+    -------
+    int
+        The number of devices the CUDA runtime sees.
+
+    Raises
+    ------
+    CudnnUnavailableError
+        If no cuDNN library loads.
+    CudaError
+        Without a driver (cudaErrorInsufficientDriver) or a device
+        (cudaErrorNoDevice), or if the runtime fails otherwise.
+    """
     lib = _lib.get()
     n = ctypes.c_int()
     lib.cuda("cudaGetDeviceCount", ctypes.byref(n))
     return n.value
 
 
-def unavailable_reason():
-    """'' when cuDNN batch norm can run here, else one sentence saying why:
-    no library, no driver or no GPU."""
+def unavailable_reason() -> str:
+    """Why cuDNN batch norm cannot run here, in one sentence ('' when it can).
+
+    Never raises for a missing library, driver or GPU: it says so.
+
+    Returns
+    -------
+    str
+        '' when cuDNN batch norm can run here, else one sentence saying
+        why: no library, no driver or no GPU (or the CUDA runtime's error).
+    """
     try:
         lib = _lib.get()
     except CudnnUnavailableError as exc:
@@ -94,13 +197,27 @@ def unavailable_reason():
     return ""
 
 
-def is_available():
-    """Whether cuDNN, the CUDA runtime, a driver and a GPU are all present."""
+def is_available() -> bool:
+    """Whether cuDNN, the CUDA runtime, a driver and a GPU are all present.
+
+    Returns
+    -------
+    bool
+        True when `unavailable_reason` is ''.
+    """
     return unavailable_reason() == ""
 
 
-def describe():
-    """One line for `python -m cynorm`."""
+def describe() -> str:
+    """One line for ``python -m cynorm``: the libraries found and whether they can run.
+
+    Returns
+    -------
+    str
+        The cuDNN version and path, the CUDA runtime's path and "available"
+        or "unavailable: <reason>"; or "cuDNN unavailable: <reason>" when
+        no library loads.
+    """
     try:
         lib = _lib.get()
     except CudnnUnavailableError:

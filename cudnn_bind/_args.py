@@ -3,11 +3,14 @@
 ctypes raises ArgumentError for a wrong type and silently wraps an int too
 big for a C int or a pointer; float() raises OverflowError for a huge int.
 These raise TypeError (wrong type) or ValueError (out of range) naming the
-argument instead.
+argument instead.  They take any object (``Any``): checking it is their job.
 """
+from __future__ import annotations
+
 import ctypes
 import math
 import operator
+from typing import Any, Optional
 
 import numpy as np
 
@@ -15,7 +18,7 @@ C_INT_MAX = 2 ** 31 - 1
 UINT64_MAX = 2 ** 64 - 1  # size_t and pointers (64-bit platforms only)
 
 
-def show(value):
+def show(value: object) -> str:
     """repr(value), short: a huge int as its bit length (str() of an int of
     over 4300 digits raises ValueError)."""
     if isinstance(value, int) and value.bit_length() > 64:
@@ -27,7 +30,7 @@ def show(value):
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def integer(value, name, lo=None, hi=None):
+def integer(value: Any, name: str, lo: Optional[int] = None, hi: Optional[int] = None) -> int:
     """value as a Python int in [lo, hi]: Python and NumPy integers, not bools."""
     if not isinstance(value, (bool, np.bool_)):
         try:
@@ -43,7 +46,8 @@ def integer(value, name, lo=None, hi=None):
     raise TypeError(f"{name} must be an int, got {type(value).__name__} {show(value)}")
 
 
-def integers(values, name, lo=None, hi=None):
+def integers(values: Any, name: str, lo: Optional[int] = None,
+             hi: Optional[int] = None) -> tuple[int, ...]:
     """A sequence of ints (tuple, list, NumPy array) as a tuple, each checked by integer()."""
     try:
         if isinstance(values, (str, bytes, dict)):
@@ -55,7 +59,7 @@ def integers(values, name, lo=None, hi=None):
     return tuple(integer(v, f"{name}[{i}]", lo, hi) for i, v in enumerate(items))
 
 
-def real(value, name):
+def real(value: Any, name: str) -> float:
     """value as a finite Python float (not a bool or a string)."""
     if type(value) is float and value - value == 0.0:  # finite: the common case
         return value
@@ -73,7 +77,7 @@ def real(value, name):
     raise TypeError(f"{name} must be a real number, got {type(value).__name__} {show(value)}")
 
 
-def stream_value(stream, name="stream"):
+def stream_value(stream: Any, name: str = "stream") -> int:
     """A cudaStream_t as an int: None (the legacy default stream, 0), an int,
     or a stream object of PyTorch (.cuda_stream), CuPy (.ptr) or Numba
     (.handle)."""

@@ -18,13 +18,17 @@ prototypes (cudnn_graph.h / cudnn_ops.h in cuDNN 9, cudnn_ops_infer.h /
 cudnn_ops_train.h in 8; cuda_runtime_api.h).  The tests compile a stand-in
 against the real headers and drive this table through it.
 """
+from __future__ import annotations
+
 import ctypes
 import glob
 import os
 import site
 import sys
 import threading
+from typing import Any, Callable, Iterator, Optional, TypedDict, TypeVar
 
+from cudnn_bind._typing import LibraryPath
 from cudnn_bind.errors import (
     CudaError, CudnnBindError, CudnnError, CudnnUnavailableError, status_name)
 from cudnn_bind.pool import Pool
@@ -38,7 +42,8 @@ P = ctypes.POINTER
 HANDLE = DESC = STREAM = EVENT = c_void_p
 
 # name: (restype, argtypes).  cudnnStatus_t and cudaError_t are int.
-CUDNN_FUNCTIONS = {
+FunctionTable = dict[str, tuple[Any, list[Any]]]
+CUDNN_FUNCTIONS: FunctionTable = {
     "cudnnGetVersion": (c_size_t, []),
     "cudnnGetCudartVersion": (c_size_t, []),
     "cudnnGetErrorString": (c_char_p, [c_int]),
@@ -79,7 +84,7 @@ CUDNN_FUNCTIONS = {
                 DESC, c_void_p, c_size_t, c_void_p, c_size_t]),  # act, workspace, reserve
 }
 # cuDNN 9 only
-CUDNN9_FUNCTIONS = {
+CUDNN9_FUNCTIONS: FunctionTable = {
     "cudnnGetLastErrorString": (None, [c_char_p, c_size_t]),
 }
 
@@ -96,13 +101,13 @@ class PointerAttributes13(ctypes.Structure):
     _fields_ = PointerAttributes._fields_ + [("reserved", ctypes.c_long * 8)]
 
 
-def pointer_attributes_type(runtime_version):
+def pointer_attributes_type(runtime_version: int) -> type[ctypes.Structure]:
     """The ctypes struct matching cudaPointerAttributes of a runtime version
     (cudaRuntimeGetVersion: 12090 for 12.9)."""
     return PointerAttributes13 if runtime_version >= 13000 else PointerAttributes
 
 
-CUDART_FUNCTIONS = {
+CUDART_FUNCTIONS: FunctionTable = {
     "cudaRuntimeGetVersion": (c_int, [P(c_int)]),
     "cudaDriverGetVersion": (c_int, [P(c_int)]),
     "cudaGetDeviceCount": (c_int, [P(c_int)]),
@@ -134,31 +139,31 @@ CUDA_MEMORY_TYPE_MANAGED = 3
 CUDA_EVENT_DISABLE_TIMING = 2
 
 
-def _site_dirs():
+def _site_dirs() -> list[str]:
     dirs = list(sys.path)
     try:
         dirs += site.getsitepackages() + [site.getusersitepackages()]
     except AttributeError:  # virtualenv's old site module
         pass
-    seen = []
+    seen: list[str] = []
     for d in dirs:
         if d and os.path.isdir(d) and d not in seen:
             seen.append(d)
     return seen
 
 
-def _wheel_files(patterns):
+def _wheel_files(patterns: list[str]) -> Iterator[str]:
     for base in _site_dirs():
         for pattern in patterns:
             yield from sorted(glob.glob(os.path.join(base, "nvidia", pattern)), reverse=True)
 
 
-def _named(path, variable):
+def _named(path: Optional[str], variable: str) -> Optional[str]:
     """The library the caller named: `path`, else $variable (None or empty: none)."""
     return path or os.environ.get(variable)
 
 
-def cudnn_candidates(path=None):
+def cudnn_candidates(path: Optional[str] = None) -> list[str]:
     """Where libcudnn is looked for, in order (absolute paths first).  A
     library named by `path` or $CUDNN_BIND_LIBRARY is the only candidate: a
     user who names one must get that one or an error, not another."""
@@ -170,7 +175,7 @@ def cudnn_candidates(path=None):
     return wheel + ["libcudnn.so.9", "libcudnn.so.8"]
 
 
-def cudart_candidates(major, path=None):
+def cudart_candidates(major: int, path: Optional[str] = None) -> list[str]:
     """Where the CUDA runtime of major version `major` is looked for, in order
     (`path` or $CUDNN_BIND_CUDART alone when given)."""
     explicit = _named(path, "CUDNN_BIND_CUDART")
@@ -193,7 +198,8 @@ INSTALL_HINT = {
 }
 
 
-def _open(candidates, what, variable, explicit):
+def _open(candidates: list[str], what: str, variable: str,
+          explicit: bool) -> tuple[ctypes.CDLL, str]:
     """The first candidate that loads; CudnnUnavailableError naming every
     failure and, when the library was searched for, how to get one."""
     errors = []
@@ -207,7 +213,7 @@ def _open(candidates, what, variable, explicit):
     raise CudnnUnavailableError(f"no {what} could be loaded ({'; '.join(errors[:4])}{more}): {hint}")
 
 
-def _declare(lib, table, path, what):
+def _declare(lib: ctypes.CDLL, table: FunctionTable, path: str, what: str) -> None:
     for name, (restype, argtypes) in table.items():
         try:
             fn = getattr(lib, name)
@@ -225,7 +231,7 @@ class Library:
     version (e.g. 92800), major (8 or 9), cudart_version (as cuDNN reports it).
     """
 
-    def __init__(self, path=None, cudart=None):
+    def __init__(self, path: Optional[str] = None, cudart: Optional[str] = None) -> None:
         self.cudnn, self.cudnn_path = _open(
             cudnn_candidates(path), "cuDNN library (libcudnn)", "CUDNN_BIND_LIBRARY",
             bool(_named(path, "CUDNN_BIND_LIBRARY")))
@@ -253,12 +259,12 @@ class Library:
         self.cudart.cudaPointerGetAttributes.argtypes = [P(self.PointerAttributes), c_void_p]
         self.pool = Pool(self)
         # descriptors and sizes per call signature (batch_norm.py's plans)
-        self.plans = {}
+        self.plans: dict[tuple[Any, ...], Any] = {}
         # CUDNN_BN_MIN_EPSILON is 0.0 in the cuDNN 8 and 9 headers (1e-5 was cuDNN 7's)
         self.min_epsilon = 0.0
 
     # -- errors -----------------------------------------------------------
-    def last_error_detail(self):
+    def last_error_detail(self) -> str:
         """cudnnGetLastErrorString's message (cuDNN 9; '' for 8)."""
         if self.major < 9:
             return ""
@@ -266,7 +272,7 @@ class Library:
         self.cudnn.cudnnGetLastErrorString(buf, len(buf))
         return buf.value.decode(errors="replace")
 
-    def check(self, status, function):
+    def check(self, status: int, function: str) -> None:
         """Raise CudnnError unless `status` is CUDNN_STATUS_SUCCESS."""
         if status != 0:
             message = self.cudnn.cudnnGetErrorString(status)
@@ -274,11 +280,11 @@ class Library:
                              message.decode(errors="replace") if message else "",
                              self.last_error_detail())
 
-    def call(self, function, *args):
+    def call(self, function: str, *args: Any) -> None:
         """Call a cuDNN function by name and check its status."""
         self.check(getattr(self.cudnn, function)(*args), function)
 
-    def cuda(self, function, *args):
+    def cuda(self, function: str, *args: Any) -> None:
         """Call a CUDA runtime function by name; raise CudaError on failure."""
         code = getattr(self.cudart, function)(*args)
         if code != 0:
@@ -290,19 +296,29 @@ class Library:
 
 
 _LOCK = threading.RLock()
-_STATE = {"lib": None, "error": None, "path": None, "cudart": None}
+
+
+class _State(TypedDict):
+    lib: Optional[Library]
+    error: Optional[CudnnUnavailableError]
+    path: Optional[str]
+    cudart: Optional[str]
+
+
+_STATE: _State = {"lib": None, "error": None, "path": None, "cudart": None}
 # called before the library is replaced or forgotten: whatever belongs to it
 # (handles.py registers the release of every handle) goes first
-_BEFORE_UNLOAD = []
+_BEFORE_UNLOAD: list[Callable[[], object]] = []
+_Hook = TypeVar("_Hook", bound=Callable[[], object])
 
 
-def before_unload(fn):
+def before_unload(fn: _Hook) -> _Hook:
     """Register fn() to run before load() or reset() drops the library."""
     _BEFORE_UNLOAD.append(fn)
     return fn
 
 
-def _unload_hooks():
+def _unload_hooks() -> None:
     for fn in _BEFORE_UNLOAD:
         fn()
     lib = _STATE["lib"]
@@ -314,7 +330,7 @@ def _unload_hooks():
             pass  # a failing device must not keep the old library installed
 
 
-def _path_arg(value, name):
+def _path_arg(value: object, name: str) -> Optional[str]:
     """None, or a library path or name (str, bytes or os.PathLike) as a str."""
     if value is None:
         return None
@@ -328,7 +344,7 @@ def _path_arg(value, name):
     return value
 
 
-def load(path=None, cudart=None):
+def load(path: Optional[LibraryPath] = None, cudart: Optional[LibraryPath] = None) -> Library:
     """Load (or reload) cuDNN from `path` (and the runtime from `cudart`).
 
     Without arguments the search order of the module docstring applies.
@@ -339,13 +355,13 @@ def load(path=None, cudart=None):
     path, cudart = _path_arg(path, "path"), _path_arg(cudart, "cudart")
     with _LOCK:
         _unload_hooks()
-        _STATE.update(lib=None, error=None, path=None, cudart=None)
+        _STATE.update({"lib": None, "error": None, "path": None, "cudart": None})
         lib = Library(path, cudart)
-        _STATE.update(lib=lib, path=path, cudart=cudart)
+        _STATE.update({"lib": lib, "path": path, "cudart": cudart})
         return lib
 
 
-def get():
+def get() -> Library:
     """The loaded Library (loading it on first use); CudnnUnavailableError if none."""
     lib = _STATE["lib"]
     if lib is not None:
@@ -356,15 +372,15 @@ def get():
         if _STATE["error"] is not None:
             raise _STATE["error"]
         try:
-            _STATE["lib"] = Library(_STATE["path"], _STATE["cudart"])
+            lib = _STATE["lib"] = Library(_STATE["path"], _STATE["cudart"])
         except CudnnUnavailableError as exc:
             _STATE["error"] = exc
             raise
-        return _STATE["lib"]
+        return lib
 
 
-def reset():
+def reset() -> None:
     """Forget the loaded library (the next use searches again)."""
     with _LOCK:
         _unload_hooks()
-        _STATE.update(lib=None, error=None, path=None, cudart=None)
+        _STATE.update({"lib": None, "error": None, "path": None, "cudart": None})

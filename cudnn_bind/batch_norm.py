@@ -18,11 +18,15 @@ for their arrays, else the stream x was produced on (a DeviceArray's
 default stream.  Inputs produced on another stream are waited for with an
 event; outputs, workspace and reserve are allocated for the call's stream.
 """
+from __future__ import annotations
+
 import ctypes
 import math
+from typing import Optional, Union
 
 from cudnn_bind import _lib
 from cudnn_bind._args import integer, real, show, stream_value
+from cudnn_bind._typing import DeviceArrayLike, Int, ModeLike, Real, StreamLike
 from cudnn_bind.descriptors import (
     OPS_BN, OPS_BN_ACTIVATION, OPS_BN_ADD_ACTIVATION, PER_ACTIVATION, ActivationDescriptor,
     TensorDescriptor, bn_mode, derive_bn_descriptor)
@@ -48,12 +52,35 @@ _ONE_ZERO = {True: (ctypes.byref(ctypes.c_double(1.0)), ctypes.byref(ctypes.c_do
 
 # ---- argument checks ---------------------------------------------------------
 
-def choose_mode(ndim, layout, training):
-    """The cudnnBatchNormMode_t cudnn_bind picks for an input of `ndim` (2 to
-    5) dimensions in `layout` ('contiguous' or 'channels_last') without a
-    fused op: ATen's choice (getCudnnBatchNormMode), SPATIAL_PERSISTENT for
-    channels-last training and SPATIAL otherwise, except that 2-D input runs
-    in SPATIAL mode as (N, C, 1, 1) (see cudnn_bind.rules)."""
+def choose_mode(ndim: Int, layout: str, training: bool) -> int:
+    """The cudnnBatchNormMode_t cudnn_bind picks for an input without a fused op.
+
+    ATen's choice (getCudnnBatchNormMode): SPATIAL_PERSISTENT for
+    channels-last (4-D or 5-D) training and SPATIAL otherwise, except that
+    2-D input runs in SPATIAL mode as (N, C, 1, 1) (see `cudnn_bind.rules`).
+
+    Parameters
+    ----------
+    ndim : int
+        The number of dimensions of x, 2 to 5.
+    layout : str
+        The layout of x: 'contiguous' (N,C,...) or 'channels_last'.
+    training : bool
+        Whether the call is a training one (forward or backward) rather
+        than inference.
+
+    Returns
+    -------
+    int
+        ``SPATIAL`` (1) or ``SPATIAL_PERSISTENT`` (2).
+
+    Raises
+    ------
+    TypeError
+        If ndim is not an int.
+    ValueError
+        If ndim is not 2 to 5 or layout is not one of those above.
+    """
     ndim = integer(ndim, "ndim", 2, 5)
     if not isinstance(layout, str) or layout not in ("contiguous", "channels_last"):
         raise ValueError(f"layout must be 'contiguous' or 'channels_last', got {show(layout)}")
@@ -128,8 +155,9 @@ def _same_device(names, views):
     if len(known) > 1:
         where = ", ".join(f"{n} on {d}" for n, d in sorted(devices, key=str))
         raise ValueError(f"all arrays must be on the same device, got {where}")
-    if not known:
+    if not devices:  # only empty arrays without memory
         return None
+    # some (or all: then nothing to compare with) host or unregistered memory
     host = sorted(n for n, d in devices if d is None)
     raise ValueError(f"{', '.join(host)}: not device memory (cudaPointerGetAttributes "
                      "reports host or unregistered memory)")
@@ -320,17 +348,116 @@ def _training_x(x, stream, mode, fused, lib):
 
 # ---- forward, training ---------------------------------------------------------
 
-def batch_norm_forward_training(x, weight, bias, running_mean=None, running_var=None,
-                                exponential_average_factor=0.1, eps=1e-5, *, out=None, z=None,
-                                activation=None, mode=None, handle=None, stream=None):
+def batch_norm_forward_training(
+        x: DeviceArrayLike, weight: DeviceArrayLike, bias: DeviceArrayLike,
+        running_mean: Optional[DeviceArrayLike] = None,
+        running_var: Optional[DeviceArrayLike] = None, exponential_average_factor: Real = 0.1,
+        eps: Real = 1e-5, *, out: Optional[DeviceArrayLike] = None,
+        z: Optional[DeviceArrayLike] = None, activation: Optional[str] = None,
+        mode: Optional[ModeLike] = None, handle: Optional[Handle] = None,
+        stream: StreamLike = None,
+) -> tuple[DeviceArrayLike, DeviceArrayLike, DeviceArrayLike, DeviceArrayLike]:
     """Batch norm over a training batch (cudnnBatchNormalizationForwardTrainingEx).
 
-    Returns (y, save_mean, save_invstd, reserve).  running_mean/running_var
-    (both or neither) are updated in place: new = (1 - f) * old + f * batch,
-    with the unbiased batch variance.  activation='relu' fuses a ReLU; z
-    (x's shape) fuses y = relu(bn(x) + z); cuDNN has those kernels only for
-    float16 channels-last x with C % 4 == 0 (UnsupportedError otherwise).
-    `reserve` must be passed to the matching batch_norm_backward."""
+    Normalizes x with its batch statistics per channel (per activation in
+    PER_ACTIVATION mode): y = (x - mean) * invstd * weight + bias.
+    running_mean/running_var (both or neither) are updated in place: new =
+    (1 - f) * old + f * batch, with the unbiased batch variance.
+    activation='relu' fuses a ReLU; z (x's shape) fuses y = relu(bn(x) + z);
+    cuDNN has those kernels only for float16 channels-last x in
+    SPATIAL_PERSISTENT mode, with C % 4 == 0 for z (and for ReLU alone
+    before cuDNN 8.2): UnsupportedError otherwise.
+    `reserve` must be passed to the matching `batch_norm_backward`.
+
+    Parameters
+    ----------
+    x : device array
+        The input, (N, C, ...) with 2 to 5 dimensions, float32, float64,
+        float16 or bfloat16, packed in N,C,... order or (4-D and 5-D)
+        channels-last, fewer than 2**31 - 1 elements: a CuPy array, a
+        PyTorch CUDA tensor, a `DeviceArray`, or any object with
+        ``__cuda_array_interface__`` or ``__dlpack__`` (or a DLPack
+        capsule).  At most `TRAINING_MAX_BATCH` samples, and more than one
+        value per channel.
+    weight : device array
+        The scale: float64 for float64 x, else float32 (cuDNN's rule); C
+        elements (C times the spatial sizes in PER_ACTIVATION mode),
+        contiguous, on x's device.
+    bias : device array
+        The shift, as weight.
+    running_mean : device array, optional
+        The running mean, as weight, written in place (it must not be
+        read-only); given together with running_var.
+    running_var : device array, optional
+        The running variance, as running_mean.
+    exponential_average_factor : float, optional
+        The factor f of the running-statistics update (default 0.1), finite.
+    eps : float, optional
+        Added to the variance (default 1e-5), >= CUDNN_BN_MIN_EPSILON (0.0).
+    out : device array, optional
+        Where to write y: x's shape, dtype and memory layout, writable, on
+        x's device.  None (the default) allocates y.
+    z : device array, optional
+        The residual added before the ReLU: x's shape, dtype and layout;
+        needs ``activation='relu'``.
+    activation : str, optional
+        None (the default) or 'relu'.
+    mode : int or str, optional
+        None (the default) picks the mode as ATen does (see `choose_mode`);
+        else ``PER_ACTIVATION``, ``SPATIAL``, ``SPATIAL_PERSISTENT`` or
+        their names ("per_activation", ...), used as given.
+    handle : Handle, optional
+        The cuDNN handle to use: live, of the loaded library, for the
+        arrays' device.  None (the default) is this thread's handle for
+        that device (`handle_for`).
+    stream : int or stream object, optional
+        The stream to run on: an int ``cudaStream_t`` or a stream object
+        with ``.cuda_stream`` (PyTorch), ``.ptr`` (CuPy) or ``.handle``
+        (Numba).  None (the default): PyTorch's or CuPy's current stream
+        for their arrays, else the stream x was produced on (a
+        DeviceArray's ``stream``, the ``stream`` key of
+        ``__cuda_array_interface__``), else the legacy default stream.
+
+    Returns
+    -------
+    y : device array
+        The output: `out` itself when given, else a new array with x's
+        shape, strides and dtype.
+    save_mean : device array
+        The batch mean, (C,) (C times the spatial sizes in PER_ACTIVATION
+        mode), float32 (float64 for float64 x).
+    save_invstd : device array
+        The batch's 1 / sqrt(var + eps), as save_mean.
+    reserve : device array
+        cuDNN's reserve space, uint8, of the size cuDNN asks for (possibly
+        0 bytes).
+
+        The new arrays are of x's kind: PyTorch tensors for a tensor x,
+        CuPy arrays for a CuPy x, else `DeviceArray` (whose ``stream`` is
+        the call's; save_mean, save_invstd and reserve then share one
+        block of the pool).
+
+    Raises
+    ------
+    TypeError
+        If an array is not a device array (a NumPy array is host memory) or
+        has the wrong dtype, or a scalar, mode or handle has the wrong type.
+    ValueError
+        If a shape, layout, device or size is wrong, x has only one value
+        per channel or a batch over TRAINING_MAX_BATCH, weight or bias is
+        missing, only one running statistic is given, a written array is
+        read-only, eps is below CUDNN_BN_MIN_EPSILON, z comes without
+        activation='relu', or the handle is destroyed or for another device.
+    UnsupportedError
+        A ValueError: cuDNN has no kernel for the fused op (or the mode
+        asked for) with this x; ``.rule`` names the rule.
+    CudnnUnavailableError
+        If no cuDNN library loads.
+    CudnnError
+        If a cuDNN call fails.
+    CudaError
+        If a CUDA runtime call fails (allocation, events, device).
+    """
     lib = _lib.get()
     eps = _eps(eps, lib)
     factor = real(exponential_average_factor, "exponential_average_factor")
@@ -363,7 +490,7 @@ def batch_norm_forward_training(x, weight, bias, running_mean=None, running_var=
         ws_size, rs_size = plan.sizes(h, "forward"), plan.sizes(h, "reserve")
         _start(h, st, views)
         kind = xv.kind
-        if out is None:
+        if yv is None:  # no out=
             (out,), (y_ptr,) = new_arrays(kind, device, st, [(xv.shape, xv.strides, xv.dtype)], lib)
         else:
             y_ptr = yv.ptr
@@ -383,11 +510,81 @@ def batch_norm_forward_training(x, weight, bias, running_mean=None, running_var=
 
 # ---- forward, inference --------------------------------------------------------
 
-def batch_norm_forward_inference(x, weight, bias, running_mean, running_var, eps=1e-5, *,
-                                 out=None, mode=None, handle=None, stream=None):
+def batch_norm_forward_inference(
+        x: DeviceArrayLike, weight: DeviceArrayLike, bias: DeviceArrayLike,
+        running_mean: DeviceArrayLike, running_var: DeviceArrayLike, eps: Real = 1e-5, *,
+        out: Optional[DeviceArrayLike] = None, mode: Optional[ModeLike] = None,
+        handle: Optional[Handle] = None, stream: StreamLike = None) -> DeviceArrayLike:
     """Batch norm with running statistics (cudnnBatchNormalizationForwardInference).
 
-    Batches over 65535 samples (PyTorch's limit for this call) run in chunks."""
+    y = (x - running_mean) / sqrt(running_var + eps) * weight + bias.
+    Batches over 65535 samples (`INFERENCE_MAX_BATCH`, PyTorch's limit for
+    this call) run in chunks; an empty batch makes no cuDNN call.
+
+    Parameters
+    ----------
+    x : device array
+        The input, (N, C, ...) with 2 to 5 dimensions, float32, float64,
+        float16 or bfloat16, packed in N,C,... order or (4-D and 5-D)
+        channels-last, fewer than 2**31 - 1 elements: a CuPy array, a
+        PyTorch CUDA tensor, a `DeviceArray`, or any object with
+        ``__cuda_array_interface__`` or ``__dlpack__`` (or a DLPack
+        capsule).
+    weight : device array
+        The scale: float64 for float64 x, else float32 (cuDNN's rule); C
+        elements (C times the spatial sizes in PER_ACTIVATION mode),
+        contiguous, on x's device.
+    bias : device array
+        The shift, as weight.
+    running_mean : device array
+        The mean to normalize with, as weight.
+    running_var : device array
+        The variance to normalize with, as weight.
+    eps : float, optional
+        Added to the variance (default 1e-5), >= CUDNN_BN_MIN_EPSILON (0.0).
+    out : device array, optional
+        Where to write y: x's shape, dtype and memory layout, writable, on
+        x's device.  None (the default) allocates y.
+    mode : int or str, optional
+        None (the default) picks the mode as ATen does (see `choose_mode`);
+        else ``PER_ACTIVATION``, ``SPATIAL``, ``SPATIAL_PERSISTENT`` or
+        their names ("per_activation", ...), used as given.
+    handle : Handle, optional
+        The cuDNN handle to use: live, of the loaded library, for the
+        arrays' device.  None (the default) is this thread's handle for
+        that device (`handle_for`).
+    stream : int or stream object, optional
+        The stream to run on: an int ``cudaStream_t`` or a stream object
+        with ``.cuda_stream`` (PyTorch), ``.ptr`` (CuPy) or ``.handle``
+        (Numba).  None (the default): PyTorch's or CuPy's current stream
+        for their arrays, else the stream x was produced on (a
+        DeviceArray's ``stream``, the ``stream`` key of
+        ``__cuda_array_interface__``), else the legacy default stream.
+
+    Returns
+    -------
+    device array
+        The output y: `out` itself when given, else a new array with x's
+        shape, strides and dtype.  A new y is of x's kind: a PyTorch tensor
+        for a tensor x, a CuPy array for a CuPy x, else a `DeviceArray`
+        (whose ``stream`` is the call's).
+
+    Raises
+    ------
+    TypeError
+        If an array is not a device array (a NumPy array is host memory) or
+        has the wrong dtype, or eps, mode or handle has the wrong type.
+    ValueError
+        If a shape, layout, device or size is wrong, a parameter is
+        missing, out is read-only, eps is below CUDNN_BN_MIN_EPSILON, or
+        the handle is destroyed or for another device.
+    CudnnUnavailableError
+        If no cuDNN library loads.
+    CudnnError
+        If a cuDNN call fails.
+    CudaError
+        If a CUDA runtime call fails (allocation, events, device).
+    """
     lib = _lib.get()
     eps = _eps(eps, lib)
     st, xv = _stream_and_x(stream, x, lib)
@@ -407,7 +604,7 @@ def batch_norm_forward_inference(x, weight, bias, running_mean, running_var, eps
     try:
         h = _handle(handle, device, lib)
         _start(h, st, views)
-        if out is None:
+        if yv is None:  # no out=
             (out,), (y_ptr,) = new_arrays(xv.kind, device, st, [(xv.shape, xv.strides, xv.dtype)],
                                           lib)
         else:
@@ -431,14 +628,111 @@ def batch_norm_forward_inference(x, weight, bias, running_mean, running_var, eps
 
 # ---- backward ---------------------------------------------------------------------
 
-def batch_norm_backward(x, dy, weight, save_mean, save_invstd, eps, reserve, *, y=None, z=None,
-                        bias=None, activation=None, mode=None, handle=None, stream=None):
+def batch_norm_backward(
+        x: DeviceArrayLike, dy: DeviceArrayLike, weight: DeviceArrayLike,
+        save_mean: DeviceArrayLike, save_invstd: DeviceArrayLike, eps: Real,
+        reserve: Optional[DeviceArrayLike], *, y: Optional[DeviceArrayLike] = None,
+        z: Optional[DeviceArrayLike] = None, bias: Optional[DeviceArrayLike] = None,
+        activation: Optional[str] = None, mode: Optional[ModeLike] = None,
+        handle: Optional[Handle] = None, stream: StreamLike = None,
+) -> Union[tuple[DeviceArrayLike, DeviceArrayLike, DeviceArrayLike],
+           tuple[DeviceArrayLike, DeviceArrayLike, DeviceArrayLike, DeviceArrayLike]]:
     """Gradients of training-mode batch norm (cudnnBatchNormalizationBackwardEx).
 
-    Returns (dx, dweight, dbias), and dz too when z is given.  save_mean,
-    save_invstd and reserve come from the matching forward call, with the
-    same eps, activation, z and mode.  With activation='relu' cuDNN also
-    needs the forward's output y and bias."""
+    save_mean, save_invstd and reserve come from the matching forward call
+    (`batch_norm_forward_training`), with the same eps, activation, z and
+    mode.  With activation='relu' cuDNN also needs the forward's output y
+    and bias (it recomputes the activation's input from them).
+
+    Parameters
+    ----------
+    x : device array
+        The input, (N, C, ...) with 2 to 5 dimensions, float32, float64,
+        float16 or bfloat16, packed in N,C,... order or (4-D and 5-D)
+        channels-last, fewer than 2**31 - 1 elements: a CuPy array, a
+        PyTorch CUDA tensor, a `DeviceArray`, or any object with
+        ``__cuda_array_interface__`` or ``__dlpack__`` (or a DLPack
+        capsule).  At most `TRAINING_MAX_BATCH` samples, and more than one
+        value per channel.
+    dy : device array
+        The gradient of y: x's shape, dtype and memory layout.
+    weight : device array
+        The scale: float64 for float64 x, else float32 (cuDNN's rule); C
+        elements (C times the spatial sizes in PER_ACTIVATION mode),
+        contiguous, on x's device.
+    save_mean : device array
+        The forward's save_mean, as weight.
+    save_invstd : device array
+        The forward's save_invstd, as weight.
+    eps : float
+        The forward's eps, >= CUDNN_BN_MIN_EPSILON (0.0).
+    reserve : device array or None
+        The forward's reserve: contiguous, of exactly the bytes cuDNN asks
+        for (None only where that is 0).
+    y : device array, optional
+        The forward's output (needed with activation='relu'): x's shape,
+        dtype and layout.
+    z : device array, optional
+        The forward's residual (with activation='relu'): x's shape, dtype
+        and layout; dz is computed.
+    bias : device array, optional
+        The forward's bias, as weight (needed with activation='relu').
+    activation : str, optional
+        None (the default) or 'relu', as in the forward.
+    mode : int or str, optional
+        None (the default) picks the mode as ATen does (see `choose_mode`);
+        else ``PER_ACTIVATION``, ``SPATIAL``, ``SPATIAL_PERSISTENT`` or
+        their names ("per_activation", ...), used as given.
+    handle : Handle, optional
+        The cuDNN handle to use: live, of the loaded library, for the
+        arrays' device.  None (the default) is this thread's handle for
+        that device (`handle_for`).
+    stream : int or stream object, optional
+        The stream to run on: an int ``cudaStream_t`` or a stream object
+        with ``.cuda_stream`` (PyTorch), ``.ptr`` (CuPy) or ``.handle``
+        (Numba).  None (the default): PyTorch's or CuPy's current stream
+        for their arrays, else the stream x was produced on (a
+        DeviceArray's ``stream``, the ``stream`` key of
+        ``__cuda_array_interface__``), else the legacy default stream.
+
+    Returns
+    -------
+    dx : device array
+        The gradient of x, with x's shape, strides and dtype.
+    dweight : device array
+        The gradient of weight, (C,) (C times the spatial sizes in
+        PER_ACTIVATION mode), float32 (float64 for float64 x).
+    dbias : device array
+        The gradient of bias, as dweight.
+    dz : device array
+        The gradient of z, as dx: only when z is given (the tuple then has
+        four entries).
+
+        The arrays are of x's kind: PyTorch tensors for a tensor x, CuPy
+        arrays for a CuPy x, else `DeviceArray` (whose ``stream`` is the
+        call's).
+
+    Raises
+    ------
+    TypeError
+        If an array is not a device array (a NumPy array is host memory) or
+        has the wrong dtype, or eps, mode or handle has the wrong type.
+    ValueError
+        If a shape, layout, device or size is wrong, x has only one value
+        per channel or a batch over TRAINING_MAX_BATCH, a required array is
+        missing, reserve is not contiguous or not of the size cuDNN asks
+        for, eps is below CUDNN_BN_MIN_EPSILON, z comes without
+        activation='relu', or the handle is destroyed or for another device.
+    UnsupportedError
+        A ValueError: cuDNN has no kernel for the fused op (or the mode
+        asked for) with this x; ``.rule`` names the rule.
+    CudnnUnavailableError
+        If no cuDNN library loads.
+    CudnnError
+        If a cuDNN call fails.
+    CudaError
+        If a CUDA runtime call fails (allocation, events, device).
+    """
     lib = _lib.get()
     eps = _eps(eps, lib)
     fused = _fused(activation, z)
@@ -502,13 +796,58 @@ def batch_norm_backward(x, dy, weight, save_mean, save_invstd, eps, reserve, *, 
 
 # ---- backend selection ----------------------------------------------------------
 
-def can_use_cudnn(x, weight=None, bias=None, running_mean=None, running_var=None, training=True,
-                  eps=1e-5, *, mode=None, activation=None, z=None):
-    """(True, '') when PyTorch would run this batch norm with cuDNN and
-    cudnn_bind's calls accept it, else (False, the first condition that
-    fails).  PyTorch falls back to its own kernels silently; this says why.
-    A rule of cuDNN's that the calls enforce (cudnn_bind.rules) is reported
-    with the same words the call's UnsupportedError has."""
+def can_use_cudnn(x: DeviceArrayLike, weight: Optional[DeviceArrayLike] = None,
+                  bias: Optional[DeviceArrayLike] = None,
+                  running_mean: Optional[DeviceArrayLike] = None,
+                  running_var: Optional[DeviceArrayLike] = None, training: bool = True,
+                  eps: Real = 1e-5, *, mode: Optional[ModeLike] = None,
+                  activation: Optional[str] = None,
+                  z: Optional[DeviceArrayLike] = None) -> tuple[bool, str]:
+    """Whether PyTorch would run this batch norm with cuDNN, and cudnn_bind can.
+
+    PyTorch falls back to its own kernels silently; this says why.  A rule
+    of cuDNN's that the calls enforce (`cudnn_bind.rules`) is reported with
+    the same words the call's UnsupportedError has.  Nothing runs on the
+    device, and bad arguments are reported, not raised.
+
+    Parameters
+    ----------
+    x : device array
+        The input, as for `batch_norm_forward_training` (a CuPy array, a
+        PyTorch CUDA tensor, a `DeviceArray`, anything with
+        ``__cuda_array_interface__`` or DLPack).
+    weight : device array, optional
+        The scale (its dtype is checked: float32 for float16 x; no
+        bfloat16).
+    bias : device array, optional
+        The shift.
+    running_mean : device array, optional
+        The running mean (given together with running_var; in inference
+        both are needed).
+    running_var : device array, optional
+        The running variance.
+    training : bool, optional
+        A training call (default True) or an inference one.
+    eps : float, optional
+        The eps of the call (default 1e-5).
+    mode : int or str, optional
+        The mode the call would be given (None: ATen's choice).
+    activation : str, optional
+        None (the default) or 'relu'.
+    z : device array, optional
+        The residual of a fused add+ReLU.
+
+    Returns
+    -------
+    ok : bool
+        True when the batch norm would run on cuDNN.
+    reason : str
+        '' when ok, else the first condition that fails: no cuDNN, x not a
+        CUDA array, a cuDNN rule, bfloat16 data, weight or bias missing,
+        running statistics missing, input with fewer than 3 dimensions
+        (PyTorch's rule), a batch over the limit, eps below
+        CUDNN_BN_MIN_EPSILON.
+    """
     try:
         lib = _lib.get()
     except CudnnBindError as exc:

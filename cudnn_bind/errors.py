@@ -4,6 +4,7 @@ cuDNN renumbered its statuses in version 9 (0 success, then 1000s, 2000s, ...
 grouped by category); version 8 numbered them 0-15.  Both tables are kept so
 the name is right whichever library was loaded.
 """
+from __future__ import annotations
 
 __all__ = ["CudnnBindError", "CudnnError", "CudaError", "CudnnUnavailableError",
            "UnsupportedError", "status_name"]
@@ -80,28 +81,65 @@ _STATUS_8 = {
 }
 
 
-def status_name(code, major=9):
+def status_name(code: int, major: int = 9) -> str:
     """The enum name of a cuDNN status code for a library of major version `major`."""
     table = _STATUS_9 if major >= 9 else _STATUS_8
     return table.get(int(code), f"CUDNN_STATUS_{int(code)}")
 
 
 class CudnnBindError(RuntimeError):
-    """Base class of every error cudnn_bind raises about the GPU libraries."""
+    """Base class of every error cudnn_bind raises about the GPU libraries.
+
+    A RuntimeError.  Bad arguments raise TypeError or ValueError instead
+    (`UnsupportedError` among them).
+    """
 
 
 class CudnnUnavailableError(CudnnBindError):
-    """No usable cuDNN / CUDA runtime / driver / GPU (the reason is the message)."""
+    """No usable cuDNN / CUDA runtime / driver / GPU (the reason is the message).
+
+    Raised by every call that needs the library when none loads (and by
+    `cudnn_bind.load` when the one named does not); `cudnn_bind.is_available`
+    and `cudnn_bind.unavailable_reason` report the same without raising.
+    """
 
 
 class CudnnError(CudnnBindError):
     """A cuDNN call returned a status other than CUDNN_STATUS_SUCCESS.
 
-    Attributes: `function`, `status` (int), `name` (enum name), `message`
-    (cudnnGetErrorString) and `detail` (cudnnGetLastErrorString, cuDNN 9; '' in 8).
+    The message reads ``"<function> failed: <name> (<status>): <message>"``,
+    followed by ``" -- <detail>"`` when there is a detail.
+
+    Parameters
+    ----------
+    function : str
+        The cuDNN function that failed.
+    status : int
+        The ``cudnnStatus_t`` it returned.
+    name : str
+        The status's enum name (``CUDNN_STATUS_BAD_PARAM``, ...).
+    message : str
+        The status's text (cudnnGetErrorString).
+    detail : str, optional
+        The detail of the failure (cudnnGetLastErrorString, cuDNN 9; '' in
+        8, the default).
+
+    Attributes
+    ----------
+    function : str
+        The cuDNN function that failed.
+    status : int
+        The status code.
+    name : str
+        The status's enum name.
+    message : str
+        cudnnGetErrorString's text.
+    detail : str
+        cudnnGetLastErrorString's message (cuDNN 9; '' in 8).
     """
 
-    def __init__(self, function, status, name, message, detail=""):
+    def __init__(self, function: str, status: int, name: str, message: str,
+                 detail: str = "") -> None:
         self.function = function
         self.status = int(status)
         self.name = name
@@ -114,9 +152,34 @@ class CudnnError(CudnnBindError):
 
 
 class CudaError(CudnnBindError):
-    """A CUDA runtime call returned an error (`code`, `name`, `message`)."""
+    """A CUDA runtime call returned an error (`code`, `name`, `message`).
 
-    def __init__(self, function, code, name, message):
+    The message reads ``"<function> failed: <name> (<code>): <message>"``.
+
+    Parameters
+    ----------
+    function : str
+        The CUDA runtime function that failed.
+    code : int
+        The ``cudaError_t`` it returned.
+    name : str
+        The error's name (cudaGetErrorName: ``cudaErrorNoDevice``, ...).
+    message : str
+        The error's text (cudaGetErrorString).
+
+    Attributes
+    ----------
+    function : str
+        The CUDA runtime function that failed.
+    code : int
+        The error code.
+    name : str
+        The error's name.
+    message : str
+        cudaGetErrorString's text.
+    """
+
+    def __init__(self, function: str, code: int, name: str, message: str) -> None:
         self.function = function
         self.code = int(code)
         self.name = name
@@ -125,10 +188,24 @@ class CudaError(CudnnBindError):
 
 
 class UnsupportedError(ValueError):
-    """cuDNN has no kernel for this combination of layout, dtype, mode and
-    fused op (cudnn_bind.rules); `rule` names the rule, the message says
-    what the call would need."""
+    """cuDNN has no kernel for this combination of layout, dtype, mode and fused op.
 
-    def __init__(self, rule, message):
+    A ValueError, raised before any cuDNN call by the rules of
+    `cudnn_bind.rules`; `cudnn_bind.can_use_cudnn` reports the same words.
+
+    Parameters
+    ----------
+    rule : str
+        The rule's name (``"fused_activation"``).
+    message : str
+        What the call would need.
+
+    Attributes
+    ----------
+    rule : str
+        The rule's name.
+    """
+
+    def __init__(self, rule: str, message: str) -> None:
         self.rule = rule
         super().__init__(message)

@@ -18,14 +18,19 @@ Outputs, workspace and reserve space are allocated for the stream the
 kernels run on: from PyTorch's caching allocator or CuPy's pool under that
 stream when x comes from them, else from the binding's pool.
 """
+from __future__ import annotations
+
 import ctypes
 import functools
 import math
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from cudnn_bind import _lib
 from cudnn_bind._args import UINT64_MAX, integer, integers, show, stream_value
+from cudnn_bind._typing import DeviceArrayLike, DTypeLike, Int, Ints, StreamLike
 from cudnn_bind.pool import Block
 
 __all__ = ["DeviceArray", "DeviceBuffer", "View", "as_view", "DTYPE_SIZES"]
@@ -34,7 +39,7 @@ DTYPE_SIZES = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "uint8":
 _TYPESTR = {"f4": "float32", "f8": "float64", "f2": "float16", "u1": "uint8"}
 
 
-def _numpy_dtype(name):
+def _numpy_dtype(name: str) -> np.dtype[Any]:
     if name == "bfloat16":
         try:
             import ml_dtypes
@@ -44,7 +49,7 @@ def _numpy_dtype(name):
     return np.dtype(name)
 
 
-def dtype_name(dtype):
+def dtype_name(dtype: DTypeLike) -> str:
     """'float32', 'float64', 'float16', 'bfloat16' or 'uint8' for a NumPy/torch dtype or name."""
     if dtype is None:  # np.dtype(None) is float64
         raise TypeError("dtype must be given: float32, float64, float16 or bfloat16, got None")
@@ -62,7 +67,7 @@ def dtype_name(dtype):
     raise TypeError(f"unsupported dtype {show(dtype)}; expected float32, float64, float16 or bfloat16")
 
 
-def c_strides(shape):
+def c_strides(shape: Sequence[int]) -> tuple[int, ...]:
     st, acc = [], 1
     for d in reversed(shape):
         st.append(acc)
@@ -71,21 +76,22 @@ def c_strides(shape):
 
 
 @functools.lru_cache(maxsize=1024)
-def _span(shape, strides):
+def _span(shape: tuple[int, ...], strides: tuple[int, ...]) -> int:
     """Elements from the first to one past the last (0 for an empty array)."""
     if not all(shape):
         return 0
     return 1 + sum((d - 1) * s for d, s in zip(shape, strides))
 
 
-def current_device(lib):
+def current_device(lib: _lib.Library) -> int:
     dev = ctypes.c_int()
     if lib.cudart.cudaGetDevice(ctypes.byref(dev)):
         lib.cuda("cudaGetDevice", ctypes.byref(dev))  # raises, with the error's name
     return dev.value
 
 
-def _copy_and_wait(lib, dst, src, nbytes, kind, stream):
+def _copy_and_wait(lib: _lib.Library, dst: int, src: int, nbytes: int, kind: int,
+                   stream: Optional[int]) -> None:
     """cudaMemcpyAsync on `stream`, then wait for that stream."""
     lib.cuda("cudaMemcpyAsync", ctypes.c_void_p(dst), ctypes.c_void_p(src), nbytes, kind,
              ctypes.c_void_p(stream or None))
@@ -93,11 +99,56 @@ def _copy_and_wait(lib, dst, src, nbytes, kind, stream):
 
 
 class DeviceBuffer:
-    """Untyped device memory from the binding's stream-ordered pool
-    (`cudnn_bind.pool`), for use on `stream` (default: the legacy default
-    stream); given back by free(), a `with` block or garbage collection."""
+    """Untyped device memory from the binding's stream-ordered pool.
 
-    def __init__(self, nbytes, lib=None, *, stream=None):
+    The memory comes from `cudnn_bind.pool`, for use on `stream`, on the
+    current CUDA device; it is given back by `free`, by leaving a ``with``
+    block or by garbage collection.
+
+    Parameters
+    ----------
+    nbytes : int
+        The size in bytes, 0 to 2**64 - 1 (0 allocates nothing: ``ptr`` is 0).
+    lib : cudnn_bind._lib.Library, optional
+        The loaded library whose pool to use (default: the one
+        `cudnn_bind.load` loaded, or the default search finds).
+    stream : int or stream object, optional
+        The stream the memory is for: an int ``cudaStream_t`` or a stream
+        object with ``.cuda_stream`` (PyTorch), ``.ptr`` (CuPy) or
+        ``.handle`` (Numba).  None (the default) is the legacy default
+        stream, 0.
+
+    Attributes
+    ----------
+    nbytes : int
+        The size asked for, in bytes.
+    stream : int
+        The ``cudaStream_t`` the memory is for.
+    device : int
+        The device that was current at construction.
+    ptr : int
+        The device address; 0 after `free` (and for ``nbytes=0``).
+
+    Raises
+    ------
+    TypeError
+        If nbytes is not an int or stream is not a stream.
+    ValueError
+        If nbytes or the stream handle is out of range, or lib has been
+        unloaded (its pool is closed).
+    CudnnUnavailableError
+        If no cuDNN library loads.
+    CudaError
+        If the CUDA runtime fails (no device, out of memory).
+    """
+
+    nbytes: int
+    stream: int
+    device: int
+    ptr: int
+
+    def __init__(self, nbytes: Int, lib: Optional[_lib.Library] = None, *,
+                 stream: StreamLike = None) -> None:
         self._lib = lib or _lib.get()
         self.nbytes = integer(nbytes, "nbytes", 0, UINT64_MAX)
         self.stream = stream_value(stream, "stream")
@@ -106,34 +157,91 @@ class DeviceBuffer:
                        if self.nbytes else None)
         self.ptr = self._block.ptr if self._block is not None else 0
 
-    def free(self):
+    def free(self) -> None:
+        """Give the memory back to the pool now (once) and set ``ptr`` to 0.
+
+        The block goes to the free list of the buffer's stream; work queued
+        on that stream finishes before a later owner's.
+        """
         block, self._block = self._block, None
         self.ptr = 0
         if block is not None:
             block.release()
 
-    def __enter__(self):
+    def __enter__(self) -> DeviceBuffer:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.free()
 
 
 class DeviceArray:
     """A typed N-d array in device memory, for use without any array library.
 
-    `DeviceArray(shape, dtype)` allocates from the binding's stream-ordered
-    pool for `stream` (C order unless `strides` in elements are given);
+    ``DeviceArray(shape, dtype)`` allocates from the binding's
+    stream-ordered pool (`cudnn_bind.pool`) for `stream`, on the current
+    CUDA device (C order unless `strides` in elements are given);
     `from_numpy`/`to_numpy` copy on a stream and wait for it;
-    `from_pointer` wraps memory someone else owns.  Memory goes back to the
-    pool when the array (and any array sharing its block: a call's
+    `from_pointer` wraps memory someone else owns.  Memory goes back to
+    the pool when the array (and any array sharing its block: a call's
     statistics and reserve share one) is freed or garbage collected.
 
-    `stream` is the stream the array's contents are produced on (outputs
-    of cudnn_bind's calls: the stream the call ran on).  A call on another
-    stream waits for it first (an event, not a device synchronization), as
-    for the `stream` key of `__cuda_array_interface__`, which reports it.
-    None (from_pointer's default) means nothing to wait for.
+    Parameters
+    ----------
+    shape : sequence of int
+        The sizes of the dimensions, each >= 0.
+    dtype : str, numpy.dtype or torch.dtype, optional
+        "float32" (the default), "float64", "float16", "bfloat16" or
+        "uint8" (also "float" and "half", NumPy dtypes and PyTorch dtypes
+        of those).
+    strides : sequence of int, optional
+        The strides in elements (not bytes), each >= 0, one per dimension;
+        None (the default) is C order.
+    stream : int or stream object, optional
+        The stream the memory is for and its contents are produced on: an
+        int ``cudaStream_t`` or a stream object with ``.cuda_stream``
+        (PyTorch), ``.ptr`` (CuPy) or ``.handle`` (Numba).  None (the
+        default) is the legacy default stream, 0.
+
+    Attributes
+    ----------
+    shape : tuple of int
+        The sizes of the dimensions.
+    strides : tuple of int
+        The strides, in elements.
+    dtype : str
+        The dtype's name: "float32", "float64", "float16", "bfloat16" or
+        "uint8".
+    nbytes : int
+        The bytes the array spans, from its first element to one past its
+        last (0 for an empty array).
+    device : int or None
+        The CUDA device the memory is on (None for a `from_pointer` view of
+        host or unregistered memory).
+    stream : int or None
+        The stream the array's contents are produced on (outputs of
+        cudnn_bind's calls: the stream the call ran on).  A call on another
+        stream waits for it first (an event, not a device synchronization),
+        as for the ``stream`` key of ``__cuda_array_interface__``, which
+        reports it.  None (`from_pointer`'s default) means nothing to wait
+        for.
+    ptr : int
+        The device address of the first element; 0 after `free` (and for
+        an empty array).
+
+    Raises
+    ------
+    TypeError
+        If shape or strides are not sequences of ints, or dtype is not one
+        of those above.
+    ValueError
+        If a size or stride is negative, strides do not have one entry per
+        dimension, the array spans more bytes than a size_t holds, or the
+        stream handle is out of range.
+    CudnnUnavailableError
+        If no cuDNN library loads.
+    CudaError
+        If the CUDA runtime fails (no device, out of memory).
     """
     __slots__ = ("shape", "strides", "dtype", "nbytes", "device", "stream", "ptr", "_owner",
                  "__weakref__")
@@ -141,18 +249,28 @@ class DeviceArray:
     kind = "device_array"
     read_only = False
 
-    def __init__(self, shape, dtype="float32", strides=None, *, stream=None):
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    device: Optional[int]
+    stream: Optional[int]
+    ptr: int
+    _owner: object
+
+    def __init__(self, shape: Ints, dtype: DTypeLike = "float32",
+                 strides: Optional[Ints] = None, *, stream: StreamLike = None) -> None:
         self._set_geometry(shape, dtype, strides)
         if self.nbytes > UINT64_MAX:
             raise ValueError(f"shape {show(self.shape)} with strides {show(self.strides)} spans "
                              f"{show(self.nbytes)} bytes, more than a size_t holds")
-        self.stream = stream_value(stream, "stream")
+        stream = self.stream = stream_value(stream, "stream")
         lib = _lib.get()
-        self.device = current_device(lib)
-        self._owner = Block(lib.pool, self.nbytes, self.device, self.stream) if self.nbytes else None
-        self.ptr = self._owner.ptr if self._owner is not None else 0
+        device = self.device = current_device(lib)
+        owner = self._owner = Block(lib.pool, self.nbytes, device, stream) if self.nbytes else None
+        self.ptr = owner.ptr if owner is not None else 0
 
-    def _set_geometry(self, shape, dtype, strides):
+    def _set_geometry(self, shape: Ints, dtype: DTypeLike, strides: Optional[Ints]) -> None:
         """shape, dtype, strides (elements; None: C order) and nbytes, checked."""
         self.shape = integers(shape, "shape", 0)
         self.dtype = dtype_name(dtype)
@@ -163,23 +281,29 @@ class DeviceArray:
         self.nbytes = _span(self.shape, self.strides) * self.itemsize
 
     @property
-    def obj(self):
+    def obj(self) -> DeviceArray:
+        """The array itself (what a call keeps alive while it uses the memory)."""
         return self
 
     @property
-    def itemsize(self):
+    def itemsize(self) -> int:
+        """The size of one element in bytes (1, 2, 4 or 8)."""
         return DTYPE_SIZES[self.dtype]
 
     @property
-    def ndim(self):
+    def ndim(self) -> int:
+        """The number of dimensions."""
         return len(self.shape)
 
     @property
-    def size(self):
+    def size(self) -> int:
+        """The number of elements (exact, a Python int)."""
         return math.prod(self.shape)
 
     @classmethod
-    def _carve(cls, block, offset, shape, strides, dtype, nbytes, device, stream):
+    def _carve(cls, block: Optional[Block], offset: int, shape: tuple[int, ...],
+               strides: tuple[int, ...], dtype: str, nbytes: int, device: int,
+               stream: int) -> DeviceArray:
         """An array at `offset` bytes into `block` (arguments already checked)."""
         self = cls.__new__(cls)
         self.shape, self.strides, self.dtype = shape, strides, dtype
@@ -189,10 +313,51 @@ class DeviceArray:
         return self
 
     @classmethod
-    def from_pointer(cls, ptr, shape, dtype, strides=None, owner=None, *, stream=None):
-        """A view of device memory at integer address `ptr` (not freed by us;
-        `owner` is kept alive with the view).  `stream`: where its contents
-        are produced (None: ready now)."""
+    def from_pointer(cls, ptr: Int, shape: Ints, dtype: DTypeLike,
+                     strides: Optional[Ints] = None, owner: object = None, *,
+                     stream: StreamLike = None) -> DeviceArray:
+        """A view of device memory someone else owns, at an integer address.
+
+        The memory is not freed by cudnn_bind; `owner` is kept alive with
+        the view.  The view's ``device`` is the device that owns `ptr`
+        (cudaPointerGetAttributes; None for host or unregistered memory),
+        or the current device for a NULL `ptr`.
+
+        Parameters
+        ----------
+        ptr : int
+            The device address of the first element, 0 to 2**64 - 1.
+        shape : sequence of int
+            The sizes of the dimensions, each >= 0.
+        dtype : str, numpy.dtype or torch.dtype
+            "float32", "float64", "float16", "bfloat16" or "uint8" (as for
+            the constructor).
+        strides : sequence of int, optional
+            The strides in elements, each >= 0; None (the default) is C order.
+        owner : object, optional
+            Any object to keep alive as long as the view (the array that
+            owns the memory, say).
+        stream : int or stream object, optional
+            Where the memory's contents are produced: an int
+            ``cudaStream_t`` or a stream object (``.cuda_stream``, ``.ptr``
+            or ``.handle``).  None (the default) means they are ready now:
+            nothing to wait for.
+
+        Returns
+        -------
+        DeviceArray
+            The view, with ``stream`` None unless `stream` is given.
+
+        Raises
+        ------
+        TypeError
+            If ptr is not an int, shape or strides are not sequences of
+            ints, dtype is not supported or stream is not a stream.
+        ValueError
+            If ptr, a size, a stride or the stream handle is out of range,
+            strides do not match shape, or ptr plus the bytes the array
+            spans overflows 64 bits.
+        """
         ptr = integer(ptr, "ptr (a device address)", 0, UINT64_MAX)
         self = cls.__new__(cls)
         self._set_geometry(shape, dtype, strides)
@@ -206,9 +371,36 @@ class DeviceArray:
         return self
 
     @classmethod
-    def from_numpy(cls, array, *, stream=None):
-        """A device copy of a host array, made on `stream` (default: the
-        legacy default stream), which is waited for before returning."""
+    def from_numpy(cls, array: ArrayLike, *, stream: StreamLike = None) -> DeviceArray:
+        """A device copy of a host array.
+
+        The copy is made on `stream`, which is waited for before returning.
+        The device array is C-contiguous, in the host array's dtype (in
+        native byte order), on the current device.
+
+        Parameters
+        ----------
+        array : array_like
+            The host data: anything ``numpy.asarray`` takes, of dtype
+            float32, float64, float16, bfloat16 (ml_dtypes) or uint8.
+        stream : int or stream object, optional
+            The stream to copy on, which the new array is for: an int
+            ``cudaStream_t`` or a stream object (``.cuda_stream``, ``.ptr``
+            or ``.handle``).  None (the default) is the legacy default
+            stream, 0.
+
+        Returns
+        -------
+        DeviceArray
+            The copy, of the array's shape.
+
+        Raises
+        ------
+        TypeError
+            If the array's dtype is not one of those above.
+        CudaError
+            If the copy fails.
+        """
         host = np.ascontiguousarray(array)
         if not host.dtype.isnative:
             host = host.astype(host.dtype.newbyteorder("="))
@@ -219,10 +411,35 @@ class DeviceArray:
                            _lib.CUDA_MEMCPY_HOST_TO_DEVICE, out.stream)
         return out
 
-    def to_numpy(self, *, stream=None):
-        """A host copy (strided arrays come back with the same strides),
-        made on `stream` (default: the array's own stream, else the legacy
-        default stream) after the work queued there, which is waited for."""
+    def to_numpy(self, *, stream: StreamLike = None) -> NDArray[Any]:
+        """A host copy of the array.
+
+        The copy is made on `stream` after the work queued there, and
+        waited for; when the array's own ``stream`` is another one, that
+        stream is synchronized first (its producer).  A strided array is
+        read through its strides.
+
+        Parameters
+        ----------
+        stream : int or stream object, optional
+            The stream to copy on: an int ``cudaStream_t`` or a stream
+            object (``.cuda_stream``, ``.ptr`` or ``.handle``).  None (the
+            default) is the array's own stream, else the legacy default
+            stream.
+
+        Returns
+        -------
+        numpy.ndarray
+            A new C-contiguous array of the same shape and dtype
+            (ml_dtypes' bfloat16 for "bfloat16").
+
+        Raises
+        ------
+        ValueError
+            If the array has been freed (and is not empty).
+        CudaError
+            If the copy fails.
+        """
         stream = (self.stream or 0) if stream is None else stream_value(stream, "stream")
         raw = np.empty(self.nbytes // self.itemsize, dtype=_numpy_dtype(self.dtype))
         if self.nbytes:
@@ -236,30 +453,40 @@ class DeviceArray:
         return np.lib.stride_tricks.as_strided(
             raw, self.shape, tuple(s * self.itemsize for s in self.strides)).copy()
 
-    def free(self):
-        """Drop this array's memory: a block of the pool goes back once no
-        other array holds it; a from_pointer view only forgets its owner."""
+    def free(self) -> None:
+        """Drop this array's memory and set ``ptr`` to 0.
+
+        A block of the pool goes back once no other array holds it; a
+        `from_pointer` view only forgets its owner.
+        """
         self._owner = None
         self.ptr = 0
 
-    def __enter__(self):
+    def __enter__(self) -> DeviceArray:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.free()
 
     @property
-    def __cuda_array_interface__(self):
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """The CUDA Array Interface (version 3) of the array.
+
+        Strides in bytes; ``stream`` is the array's stream (1 for the legacy
+        default stream, as the interface forbids 0) or None.  A bfloat16
+        array has none (TypeError): the interface has no bfloat16 type.
+        """
         if self.dtype == "bfloat16":
             raise TypeError("__cuda_array_interface__ has no bfloat16 type")
-        cai = {"shape": self.shape, "typestr": _numpy_dtype(self.dtype).str,
-               "data": (self.ptr, False), "version": 3,
-               "strides": tuple(s * self.itemsize for s in self.strides)}
+        cai: dict[str, Any] = {
+            "shape": self.shape, "typestr": _numpy_dtype(self.dtype).str,
+            "data": (self.ptr, False), "version": 3,
+            "strides": tuple(s * self.itemsize for s in self.strides)}
         # the interface's "stream": 1 is the legacy default stream (0 is not allowed)
         cai["stream"] = None if self.stream is None else (self.stream or 1)
         return cai
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"DeviceArray(shape={self.shape}, dtype={self.dtype}, device={self.device}, "
                 f"stream={self.stream})")
 
@@ -270,22 +497,23 @@ class View:
     __slots__ = ("ptr", "shape", "strides", "dtype", "device", "kind", "obj", "read_only",
                  "stream")
 
-    def __init__(self, ptr, shape, strides, dtype, device, kind, obj, read_only=False,
-                 stream=None):
+    def __init__(self, ptr: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: str,
+                 device: Optional[int], kind: str, obj: Any, read_only: bool = False,
+                 stream: Optional[int] = None) -> None:
         self.ptr, self.shape, self.strides = ptr, shape, strides
         self.dtype, self.device, self.kind, self.obj = dtype, device, kind, obj
         self.read_only, self.stream = read_only, stream
 
     @property
-    def ndim(self):
+    def ndim(self) -> int:
         return len(self.shape)
 
     @property
-    def size(self):
+    def size(self) -> int:
         return math.prod(self.shape)  # exact: np.prod would wrap at 2**63
 
 
-def _pointer_device(lib, ptr):
+def _pointer_device(lib: _lib.Library, ptr: int) -> Optional[int]:
     """The device that owns `ptr`, or None for host/unregistered memory."""
     attrs = lib.PointerAttributes()
     lib.cuda("cudaPointerGetAttributes", ctypes.byref(attrs), ctypes.c_void_p(ptr))
@@ -294,11 +522,11 @@ def _pointer_device(lib, ptr):
     return None
 
 
-def _is_torch_tensor(obj):
+def _is_torch_tensor(obj: object) -> bool:
     return type(obj).__module__.startswith("torch") and hasattr(obj, "data_ptr")
 
 
-def _from_cai(obj, name, lib):
+def _from_cai(obj: Any, name: str, lib: _lib.Library) -> View:
     cai = obj.__cuda_array_interface__
     what = f"{name}.__cuda_array_interface__"
     if not isinstance(cai, dict):
@@ -339,7 +567,7 @@ def _from_cai(obj, name, lib):
                 _cai_stream(cai.get("stream"), what))
 
 
-def _cai_stream(value, what):
+def _cai_stream(value: object, what: str) -> Optional[int]:
     """The producer's stream from the interface's optional "stream" key (v3):
     None (nothing to wait for), 1 (the legacy default stream, 0 here), 2
     (the per-thread default stream) or a cudaStream_t; 0 is not allowed."""
@@ -381,18 +609,19 @@ _capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c
     ("PyCapsule_GetPointer", ctypes.pythonapi))
 
 
-def _torch():
+def _torch() -> Any:
     import torch
     return torch
 
 
-def _dlpack_capsule(obj, name, stream, lib):
+def _dlpack_capsule(obj: Any, name: str, stream: Optional[int], lib: _lib.Library) -> Any:
     """obj's capsule; the producer is told the consumer's `stream` (DLPack:
     1 for the legacy default stream, as 0 is not allowed) and makes it wait
     for its own work."""
     if not hasattr(obj, "__dlpack__"):
         return obj
-    attempts = [{"max_version": (1, 0)}, {}]  # DLPack 1.x first; older producers lack it
+    # DLPack 1.x first; older producers lack it
+    attempts: list[dict[str, object]] = [{"max_version": (1, 0)}, {}]
     if stream is not None:
         attempts = [dict(a, stream=stream or 1) for a in attempts] + [{}]
     for kwargs in attempts[:-1]:
@@ -411,7 +640,7 @@ def _dlpack_capsule(obj, name, stream, lib):
     return capsule
 
 
-def _from_dlpack(obj, name, stream, lib):
+def _from_dlpack(obj: Any, name: str, stream: Optional[int], lib: _lib.Library) -> View:
     capsule = _dlpack_capsule(obj, name, stream, lib)
     if _capsule_valid(capsule, b"dltensor_versioned"):
         base = _capsule_pointer(capsule, b"dltensor_versioned")
@@ -448,7 +677,8 @@ def _from_dlpack(obj, name, stream, lib):
                 read_only)
 
 
-def as_view(obj, name, lib=None, stream=None):
+def as_view(obj: DeviceArrayLike, name: str, lib: Optional[_lib.Library] = None,
+            stream: Optional[int] = None) -> Union[View, DeviceArray]:
     """A View of an array argument, or TypeError naming `name`.  `stream`:
     the stream the caller will use it on (given to DLPack producers)."""
     if type(obj) is DeviceArray:
@@ -478,11 +708,11 @@ def as_view(obj, name, lib=None, stream=None):
                     f"got {type(obj).__name__}")
 
 
-_TORCH_DTYPES = {}
-_EXTERNAL_STREAMS = {}
+_TORCH_DTYPES: dict[str, Any] = {}
+_EXTERNAL_STREAMS: dict[tuple[str, int, int], Any] = {}
 
 
-def _external_stream(module, device, stream):
+def _external_stream(module: Any, device: int, stream: int) -> Any:
     """PyTorch's or CuPy's stream object for a raw cudaStream_t (cached:
     creating one costs)."""
     key = (module.__name__, device, stream)
@@ -499,7 +729,12 @@ def _external_stream(module, device, stream):
     return s
 
 
-def new_arrays(kind, device, stream, specs, lib):
+# an array to allocate: (shape, strides in elements, dtype name)
+Spec = tuple[tuple[int, ...], tuple[int, ...], str]
+
+
+def new_arrays(kind: str, device: int, stream: int, specs: Sequence[Spec],
+               lib: _lib.Library) -> tuple[Sequence[Any], Sequence[int]]:
     """New device arrays for use on `stream`, one per (shape, strides, dtype)
     in `specs`: from PyTorch's or CuPy's allocator (kind "torch"/"cupy")
     under that stream, so that freeing them is ordered after the work
@@ -528,7 +763,8 @@ def new_arrays(kind, device, stream, specs, lib):
     return arrays, [a.ptr for a in arrays]
 
 
-def _framework_array(kind, device, stream, shape, strides, dtype):
+def _framework_array(kind: str, device: int, stream: int, shape: tuple[int, ...],
+                     strides: tuple[int, ...], dtype: str) -> Any:
     if kind == "torch":
         torch = _torch()
         if not _TORCH_DTYPES:
@@ -550,7 +786,7 @@ def _framework_array(kind, device, stream, shape, strides, dtype):
         return cupy.lib.stride_tricks.as_strided(base, shape, tuple(s * size for s in strides))
 
 
-def data_ptr(array):
+def data_ptr(array: Any) -> int:
     """The device address of an array new_arrays made."""
     if isinstance(array, DeviceArray):
         return array.ptr
@@ -559,7 +795,8 @@ def data_ptr(array):
     return array.data.ptr
 
 
-def scratch(kind, device, stream, nbytes, lib):
+def scratch(kind: str, device: int, stream: int, nbytes: int,
+            lib: _lib.Library) -> tuple[int, Any]:
     """(pointer, owner) of nbytes of device scratch memory for `stream`."""
     if nbytes == 0:
         return 0, None

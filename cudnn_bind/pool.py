@@ -24,9 +24,12 @@ Cached blocks are handed back to CUDA (a device synchronization, then
 cudaFree) by `empty_cache()`, when cudaMalloc runs out of memory (then the
 allocation is retried once), and when the library is unloaded.
 """
+from __future__ import annotations
+
 import ctypes
 import itertools
 import threading
+from typing import Any, Hashable, Optional, Protocol
 
 from cudnn_bind.errors import CudaError
 
@@ -36,7 +39,14 @@ __all__ = ["Pool", "Block", "ALIGNMENT"]
 ALIGNMENT = 512
 
 
-def rounded(nbytes):
+class _Runtime(Protocol):
+    """What the pool needs of a cudnn_bind._lib.Library (which imports this
+    module): its checked CUDA runtime calls."""
+
+    def cuda(self, function: str, *args: Any) -> None: ...
+
+
+def rounded(nbytes: int) -> int:
     """The size of the block an allocation of nbytes takes."""
     return -(-nbytes // ALIGNMENT) * ALIGNMENT
 
@@ -48,7 +58,7 @@ _thread_numbers = itertools.count()
 _this_thread = threading.local()
 
 
-def stream_key(stream):
+def stream_key(stream: int) -> Hashable:
     """What identifies a stream across threads: the per-thread default
     stream's handle (2) names another stream in each thread (numbered here
     once per thread: thread idents are reused as soon as a thread ends)."""
@@ -66,20 +76,20 @@ class Block:
     arrays carved from it hold it), or at release()."""
     __slots__ = ("ptr", "nbytes", "device", "key", "_pool")
 
-    def __init__(self, pool, nbytes, device, stream):
+    def __init__(self, pool: Pool, nbytes: int, device: int, stream: int) -> None:
         self.nbytes = -(-nbytes // ALIGNMENT) * ALIGNMENT  # rounded(nbytes)
         self.device = device
         self.key = stream if stream != PER_THREAD_STREAM else stream_key(stream)
         self.ptr = pool.take(self.nbytes, device, self.key)
-        self._pool = pool
+        self._pool: Optional[Pool] = pool
 
-    def release(self):
+    def release(self) -> None:
         """Give the block back now (once); later users of ptr are the caller's bug."""
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.give(self.ptr, self.nbytes, self.device, self.key)
 
-    def __del__(self):
+    def __del__(self) -> None:
         try:
             self.release()
         except Exception:  # interpreter shutdown: the library may be gone
@@ -94,14 +104,14 @@ class Pool:
     give() may need is made before), so no garbage collection, and no
     Block.__del__, can run there and ask for the lock again."""
 
-    def __init__(self, lib):
+    def __init__(self, lib: _Runtime) -> None:
         self._lib = lib
         self._lock = threading.Lock()
-        self._free = {}
+        self._free: dict[tuple[int, Hashable, int], list[int]] = {}
         self._closed = False
         self.reserved_bytes = 0  # cudaMalloc'ed and not yet cudaFree'd
 
-    def take(self, size, device, stream):
+    def take(self, size: int, device: int, stream: Hashable) -> int:
         """The address of `size` (a rounded(), > 0) bytes on `device` for
         `stream` (a stream_key()).  The caller has made `device` current."""
         with self._lock:
@@ -113,9 +123,9 @@ class Pool:
                 return free.pop()
         return self._cuda_malloc(size)
 
-    def give(self, ptr, size, device, stream):
+    def give(self, ptr: int, size: int, device: int, stream: Hashable) -> None:
         """Put a block from take() back on the free list of its stream."""
-        spare = []
+        spare: list[int] = []
         with self._lock:
             if not self._closed:
                 self._free.setdefault((device, stream, size), spare).append(ptr)
@@ -123,15 +133,15 @@ class Pool:
         self._cuda_free(ptr, size)
 
     @property
-    def cached_bytes(self):
+    def cached_bytes(self) -> int:
         with self._lock:
             return sum(key[2] * len(ptrs) for key, ptrs in self._free.items())
 
     @property
-    def live_bytes(self):
+    def live_bytes(self) -> int:
         return self.reserved_bytes - self.cached_bytes
 
-    def _cuda_malloc(self, size):
+    def _cuda_malloc(self, size: int) -> int:
         out = ctypes.c_void_p()
         try:
             self._lib.cuda("cudaMalloc", ctypes.byref(out), size)
@@ -142,14 +152,14 @@ class Pool:
             self._lib.cuda("cudaMalloc", ctypes.byref(out), size)
         with self._lock:
             self.reserved_bytes += size
-        return out.value
+        return out.value or 0  # NULL only for size 0, which take() never asks for
 
-    def _cuda_free(self, ptr, size):
+    def _cuda_free(self, ptr: int, size: int) -> None:
         self._lib.cuda("cudaFree", ctypes.c_void_p(ptr))
         with self._lock:
             self.reserved_bytes -= size
 
-    def empty_cache(self):
+    def empty_cache(self) -> None:
         """Free every cached (unowned) block: each device with cached blocks
         is synchronized first, since queued work may still use them."""
         with self._lock:  # detached whole: no other thread can reach these blocks
@@ -170,7 +180,7 @@ class Pool:
         finally:
             self._lib.cuda("cudaSetDevice", current.value)
 
-    def close(self):
+    def close(self) -> None:
         """Empty the cache; blocks still owned are freed as their owners die."""
         with self._lock:
             self._closed = True

@@ -24,6 +24,11 @@ use it):
   conditions for its NHWC kernel; TensorFlow's remapper and CuPy gate on
   the same.
 """
+from __future__ import annotations
+
+from typing import Iterable, Optional, Sequence
+
+from cudnn_bind._typing import ModeLike
 from cudnn_bind.descriptors import PER_ACTIVATION, SPATIAL, SPATIAL_PERSISTENT, bn_mode
 from cudnn_bind.errors import UnsupportedError
 
@@ -33,7 +38,7 @@ MODE_NAMES = {PER_ACTIVATION: "PER_ACTIVATION", SPATIAL: "SPATIAL",
               SPATIAL_PERSISTENT: "SPATIAL_PERSISTENT"}
 
 
-def packed(shape, strides, order):
+def packed(shape: Sequence[int], strides: Sequence[int], order: Iterable[int]) -> bool:
     """Whether an array is densely packed with its dimensions, innermost
     first, in `order` (size-1 dimensions may have any stride)."""
     acc = 1
@@ -44,14 +49,14 @@ def packed(shape, strides, order):
     return True
 
 
-def layout_order(ndim, layout):
+def layout_order(ndim: int, layout: str) -> list[int]:
     """The dimensions of a packed `layout`, innermost first."""
     if layout == "channels_last":
         return [1] + list(range(ndim - 1, 1, -1)) + [0]
     return list(range(ndim - 1, -1, -1))
 
 
-def _torch_says_channels_last(shape, strides):
+def _torch_says_channels_last(shape: Sequence[int], strides: Sequence[int]) -> bool:
     """PyTorch's is_channels_last_strides_2d/3d (the rule behind
     suggest_memory_format): the strides of size-1 dimensions decide."""
     if strides[1] == 0:
@@ -67,7 +72,7 @@ def _torch_says_channels_last(shape, strides):
     return True
 
 
-def layout_of(shape, strides, name="x"):
+def layout_of(shape: Sequence[int], strides: Sequence[int], name: str = "x") -> str:
     """'contiguous' (packed N,C,...) or 'channels_last' (packed N,...,C; 4-D
     and 5-D), else ValueError naming `name`."""
     nd = len(shape)
@@ -83,7 +88,8 @@ def layout_of(shape, strides, name="x"):
                      f"got shape {shape} with strides {strides} (elements)")
 
 
-def _fused_rule(fused, ndim, layout, dtype, channels, mode, version):
+def _fused_rule(fused: str, ndim: int, layout: str, dtype: Optional[str], channels: int,
+                mode: Optional[int], version: int) -> Optional[str]:
     """None when cuDNN has a kernel for the fused op, else why not."""
     need_c4 = fused == "add_relu" or version < 8200
     wants = []
@@ -104,7 +110,9 @@ def _fused_rule(fused, ndim, layout, dtype, channels, mode, version):
             f"in SPATIAL_PERSISTENT mode; this call needs " + "; ".join(wants))
 
 
-def plan_mode(ndim, layout, dtype, channels, training, mode=None, fused=None, version=90000):
+def plan_mode(ndim: int, layout: str, dtype: Optional[str], channels: int, training: bool,
+              mode: Optional[ModeLike] = None, fused: Optional[str] = None,
+              version: int = 90000) -> int:
     """The cudnnBatchNormMode_t for a call, or UnsupportedError naming the rule.
 
     `mode`: None (choose as ATen does) or an explicit mode; `fused`: None,

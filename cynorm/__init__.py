@@ -35,10 +35,8 @@ __path__ = _pkgutil.extend_path(__path__, __name__)
 
 from cynorm._version import __version__  # noqa: E402
 from cynorm._threads import get_num_threads, set_num_threads  # noqa: E402
-from cynorm._config import config, set_alloc_cache_limit, show_config  # noqa: E402
-from cynorm._kernels._alloc import (  # noqa: E402
-    cache_info as alloc_cache_info,
-    clear_cache as clear_alloc_cache,
+from cynorm._config import (  # noqa: E402
+    alloc_cache_info, clear_alloc_cache, config, set_alloc_cache_limit, show_config,
 )
 from cynorm.layernorm import layer_norm, layer_norm_backward  # noqa: E402
 from cynorm.batchnorm import batch_norm, batch_norm_backward  # noqa: E402

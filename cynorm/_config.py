@@ -1,7 +1,11 @@
 """What this build is and what it runs on: show_config() and config(); and
-set_alloc_cache_limit, the output-block cache's one setting."""
+set_alloc_cache_limit, alloc_cache_info and clear_alloc_cache, the
+output-block cache's setting and state."""
+from __future__ import annotations
+
 import platform
 import sys
+from typing import Any
 
 import numpy as np
 
@@ -48,8 +52,22 @@ def _dispatch(compiled):
             "CYNORM_SIMD forces a lower one)")
 
 
-def config():
-    """The build configuration as a dict (show_config prints it)."""
+def config() -> dict[str, Any]:
+    """The build configuration and what this machine offers it.
+
+    Returns
+    -------
+    dict
+        Keys: version, python, numpy, platform, compiler, openmp,
+        openmp_runtime, threads (the next call's thread count), cpus,
+        simd_compiled, simd_dispatch (the SIMD level the kernels run at),
+        cpu_features, float16_conversion, bfloat16_stores, dtypes and cudnn
+        (cudnn_bind.describe()).  Values are str or int.
+
+    See Also
+    --------
+    show_config : prints this dict.
+    """
     import cudnn_bind
 
     info = build_info()
@@ -74,15 +92,54 @@ def config():
     }
 
 
-def show_config():
-    """Print the build configuration."""
+def show_config() -> None:
+    """Print the build configuration (config()), one key per line."""
     cfg = config()
     width = max(map(len, cfg))
     for key, value in cfg.items():
         print(f"  {key:<{width}}  {value}")
 
 
-def set_alloc_cache_limit(limit):
-    """Keep at most `limit` bytes (an int >= 0) of freed output blocks; 0
-    turns the cache off."""
+def set_alloc_cache_limit(limit: int) -> None:
+    """Keep at most `limit` bytes of freed output blocks.
+
+    Large outputs are allocated through a small cache of freed blocks, so a
+    training loop does not page-fault fresh memory at every call.
+
+    Parameters
+    ----------
+    limit : int
+        Bytes, 0 <= limit < 2**64.  Blocks held beyond it are freed at once;
+        0 turns the cache off.  The limit at start-up is 512 MiB, or
+        CYNORM_ALLOC_CACHE (a byte count, or off).
+
+    Raises
+    ------
+    TypeError
+        If limit is not an int.
+    ValueError
+        If limit is negative or not below 2**64.
+    """
     _alloc.set_cache_limit(check_byte_count(limit))
+
+
+def alloc_cache_info() -> dict[str, int]:
+    """The state of the output-block cache.
+
+    Returns
+    -------
+    dict
+        limit (bytes it may hold), held (bytes it holds), blocks (how many),
+        slots (how many blocks it can hold), min_size (outputs of at least
+        this many bytes go through it), hits and misses (allocations served
+        from it or not, since start-up).
+    """
+    return _alloc.cache_info()
+
+
+def clear_alloc_cache() -> None:
+    """Return every block the output-block cache holds to the system.
+
+    The cache stays on with its limit (set_alloc_cache_limit(0) turns it off).
+    """
+    _alloc.clear_cache()

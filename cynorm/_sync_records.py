@@ -26,6 +26,10 @@ ranks that disagree on the statistics' dtype (which sizes the backward's
 buffer).  Both markers survive every merge, so all ranks learn of a failure
 from the one collective and can raise together.
 """
+from __future__ import annotations
+
+from typing import Any
+
 import numpy as np
 
 from cynorm.batchnorm_stats import chan_merge
@@ -232,8 +236,9 @@ def _merge_op(fmt):
     return op
 
 
-_ops = {}           # format -> MPI.Op
-_datatypes = {}     # (format, C) -> committed MPI datatype of one record
+# (the values are mpi4py objects, typed Any: this module imports without mpi4py)
+_ops: dict[type, Any] = {}                      # format -> MPI.Op
+_datatypes: dict[tuple[type, int], Any] = {}    # (format, C) -> committed MPI datatype of a record
 
 
 def reduction(MPI, fmt, C):

@@ -1,14 +1,18 @@
 """Argument checks shared by every op: one place says "expected X, got Y"."""
+from __future__ import annotations
+
 import math
 import operator
+from typing import Any, Collection, Optional, Sequence
 
 import numpy as np
 from numpy.exceptions import AxisError
 
-from cynorm._dtypes import POLICY, SUPPORTED_NAMES
+from cynorm._dtypes import POLICY, SUPPORTED_NAMES, Policy
+from cynorm._typing import Array, ArrayLike, OutArray, OutArrays
 
 
-def as_float_array(x, name):
+def as_float_array(x: ArrayLike, name: str) -> tuple[Array, Policy]:
     """x as an ndarray of a supported floating dtype; returns (array, policy).
 
     Array-likes (lists, objects with __array__) are converted as np.asarray
@@ -30,7 +34,7 @@ def as_float_array(x, name):
     return x, policy
 
 
-def as_array(x, name):
+def as_array(x: ArrayLike, name: str) -> Array:
     """np.asarray(x), its errors (ragged nested lists, ...) naming the
     argument.  Masked arrays are refused: their mask would be silently ignored."""
     if isinstance(x, np.ma.MaskedArray):
@@ -42,7 +46,7 @@ def as_array(x, name):
         raise kind(f"{name} could not be converted to an array: {e}") from None
 
 
-def in_memory(a):
+def in_memory(a: Array) -> Array:
     """a, or a C-contiguous copy of it when it claims more elements than the
     memory it spans holds (a broadcast or self-overlapping view).
 
@@ -58,7 +62,7 @@ def in_memory(a):
     return np.ascontiguousarray(a) if a.nbytes > span else a
 
 
-def as_dtype(value, name):
+def as_dtype(value: Any, name: str) -> np.dtype[Any]:
     """value as a np.dtype (a dtype, a type or a name), or a TypeError naming `name`."""
     if value is None:
         raise TypeError(f"{name} must be a dtype, got None")
@@ -68,7 +72,7 @@ def as_dtype(value, name):
         raise TypeError(f"{name} must be a dtype, got {value!r}") from None
 
 
-def real_number(value, name, what="a real number"):
+def real_number(value: Any, name: str, what: str = "a real number") -> float:
     """value (an int or a float, NumPy's too; never a bool) as a Python float.
     An int beyond float's range raises ValueError naming `name` (not
     float()'s OverflowError)."""
@@ -79,7 +83,7 @@ def real_number(value, name, what="a real number"):
         return float(value)
     except OverflowError:
         raise ValueError(f"{name} must be {what}, got an int too large for a float "
-                         f"({value.bit_length()} bits)") from None
+                         f"({int(value).bit_length()} bits)") from None
 
 
 class IndexOutOfRange(ValueError, IndexError):
@@ -87,7 +91,7 @@ class IndexOutOfRange(ValueError, IndexError):
     and an IndexError, as NumPy's AxisError is, for code that catches that."""
 
 
-def check_index(index, size, name, where):
+def check_index(index: Any, size: int, name: str, where: str) -> int:
     """index (an int) wrapped into [0, size); `where` names what is indexed."""
     i = check_int(index, name)
     if not -size <= i < size:
@@ -96,7 +100,7 @@ def check_index(index, size, name, where):
     return i % size
 
 
-def int_tuple(value, name, what="an int or a tuple of ints"):
+def int_tuple(value: Any, name: str, what: str = "an int or a tuple of ints") -> tuple[int, ...]:
     """value (an int, or a sequence of ints) as a tuple of Python ints."""
     if isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be {what}, got {value!r}")
@@ -113,7 +117,7 @@ def int_tuple(value, name, what="an int or a tuple of ints"):
     return tuple(check_int(v, name, what) for v in items)
 
 
-def check_int(value, name, what="an int"):
+def check_int(value: Any, name: str, what: str = "an int") -> int:
     """value as a Python int: integers and 0-d integer arrays, never bools."""
     if isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be {what}, got {value!r}")
@@ -123,7 +127,7 @@ def check_int(value, name, what="an int"):
         raise TypeError(f"{name} must be {what}, got {type(value).__name__}") from None
 
 
-def normalize_dim(dim, ndim, name="dim"):
+def normalize_dim(dim: Any, ndim: int, name: str = "dim") -> Optional[int]:
     """dim wrapped into [0, ndim), or None (meaning: every axis)."""
     if dim is None:
         return None
@@ -136,21 +140,22 @@ def normalize_dim(dim, ndim, name="dim"):
     return d + ndim if d < 0 else d
 
 
-def split_shape(shape, dim):
+def split_shape(shape: Sequence[int], dim: Optional[int]) -> tuple[int, int, int]:
     """(A, D, B): the product of the axes before dim, dim's size, the product after."""
     if dim is None:
         return 1, 1, math.prod(shape)
     return math.prod(shape[:dim]), shape[dim], math.prod(shape[dim + 1:])
 
 
-def kept_shape(shape, dim):
+def kept_shape(shape: Sequence[int], dim: Optional[int]) -> tuple[int, ...]:
     """The keepdims shape of a reduction over every axis but dim."""
     if dim is None:
         return (1,) * len(shape)
     return tuple(s if i == dim else 1 for i, s in enumerate(shape))
 
 
-def check_per_channel(x, name, v_shape, dim, dtypes):
+def check_per_channel(x: Array, name: str, v_shape: tuple[int, ...], dim: Optional[int],
+                      dtypes: Collection[Any]) -> Array:
     """x holds one value per index of v's dim: keepdims layout or 1-D; returns x."""
     shape = x.shape
     if dim is None:
@@ -167,7 +172,7 @@ def check_per_channel(x, name, v_shape, dim, dtypes):
     return check_dtype(x, name, dtypes)
 
 
-def check_dtype(a, name, dtypes):
+def check_dtype(a: Array, name: str, dtypes: Collection[Any]) -> Array:
     """a's dtype is one of dtypes; returns a."""
     if a.dtype not in dtypes:
         raise TypeError(f"{name} must have dtype "
@@ -175,14 +180,14 @@ def check_dtype(a, name, dtypes):
     return a
 
 
-def check_same(x, name, shape, dtype, ref="v"):
+def check_same(x: Array, name: str, shape: tuple[int, ...], dtype: Any, ref: str = "v") -> None:
     if x.shape != shape:
         raise ValueError(f"{name} must have the shape of {ref} {shape}, got {x.shape}")
     if x.dtype != dtype:
         raise TypeError(f"{name} must have the dtype of {ref} ({dtype}), got {x.dtype}")
 
 
-def check_out(out, name, shape, dtype, order="C"):
+def check_out(out: Any, name: str, shape: tuple[int, ...], dtype: Any, order: str = "C") -> Array:
     """A caller-provided output: an ndarray of exactly shape/dtype, writeable,
     and contiguous in `order`: "C", or "CF" for either order."""
     if not isinstance(out, np.ndarray):
@@ -203,7 +208,7 @@ def check_out(out, name, shape, dtype, order="C"):
     return out
 
 
-def single_out(out):
+def single_out(out: OutArray) -> Optional[Array]:
     """out= of a single-output function: an array or None, or a tuple of
     one (array or None), the form the multi-output functions take."""
     if isinstance(out, tuple):
@@ -214,7 +219,7 @@ def single_out(out):
     return out
 
 
-def split_out(out, names):
+def split_out(out: OutArrays, names: Sequence[str]) -> tuple[Optional[Array], ...]:
     """out=None or a tuple with one entry (array or None) per output."""
     n = len(names)
     if out is None:
@@ -229,7 +234,7 @@ def split_out(out, names):
 MAX_THREADS = 2**31 - 1      # omp_set_num_threads takes a C int
 
 
-def check_threads(n):
+def check_threads(n: Any) -> int:
     n = check_int(n, "n", "a positive int")
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
@@ -238,7 +243,7 @@ def check_threads(n):
     return n
 
 
-def check_byte_count(limit, name="limit"):
+def check_byte_count(limit: Any, name: str = "limit") -> int:
     """A byte count: an int, 0 <= limit < 2**64 (a C size_t)."""
     limit = check_int(limit, name, "an int (a number of bytes)")
     if limit < 0:
@@ -248,7 +253,7 @@ def check_byte_count(limit, name="limit"):
     return limit
 
 
-def check_eps(eps, name="eps"):
+def check_eps(eps: Any, name: str = "eps") -> float:
     """eps as a float >= 0."""
     e = real_number(eps, name, "a real number >= 0")
     if not e >= 0.0:        # also rejects NaN
@@ -256,13 +261,13 @@ def check_eps(eps, name="eps"):
     return e
 
 
-def check_bool(value, name):
+def check_bool(value: Any, name: str) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be a bool, got {value!r}")
     return bool(value)
 
 
-def check_real(value, name):
+def check_real(value: Any, name: str) -> float:
     """A finite real number (momentum and the like)."""
     v = real_number(value, name)
     if not math.isfinite(v):
@@ -270,7 +275,7 @@ def check_real(value, name):
     return v
 
 
-def check_mask(mask, name="output_mask", n=3):
+def check_mask(mask: Any, name: str = "output_mask", n: int = 3) -> tuple[bool, ...]:
     """A sequence of n booleans."""
     try:
         items = tuple(mask)
@@ -283,7 +288,7 @@ def check_mask(mask, name="output_mask", n=3):
     return tuple(bool(m) for m in items)
 
 
-def check_vector(a, name, length, dtypes, what):
+def check_vector(a: ArrayLike, name: str, length: int, dtypes: Collection[Any], what: str) -> Array:
     """A 1-D array of `length` values (one per channel) with a dtype in dtypes;
     returns the array."""
     a, _ = as_float_array(a, name)
@@ -293,7 +298,7 @@ def check_vector(a, name, length, dtypes, what):
     return check_dtype(a, name, dtypes)
 
 
-def check_updatable(a, name):
+def check_updatable(a: Any, name: str) -> Array:
     """An array the op updates in place (running statistics): it must be an
     ndarray the result can be written back to, never a converted copy."""
     if not isinstance(a, np.ndarray) or isinstance(a, np.ma.MaskedArray):

@@ -16,6 +16,10 @@ One training step over a batch split into shards (one per process)::
 gives the whole batch's batch_norm results.  Conventions (axis, dtypes,
 strides) are those of cynorm.batch_norm.
 """
+from __future__ import annotations
+
+from typing import Optional
+
 import numpy as np
 
 from cynorm._arrays import big_out, check_big_out, check_distinct, unalias
@@ -24,6 +28,7 @@ from cynorm._channels import (
     moments, normalize_into, prepare, update_running,
 )
 from cynorm._dtypes import from_float64
+from cynorm._typing import Array, ArrayLike, Axis, OutArray, Real
 from cynorm._validation import (
     as_array, as_float_array, check_bool, check_eps, check_real, check_same, check_updatable,
     single_out,
@@ -34,12 +39,44 @@ __all__ = ["batch_norm_stats", "batch_norm_gather_stats", "batch_norm_elemt",
            "batch_norm_backward_reduce", "batch_norm_backward_elemt"]
 
 
-def batch_norm_stats(x, eps=1e-5, axis=1):
-    """Per-channel mean and invstd = 1 / sqrt(biased var + eps) of one shard.
+def batch_norm_stats(x: ArrayLike, eps: Real = 1e-5, axis: Axis = 1) -> tuple[Array, Array]:
+    """Per-channel mean and invstd of one shard (torch.batch_norm_stats).
 
-    Returns (mean, invstd), each (C,): float64 for float64 x, float32 otherwise.
+    invstd = 1 / sqrt(biased var + eps), the statistics batch_norm would
+    compute over this shard alone.
+
+    Parameters
+    ----------
+    x : array_like
+        This shard of the batch, rank >= 2, float64, float32, bfloat16 or
+        float16; any strides, never modified.
+    eps : float, default 1e-5
+        Added to the variance before the square root; >= 0.  Pass the same
+        eps to batch_norm_gather_stats.
+    axis : int, default 1
+        The channel axis (-1 for channels-last layouts).
+
+    Returns
+    -------
+    mean : numpy.ndarray
+        Per-channel mean, shape (C,) with C = ``x.shape[axis]``: float64 for
+        float64 x, float32 otherwise.
+    invstd : numpy.ndarray
+        Per-channel ``1 / sqrt(biased var + eps)``, shape and dtype as `mean`.
+
+    Raises
+    ------
+    TypeError
+        If x is not an array of a supported floating dtype, `eps` is not a
+        real number or `axis` is not an int.
+    ValueError
+        If x has rank < 2, `axis` is out of range or `eps` is negative.
+
+    Notes
+    -----
     A shard with no values gives NaN (batch_norm_gather_stats skips shards
-    whose count is 0)."""
+    whose count is 0).
+    """
     x, policy, axis, C, n = channel_input(x, axis)
     eps = check_eps(eps)
     (kx,), _, dims = prepare([x], axis, ())
@@ -47,7 +84,7 @@ def batch_norm_stats(x, eps=1e-5, axis=1):
     return from_float64(mean, policy.stat), from_float64(invstd_of(var, eps), policy.stat)
 
 
-def _counts(counts, name, W=None):
+def _counts(counts: ArrayLike, name: str, W: Optional[int] = None) -> Array:
     """Per-shard value counts as float64: a 1-D array (of length W when
     given) or, with W None, also a single number; finite and >= 0."""
     c = as_array(counts, name)
@@ -75,26 +112,66 @@ def chan_merge(na, ma, m2a, nb, mb, m2b):
     return n, ma * (na / n) + mb * (nb / n), (m2a + m2b) + d * d * (na * nb / n)
 
 
-def batch_norm_gather_stats(mean, invstd, counts, running_mean=None, running_var=None,
-                            momentum=0.1, eps=1e-5):
-    """Combine per-shard statistics into the whole batch's
-    (torch.batch_norm_gather_stats_with_counts).
+def batch_norm_gather_stats(mean: ArrayLike, invstd: ArrayLike, counts: ArrayLike,
+                            running_mean: Optional[Array] = None,
+                            running_var: Optional[Array] = None, momentum: Real = 0.1,
+                            eps: Real = 1e-5) -> tuple[Array, Array]:
+    """Combine per-shard statistics into the whole batch's.
+
+    torch.batch_norm_gather_stats_with_counts: the mean and invstd the whole
+    batch would have, from batch_norm_stats' results of each shard and the
+    shards' value counts.
 
     Parameters
     ----------
-    mean, invstd : ndarray (W, C)
-        batch_norm_stats of each of W shards, one row per shard.
-    counts : array-like (W,)
-        Values per channel in each shard (shards with count 0 are skipped).
-    running_mean, running_var : ndarray (C,), optional
-        Updated in place: new = (1 - momentum) * old + momentum * batch, with
-        the whole batch's unbiased variance.
-    momentum, eps : as in batch_norm (eps must be the one the shards used).
+    mean : array_like
+        batch_norm_stats' mean of each of W shards, one row per shard: shape
+        (W, C), float64, float32, bfloat16 or float16.
+    invstd : array_like
+        batch_norm_stats' invstd of each shard, mean's shape (any supported
+        floating dtype).
+    counts : array_like
+        Values per channel in each shard, shape (W,), numbers that are
+        finite and >= 0 (shards with count 0 are skipped).
+    running_mean : numpy.ndarray, optional
+        Running mean, shape (C,), any supported floating dtype; **updated in
+        place** when given: new = (1 - momentum) * old + momentum * batch.
+        Given together with `running_var`; writeable, native byte order.
+    running_var : numpy.ndarray, optional
+        Running variance, as `running_mean`; **updated in place** with the
+        whole batch's unbiased variance.
+    momentum : float, default 0.1
+        As in batch_norm: the weight of the batch in the running statistics'
+        update; finite.
+    eps : float, default 1e-5
+        As in batch_norm (it must be the one the shards used); >= 0.
 
     Returns
     -------
-    mean, invstd : (C,) in mean's dtype (float32 if it is 16-bit).
+    mean : numpy.ndarray
+        The whole batch's per-channel mean, shape (C,), in mean's dtype
+        (float32 if it is 16-bit).
+    invstd : numpy.ndarray
+        The whole batch's ``1 / sqrt(biased var + eps)``, as `mean`.  Both
+        are NaN when the counts add up to 0 (the running statistics are then
+        left unchanged).
 
+    Raises
+    ------
+    TypeError
+        If mean, invstd or a running statistic has an unsupported dtype,
+        counts does not hold numbers, a running statistic is not a NumPy
+        array, or `momentum` or `eps` is not a real number.
+    ValueError
+        If mean is not 2-D, invstd's shape is not mean's, counts does not
+        have shape (W,) or holds a negative or non-finite count, only one
+        running statistic is given, a running statistic has the wrong
+        shape, is read-only or shares memory with the other, `momentum` is
+        not finite, `eps` is negative, or the running statistics are given
+        and the counts add up to no more than 1 (but more than 0).
+
+    Notes
+    -----
     The shards merge in order with Chan's pairwise update, in float64.
     """
     m, _ = as_float_array(mean, "mean")
@@ -140,12 +217,59 @@ def batch_norm_gather_stats(mean, invstd, counts, running_mean=None, running_var
     return from_float64(mu, out_dtype), from_float64(invstd_of(var, eps), out_dtype)
 
 
-def batch_norm_elemt(x, weight, bias, mean, invstd, eps=1e-5, axis=1, *, out=None):
-    """y = (x - mean) * invstd * weight + bias per channel (torch.batch_norm_elemt).
+def batch_norm_elemt(x: ArrayLike, weight: Optional[ArrayLike], bias: Optional[ArrayLike],
+                     mean: ArrayLike, invstd: ArrayLike, eps: Real = 1e-5, axis: Axis = 1, *,
+                     out: OutArray = None) -> Array:
+    """Normalize one shard with given statistics (torch.batch_norm_elemt).
 
-    weight and bias may be None; eps is unused (invstd already holds it) and
-    kept for PyTorch's signature.  ``out`` is an array of x's shape and dtype
-    (or a tuple of one), C- or F-contiguous; it may be x itself (in place)."""
+    y = (x - mean) * invstd * weight + bias per channel.
+
+    Parameters
+    ----------
+    x : array_like
+        This shard, rank >= 2, float64, float32, bfloat16 or float16; any
+        strides, never modified (unless it is `out`).
+    weight : array_like or None
+        Per-channel scale, shape (C,) with C = ``x.shape[axis]``: x's dtype,
+        or float32 when x is 16-bit.  None scales by 1.
+    bias : array_like or None
+        Per-channel shift, as `weight`.  None shifts by 0.
+    mean : array_like
+        The whole batch's per-channel mean (batch_norm_gather_stats), shape
+        (C,), any supported floating dtype.
+    invstd : array_like
+        The whole batch's per-channel invstd, as `mean`.
+    eps : float, default 1e-5
+        Unused (invstd already holds it) and kept for PyTorch's signature;
+        it must still be a real number >= 0.
+    axis : int, default 1
+        The channel axis (-1 for channels-last layouts).
+    out : numpy.ndarray or tuple of one, optional
+        An array of x's shape and dtype to write y into, C- or
+        F-contiguous; it may be x itself (in place).
+
+    Returns
+    -------
+    numpy.ndarray
+        y, x's shape and dtype (`out` when given).
+
+    Raises
+    ------
+    TypeError
+        If an array argument or `out` has an unsupported or mismatched
+        dtype, `eps` is not a real number, `axis` is not an int, or `out` is
+        a tuple of more than one entry.
+    ValueError
+        If x has rank < 2, `axis` is out of range, `eps` is negative, mean or
+        invstd is None, a per-channel argument has the wrong shape, or `out`
+        has the wrong shape, is read-only or not C- or F-contiguous.
+    """
+    return _elemt(x, weight, bias, mean, invstd, eps, axis, out)
+
+
+def _elemt(x, weight, bias, mean, invstd, eps, axis, out):
+    """batch_norm_elemt (unannotated: x and the others are rebound to the
+    checked arrays)."""
     x, policy, axis, C, _ = channel_input(x, axis)
     check_eps(eps)
     weight = channel_vector(weight, "weight", C, policy)
@@ -160,16 +284,71 @@ def batch_norm_elemt(x, weight, bias, mean, invstd, eps=1e-5, axis=1, *, out=Non
     return y
 
 
-def batch_norm_backward_reduce(grad_out, x, mean, invstd, weight, input_g=True, weight_g=True,
-                               bias_g=True, axis=1):
+def batch_norm_backward_reduce(grad_out: ArrayLike, x: ArrayLike, mean: ArrayLike,
+                               invstd: ArrayLike, weight: Optional[ArrayLike],
+                               input_g: bool = True, weight_g: bool = True,
+                               bias_g: bool = True, axis: Axis = 1,
+                               ) -> tuple[Optional[Array], Optional[Array], Optional[Array],
+                                          Optional[Array]]:
     """One shard's backward sums (torch.batch_norm_backward_reduce).
 
-    Returns (sum_dy, sum_dy_xmu, grad_weight, grad_bias), each (C,):
-    sum_dy = sum(dy) and sum_dy_xmu = sum(dy * (x - mean)) when input_g
-    (statistics' dtype: float64 for float64 x, float32 otherwise);
-    grad_weight = sum_dy_xmu * invstd when weight_g and grad_bias = sum_dy
-    when bias_g (weight's dtype, or the statistics' dtype without weight).
-    Entries not asked for are None."""
+    sum_dy = sum(dy) and sum_dy_xmu = sum(dy * (x - mean)) per channel over
+    this shard; summed over the shards (an all-reduce) they feed
+    batch_norm_backward_elemt.
+
+    Parameters
+    ----------
+    grad_out : array_like
+        This shard's dy, x's shape and dtype.
+    x : array_like
+        This shard's input, rank >= 2, float64, float32, bfloat16 or
+        float16.
+    mean : array_like
+        The whole batch's per-channel mean, shape (C,) with
+        C = ``x.shape[axis]``, any supported floating dtype.
+    invstd : array_like
+        The whole batch's per-channel invstd, as `mean`.
+    weight : array_like or None
+        Per-channel scale, shape (C,): x's dtype, or float32 when x is
+        16-bit.  It sets grad_weight's and grad_bias's dtype.
+    input_g : bool, default True
+        Compute sum_dy and sum_dy_xmu.
+    weight_g : bool, default True
+        Compute grad_weight.
+    bias_g : bool, default True
+        Compute grad_bias.
+    axis : int, default 1
+        The channel axis (-1 for channels-last layouts).
+
+    Returns
+    -------
+    sum_dy : numpy.ndarray or None
+        sum(dy) per channel, shape (C,), in the statistics' dtype (float64
+        for float64 x, float32 otherwise); None unless `input_g`.
+    sum_dy_xmu : numpy.ndarray or None
+        sum(dy * (x - mean)) per channel, as `sum_dy`; None unless `input_g`.
+    grad_weight : numpy.ndarray or None
+        sum_dy_xmu * invstd, shape (C,), in weight's dtype (the statistics'
+        dtype without weight); None unless `weight_g`.
+    grad_bias : numpy.ndarray or None
+        sum_dy, as `grad_weight`; None unless `bias_g`.
+
+    Raises
+    ------
+    TypeError
+        If an array argument has an unsupported or mismatched dtype, a flag
+        is not a bool, or `axis` is not an int.
+    ValueError
+        If x has rank < 2, `axis` is out of range, grad_out's shape is not
+        x's, mean or invstd is None, or a per-channel argument has the
+        wrong shape.
+    """
+    return _backward_reduce(grad_out, x, mean, invstd, weight, input_g, weight_g, bias_g, axis)
+
+
+def _backward_reduce(grad_out, x, mean, invstd, weight, input_g, weight_g, bias_g, axis):
+    """batch_norm_backward_reduce (unannotated: x and the others are rebound
+    to the checked arrays)."""
     x, policy, axis, C, n = channel_input(x, axis)
     grad_out, _ = as_float_array(grad_out, "grad_out")
     check_same(grad_out, "grad_out", x.shape, x.dtype, ref="x")
@@ -190,16 +369,73 @@ def batch_norm_backward_reduce(grad_out, x, mean, invstd, weight, input_g=True, 
             from_float64(sum_dy, gdtype) if flags[2] else None)
 
 
-def batch_norm_backward_elemt(grad_out, x, mean, invstd, weight, sum_dy, sum_dy_xmu, count,
-                              axis=1, *, out=None):
+def batch_norm_backward_elemt(grad_out: ArrayLike, x: ArrayLike, mean: ArrayLike,
+                              invstd: ArrayLike, weight: Optional[ArrayLike], sum_dy: ArrayLike,
+                              sum_dy_xmu: ArrayLike, count: ArrayLike, axis: Axis = 1, *,
+                              out: OutArray = None) -> Array:
     """One shard's grad_x from the all-reduced sums (torch.batch_norm_backward_elemt).
+
+    With N = sum(count)::
 
         grad_x = (dy - sum_dy / N - (x - mean) * invstd**2 * sum_dy_xmu / N) * invstd * weight
 
-    N = sum(count): count is the per-shard counts (as given to
-    batch_norm_gather_stats) or their total.  ``out``: an array of x's shape
-    and dtype (or a tuple of one), C- or F-contiguous; it may be grad_out or
-    x itself (in place)."""
+    Parameters
+    ----------
+    grad_out : array_like
+        This shard's dy, x's shape and dtype.
+    x : array_like
+        This shard's input, rank >= 2, float64, float32, bfloat16 or
+        float16.
+    mean : array_like
+        The whole batch's per-channel mean, shape (C,) with
+        C = ``x.shape[axis]``, any supported floating dtype.
+    invstd : array_like
+        The whole batch's per-channel invstd, as `mean`.
+    weight : array_like or None
+        Per-channel scale, shape (C,): x's dtype, or float32 when x is
+        16-bit.  None scales by 1.
+    sum_dy : array_like
+        sum(dy) per channel over the whole batch (batch_norm_backward_reduce's
+        sum_dy summed over the shards), shape (C,), any supported floating
+        dtype.
+    sum_dy_xmu : array_like
+        sum(dy * (x - mean)) per channel over the whole batch, as `sum_dy`.
+    count : array_like
+        The per-shard counts (as given to batch_norm_gather_stats) or their
+        total: a number or a 1-D array of numbers, finite and >= 0, adding up
+        to N > 0.
+    axis : int, default 1
+        The channel axis (-1 for channels-last layouts).
+    out : numpy.ndarray or tuple of one, optional
+        An array of x's shape and dtype to write grad_x into, C- or
+        F-contiguous; it may be grad_out or x itself (in place).
+
+    Returns
+    -------
+    numpy.ndarray
+        grad_x, x's shape and dtype (`out` when given).
+
+    Raises
+    ------
+    TypeError
+        If an array argument or `out` has an unsupported or mismatched
+        dtype, count does not hold numbers, `axis` is not an int, or `out`
+        is a tuple of more than one entry.
+    ValueError
+        If x has rank < 2, `axis` is out of range, grad_out's shape is not
+        x's, mean, invstd, sum_dy or sum_dy_xmu is None, a per-channel
+        argument has the wrong shape, count is not a number or a 1-D array,
+        holds a negative or non-finite value or does not add up to a
+        positive number, or `out` has the wrong shape, is read-only or not
+        C- or F-contiguous.
+    """
+    return _backward_elemt(grad_out, x, mean, invstd, weight, sum_dy, sum_dy_xmu, count, axis,
+                           out)
+
+
+def _backward_elemt(grad_out, x, mean, invstd, weight, sum_dy, sum_dy_xmu, count, axis, out):
+    """batch_norm_backward_elemt (unannotated: x and the others are rebound
+    to the checked arrays)."""
     x, policy, axis, C, _ = channel_input(x, axis)
     grad_out, _ = as_float_array(grad_out, "grad_out")
     check_same(grad_out, "grad_out", x.shape, x.dtype, ref="x")

@@ -46,6 +46,10 @@ with ``pip install mpi4py mpich`` (``pip install '.[mpi]'`` from a cynorm
 checkout installs the same) and start the processes with
 ``mpiexec -n 4 python train.py``.
 """
+from __future__ import annotations
+
+from typing import Any, Optional
+
 import numpy as np
 
 from cynorm._arrays import big_out
@@ -54,6 +58,7 @@ from cynorm._channels import (
     grad_sums, invstd_of, moments, normalize_into, prepare, update_running,
 )
 from cynorm._dtypes import from_float64
+from cynorm._typing import Array, ArrayLike, Axis, OutputMask, Real
 from cynorm._validation import as_float_array, check_bool, check_int, check_mask, check_same
 from cynorm.batchnorm import batch_norm
 from cynorm import _sync_records as records
@@ -137,40 +142,112 @@ def _global_sums(MPI, comm, C, local, stat):
 
 # ---- the public ops ----------------------------------------------------------
 
-def sync_batch_norm(x, weight=None, bias=None, running_mean=None, running_var=None,
-                    training=True, momentum=0.1, eps=1e-5, axis=1, *, comm=None,
-                    compact_stats=False):
-    """Batch norm of this rank's shard with the statistics of the whole
-    batch across the ranks of ``comm`` (collective: every rank calls it).
+# `comm` is an mpi4py communicator (mpi4py.MPI.Comm) or None; it is typed Any
+# because cynorm.distributed imports without mpi4py (importing mpi4py.MPI
+# would also initialize MPI), and the signature must resolve without it.
+
+def sync_batch_norm(x: ArrayLike, weight: Optional[ArrayLike] = None,
+                    bias: Optional[ArrayLike] = None, running_mean: Optional[ArrayLike] = None,
+                    running_var: Optional[ArrayLike] = None, training: bool = True,
+                    momentum: Real = 0.1, eps: Real = 1e-5, axis: Axis = 1, *,
+                    comm: Any = None, compact_stats: bool = False,
+                    ) -> tuple[Array, Array, Array, Optional[int]]:
+    """Batch norm of this rank's shard with the whole batch's statistics.
+
+    The batch is sharded across the ranks of ``comm``; this is a collective
+    operation: every rank calls it.
+
+    In training, one Allreduce on `comm` merges every rank's per-channel
+    (count, mean, spread); each rank then normalizes its own shard with the
+    global statistics.  Inference (``training=False``) is batch_norm's
+    inference on this rank's shard and communicates nothing.
 
     Parameters
     ----------
-    x : ndarray, rank >= 2 (float64, float32, bfloat16 or float16)
-        This rank's shard; it may have no rows.  Every rank's x has the same
-        channel count and dtype.
-    weight, bias, running_mean, running_var, training, momentum, eps, axis :
-        as in cynorm.batch_norm.  The running statistics are updated in place
-        with the global batch's mean and unbiased variance.
-    comm : mpi4py intracommunicator, default MPI.COMM_WORLD
-    compact_stats : bool, default False; the same on every rank
-        Exchange each channel's variance in float32 (its mean stays float64):
-        8 + 12*C bytes instead of 16 + 16*C.  The variance then carries
-        ~6e-8 of relative rounding when packed and per merge (about log2 of
-        the ranks' count merges), whatever the mean: a float32 x gets the
-        statistics of single-process batch_norm to an ulp or two; a float64 x
-        gets float32 accuracy in the variance.  float32's range applies too:
-        a variance above 3.4e38 raises ValueError on every rank, and so does a
-        nonzero one below 1.2e-38 when eps < 1e-30.  See cynorm._sync_records.
+    x : array_like
+        This rank's shard, rank >= 2, float64, float32, bfloat16 or float16;
+        it may have no rows.  Every rank's x has the same channel count and
+        dtype.
+    weight : array_like, optional
+        Per-channel scale, shape (C,), as in cynorm.batch_norm.
+    bias : array_like, optional
+        Per-channel shift, shape (C,), as in cynorm.batch_norm.
+    running_mean : numpy.ndarray, optional
+        As in cynorm.batch_norm (required in inference).  In training it is
+        **updated in place** with the global batch's mean, identically on
+        every rank.
+    running_var : numpy.ndarray, optional
+        As in cynorm.batch_norm (required in inference).  In training it is
+        **updated in place** with the global batch's unbiased variance,
+        identically on every rank.
+    training : bool, default True
+        As in cynorm.batch_norm; the same on every rank.
+    momentum : float, default 0.1
+        As in cynorm.batch_norm; the same on every rank.
+    eps : float, default 1e-5
+        As in cynorm.batch_norm; the same on every rank.
+    axis : int, default 1
+        The channel axis, as in cynorm.batch_norm.
+    comm : mpi4py.MPI.Comm, optional
+        The intracommunicator of the ranks sharing the batch (not an
+        intercommunicator); None (the default) is ``MPI.COMM_WORLD``.  Not
+        used in inference except to be checked when given.
+    compact_stats : bool, default False
+        The same on every rank.  Exchange each channel's variance in float32
+        (its mean stays float64): 8 + 12*C bytes instead of 16 + 16*C.  The
+        variance then carries ~6e-8 of relative rounding when packed and per
+        merge (about log2 of the ranks' count merges), whatever the mean: a
+        float32 x gets the statistics of single-process batch_norm to an ulp
+        or two; a float64 x gets float32 accuracy in the variance.  float32's
+        range applies too: a variance above 3.4e38 raises ValueError on every
+        rank, and so does a nonzero one below 1.2e-38 when eps < 1e-30.  See
+        cynorm._sync_records.
 
     Returns
     -------
-    y : ndarray, x's shape and dtype.
-    save_mean, save_invstd : ndarray (C,), the global batch's statistics
-        (inference: those of the running statistics); float64 for float64 x,
-        float32 otherwise.
-    count : int, values per channel in the global batch; None in inference.
-        Pass all four to sync_batch_norm_backward.
+    y : numpy.ndarray
+        This rank's normalized shard, x's shape and dtype.
+    save_mean : numpy.ndarray
+        The global batch's per-channel mean (inference: the running mean),
+        shape (C,); float64 for float64 x, float32 otherwise.
+    save_invstd : numpy.ndarray
+        The global batch's ``1 / sqrt(biased var + eps)`` (inference: that
+        of the running variance), as `save_mean`.
+    count : int or None
+        Values per channel in the global batch; None in inference.  Pass
+        save_mean, save_invstd and count to sync_batch_norm_backward.
+
+    Raises
+    ------
+    ImportError
+        If mpi4py or an MPI library is missing: in training, or in inference
+        with `comm` given.
+    TypeError
+        If `comm` is not an mpi4py intracommunicator, `compact_stats` is not
+        a bool, or an argument has a wrong type or dtype (as in
+        cynorm.batch_norm).
+    ValueError
+        If `comm` is ``MPI.COMM_NULL``, an argument is rejected as in
+        cynorm.batch_norm, another rank of `comm` rejected its arguments, the
+        ranks' x dtypes, channel counts or compact_stats disagree, the global
+        batch has 1 value per channel, or (compact_stats) a variance is out
+        of float32's range.
+
+    Notes
+    -----
+    Errors in x itself, axis, training or comm are raised before the
+    collective, on that rank only.  A rank that rejects its other arguments
+    still takes part in the collective, marked, and then every rank raises
+    ValueError.
     """
+    return _sync_batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps,
+                            axis, comm, compact_stats)
+
+
+def _sync_batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps, axis,
+                     comm, compact_stats):
+    """sync_batch_norm (unannotated: x and the others are rebound to the
+    checked arrays)."""
     # What decides the collective (x's channel count, training, comm) is
     # checked first; an error there is raised on this rank alone.  Any later
     # rejection still takes part in the Allreduce, marked, so every rank raises.
@@ -216,10 +293,15 @@ def _inference(x, weight, bias, running_mean, running_var, momentum, eps, axis, 
             from_float64(invstd_of(np.asarray(running_var, np.float64), eps), stat), None)
 
 
-def sync_batch_norm_backward(grad_out, x, weight, save_mean, save_invstd, count, axis=1, *,
-                             comm=None, output_mask=(True, True, True), reduce_param_grads=False):
-    """Gradients of sync_batch_norm for this rank's shard (collective when it
-    communicates, see below: then every rank calls it).
+def sync_batch_norm_backward(grad_out: ArrayLike, x: ArrayLike, weight: Optional[ArrayLike],
+                             save_mean: ArrayLike, save_invstd: ArrayLike,
+                             count: Optional[int], axis: Axis = 1, *, comm: Any = None,
+                             output_mask: OutputMask = (True, True, True),
+                             reduce_param_grads: bool = False,
+                             ) -> tuple[Optional[Array], Optional[Array], Optional[Array]]:
+    """Gradients of sync_batch_norm for this rank's shard.
+
+    Collective when it communicates (see below): then every rank calls it.
 
     With N = count values per channel over all ranks, and sum_dy, dotp the
     sums of dy and dy * (x - mean) over the global batch::
@@ -241,7 +323,75 @@ def sync_batch_norm_backward(grad_out, x, weight, save_mean, save_invstd, count,
     It communicates (one Allreduce of 2*C statistics-dtype values) when
     training with grad_x asked for, or with reduce_param_grads and grad_weight
     or grad_bias asked for; otherwise it is local.
+
+    Parameters
+    ----------
+    grad_out : array_like
+        This rank's dy, x's shape and dtype.
+    x : array_like
+        This rank's shard, as given to sync_batch_norm.
+    weight : array_like or None
+        Per-channel scale, shape (C,): x's dtype, or float32 when x is
+        16-bit.  None stands for ones.
+    save_mean : array_like
+        sync_batch_norm's save_mean, shape (C,), any supported floating
+        dtype.
+    save_invstd : array_like
+        sync_batch_norm's save_invstd, as `save_mean`.
+    count : int or None
+        sync_batch_norm's count: the global batch's values per channel
+        (training), or None (inference).  The same on every rank.
+    axis : int, default 1
+        The channel axis, as given to sync_batch_norm.
+    comm : mpi4py.MPI.Comm, optional
+        The intracommunicator of the ranks sharing the batch; None (the
+        default) is ``MPI.COMM_WORLD``.  Checked when given even if the call
+        does not communicate.
+    output_mask : sequence of 3 bool, default (True, True, True)
+        Which of (grad_x, grad_weight, grad_bias) to compute; the same on
+        every rank.
+    reduce_param_grads : bool, default False
+        Return grad_weight and grad_bias summed over the ranks; the same on
+        every rank.
+
+    Returns
+    -------
+    grad_x : numpy.ndarray or None
+        x's shape and dtype; None when ``output_mask[0]`` is False.
+    grad_weight : numpy.ndarray or None
+        Shape (C,), weight's dtype (float64 for float64 x, float32 otherwise
+        when weight is None): this rank's contribution, or the sum over the
+        ranks with `reduce_param_grads`; None when ``output_mask[1]`` is
+        False.
+    grad_bias : numpy.ndarray or None
+        As `grad_weight`; None when ``output_mask[2]`` is False.
+
+    Raises
+    ------
+    ImportError
+        If mpi4py or an MPI library is missing, when the call communicates
+        or `comm` is given.
+    TypeError
+        If `comm` is not an mpi4py intracommunicator, an array argument has
+        an unsupported or mismatched dtype, `count` is not an int or None,
+        `axis` is not an int, or `output_mask` or `reduce_param_grads` is
+        not of the documented type.
+    ValueError
+        If `comm` is ``MPI.COMM_NULL``, x has rank < 2, `axis` is out of
+        range, grad_out's shape is not x's, a per-channel argument is None
+        or has the wrong shape, `output_mask` does not have 3 entries,
+        `count` cannot be the global count sync_batch_norm returned (it is
+        below this rank's values per channel, or below 2 while this rank
+        holds values), or another rank of `comm` rejected its arguments.
     """
+    return _sync_backward(grad_out, x, weight, save_mean, save_invstd, count, axis, comm,
+                          output_mask, reduce_param_grads)
+
+
+def _sync_backward(grad_out, x, weight, save_mean, save_invstd, count, axis, comm, output_mask,
+                   reduce_param_grads):
+    """sync_batch_norm_backward (unannotated: x and the others are rebound
+    to the checked arrays)."""
     # as in sync_batch_norm: what decides the collective is checked first, a
     # later rejection still takes part in it, marked, so every rank raises
     x, policy, axis, C, n = channel_input(x, axis)

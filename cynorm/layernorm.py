@@ -25,8 +25,11 @@ Conventions:
 * A normalized size of 0 gives an empty y, mean 0 and rstd NaN, as in PyTorch.
   A NaN or inf makes only its own row non-finite.
 """
+from __future__ import annotations
+
 import math
 import operator
+from typing import Sequence
 
 import numpy as np
 
@@ -38,6 +41,7 @@ from cynorm import _kernels
 _k = _kernels.load("layer_norm")  # the SIMD level chosen at import
 from cynorm._kernels._alloc import empty as _empty
 from cynorm._kernels._runtime import get_num_threads as _threads
+from cynorm._typing import Array, ArrayLike, OutArrays, OutputMask, Real
 from cynorm._validation import (
     as_float_array, check_dtype, check_eps, check_mask, check_out, check_same, split_out,
 )
@@ -104,26 +108,53 @@ def _stat(a, name, stat_shape, M, policy):
     return np.ascontiguousarray(a, dtype=policy.stat).reshape(-1)
 
 
-def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, *, out=None):
+def layer_norm(x: ArrayLike, normalized_shape: int | Sequence[int],
+               weight: ArrayLike | None = None, bias: ArrayLike | None = None,
+               eps: Real = 1e-5, *, out: OutArrays = None) -> tuple[Array, Array, Array]:
     """Layer normalization over the trailing axes (torch.native_layer_norm).
+
+    y = (x - mean) * rstd * weight + bias, with mean and rstd =
+    1 / sqrt(var + eps) over the trailing axes (biased variance).
 
     Parameters
     ----------
-    x : ndarray (float64, float32, bfloat16 or float16)
-    normalized_shape : int or tuple of ints
-        The trailing axes to normalize over; must equal x.shape[-k:].
-    weight, bias : ndarray, optional
+    x : array_like
+        float64, float32, bfloat16 or float16; any strides, never modified
+        (unless it is ``out[0]``).
+    normalized_shape : int or tuple of int
+        The trailing axes to normalize over; must equal ``x.shape[-k:]``.
+    weight : array_like, optional
         Shape normalized_shape; x's dtype, or float32 for 16-bit x.
-    eps : float >= 0, default 1e-5
-        Added to the variance.
-    out : tuple (y, mean, rstd), optional
-        Arrays (or None entries) to write into: C-contiguous, exact shape and dtype.
+        None: no scale.
+    bias : array_like, optional
+        Shape normalized_shape; x's dtype, or float32 for 16-bit x.
+        None: no shift.
+    eps : float, default 1e-5
+        Added to the variance; >= 0.
+    out : tuple of three (numpy.ndarray or None), optional
+        ``(y, mean, rstd)`` arrays (or None entries) to write into:
+        C-contiguous, exact shape and dtype.  y may be x itself.
 
     Returns
     -------
-    y : ndarray, x's shape and dtype.
-    mean, rstd : ndarray of shape x.shape[:axis] + (1,) * k, where axis =
-        x.ndim - k; float64 for float64 x, float32 otherwise.
+    y : numpy.ndarray
+        x's shape and dtype.
+    mean : numpy.ndarray
+        Shape ``x.shape[:axis] + (1,) * k``, where axis = x.ndim - k;
+        float64 for float64 x, float32 otherwise.
+    rstd : numpy.ndarray
+        1 / sqrt(var + eps), mean's shape and dtype.
+
+    Raises
+    ------
+    TypeError
+        If an array has an unsupported dtype, normalized_shape is not an int
+        or a tuple of ints, eps is not a real number, or out is not None or
+        a tuple of three arrays/None of the outputs' dtypes.
+    ValueError
+        If normalized_shape does not match x's trailing axes, weight or bias
+        has another shape, eps < 0, or an output has the wrong shape, is not
+        C-contiguous, is read-only, or overlaps another output.
     """
     if out is None:
         result = _k.forward_plain(x, normalized_shape, weight, bias, eps)
@@ -158,11 +189,13 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, *, out=Non
     return y, mean, rstd
 
 
-def layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight=None, bias=None,
-                        output_mask=(True, True, True)):
+def layer_norm_backward(grad_out: ArrayLike, x: ArrayLike, normalized_shape: int | Sequence[int],
+                        mean: ArrayLike, rstd: ArrayLike, weight: ArrayLike | None = None,
+                        bias: ArrayLike | None = None, output_mask: OutputMask = (True, True, True),
+                        ) -> tuple[Array | None, Array | None, Array | None]:
     """Gradients of layer_norm (torch.native_layer_norm_backward).
 
-    With xhat = (x - mean) * rstd and g = grad_out * weight, per row:
+    With xhat = (x - mean) * rstd and g = grad_out * weight, per row::
 
         grad_x = rstd * (g - mean(g) - xhat * mean(g * xhat))
         grad_weight = sum over rows of grad_out * xhat
@@ -170,19 +203,42 @@ def layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight=None, 
 
     Parameters
     ----------
-    grad_out, x : ndarray, same shape and dtype.
-    normalized_shape : as in the forward.
-    mean, rstd : the statistics layer_norm returned (its shape, or 1-D).
-    weight, bias : the forward's weight and bias (or None).  bias only sets
-        grad_bias's dtype.
-    output_mask : three booleans: which of (grad_x, grad_weight, grad_bias)
-        to compute; the others are returned as None.
+    grad_out : array_like
+        The gradient of y: x's shape and dtype.
+    x : array_like
+        The forward's input.
+    normalized_shape : int or tuple of int
+        As in the forward.
+    mean : array_like
+        The mean layer_norm returned (its shape, or 1-D).
+    rstd : array_like
+        The rstd layer_norm returned (its shape, or 1-D).
+    weight : array_like, optional
+        The forward's weight (None: no scale).
+    bias : array_like, optional
+        The forward's bias; it only sets grad_bias's dtype.
+    output_mask : sequence of three bool, default (True, True, True)
+        Which of (grad_x, grad_weight, grad_bias) to compute; the others
+        are returned as None.
 
     Returns
     -------
-    grad_x : x's shape and dtype.
-    grad_weight, grad_bias : shape normalized_shape, the dtype of weight
-        (bias), or x's dtype when it is None.
+    grad_x : numpy.ndarray or None
+        x's shape and dtype.
+    grad_weight : numpy.ndarray or None
+        Shape normalized_shape, weight's dtype (x's when weight is None).
+    grad_bias : numpy.ndarray or None
+        Shape normalized_shape, bias's dtype (x's when bias is None).
+
+    Raises
+    ------
+    TypeError
+        If an array has an unsupported dtype, grad_out's dtype differs from
+        x's, or output_mask does not hold booleans.
+    ValueError
+        If grad_out's shape differs from x's, normalized_shape does not
+        match x, a statistic or parameter has the wrong shape, or
+        output_mask has not three entries.
     """
     result = _k.backward_plain(grad_out, x, normalized_shape, mean, rstd, weight, bias,
                                output_mask)

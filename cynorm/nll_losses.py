@@ -9,14 +9,21 @@ target equals ignore_index count for nothing.  The forward runs a Cython
 kernel (_kernels/nll_loss.pyx.tp): each loss in float64, the reduced loss
 and the total weight as compensated float64 sums.
 """
+from __future__ import annotations
+
 import operator
+from typing import Union
 
 import numpy as np
 
 from cynorm._dtypes import from_float64
 from cynorm._kernels import float_kernel
-from cynorm._kernels import nll_loss as _k
+import cynorm._kernels.nll_loss as _k
+from cynorm._typing import Array, ArrayLike
 from cynorm._validation import as_array, as_float_array, check_int, check_same
+
+#: "none", "mean", "sum", or ATen's 0, 1, 2
+Reduction = Union[str, int]
 
 REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
 
@@ -125,31 +132,152 @@ def _forward(x, target, weight, reduction, ignore_index, two_d):
     return np.asarray(from_float64(out, dtype)), np.asarray(from_float64(np.float64(total), dtype))
 
 
-def nll_loss_forward(x, target, weight=None, reduction="mean", ignore_index=-100):
-    """(output, total_weight) of the NLL loss (torch.ops.aten.nll_loss_forward).
+def nll_loss_forward(x: ArrayLike, target: ArrayLike, weight: ArrayLike | None = None,
+                     reduction: Reduction = "mean", ignore_index: int = -100,
+                     ) -> tuple[Array, Array]:
+    """The NLL loss and its total weight (torch.ops.aten.nll_loss_forward).
 
-    output: -weight[t] * x[t] per sample ("none"), their sum ("sum"), or the
-    sum divided by total_weight ("mean"; nan when every target is ignored).
-    total_weight: the sum of weight[t] over non-ignored samples (for "none"
-    0, except weight[t] for a single 1-D sample, as ATen reports it).
-    Both have x's dtype."""
+    Parameters
+    ----------
+    x : array_like
+        Log-probabilities, shape (N, C), or (C,) for one sample: float64, float32, bfloat16 or float16.
+    target : array_like of int
+        Class indices, shape (N,), or () for one sample: each in [0, C) or equal to ignore_index.
+    weight : array_like, optional
+        One weight per class, shape (C,), x's dtype.  None: all ones.
+    reduction : {"mean", "sum", "none"} or int, default "mean"
+        Also ATen's 0 (none), 1 (mean), 2 (sum).
+    ignore_index : int, default -100
+        A target value that counts for nothing.
+
+    Returns
+    -------
+    output : numpy.ndarray
+        -weight[t] * x[t] per sample ("none": the target's shape), their
+        sum ("sum", 0-d), or that sum divided by total_weight ("mean", 0-d;
+        nan when every target is ignored).  x's dtype.
+    total_weight : numpy.ndarray
+        0-d, x's dtype: the sum of weight[t] over non-ignored samples (for
+        "none" 0, except weight[t] for a single 1-D sample, as ATen reports
+        it).
+
+    Raises
+    ------
+    TypeError
+        If x or weight has an unsupported dtype, weight's dtype differs from
+        x's, target is not an integer array, or ignore_index is not an int.
+    ValueError
+        If x, target or weight has the wrong shape, a target is out of
+        bounds (and not ignore_index), or reduction is not one of the above.
+    """
     result = _k.nll_forward_plain(x, target, weight, reduction, ignore_index)
     return result if result is not None else _forward(x, target, weight, reduction, ignore_index,
                                                       False)
 
 
-def nll_loss2d_forward(x, target, weight=None, reduction="mean", ignore_index=-100):
-    """nll_loss_forward for x of shape (N, C, H, W) and target (N, H, W)."""
+def nll_loss2d_forward(x: ArrayLike, target: ArrayLike, weight: ArrayLike | None = None,
+                       reduction: Reduction = "mean", ignore_index: int = -100,
+                       ) -> tuple[Array, Array]:
+    """nll_loss_forward for x of shape (N, C, H, W) and target (N, H, W).
+
+    Parameters
+    ----------
+    x : array_like
+        Log-probabilities, shape (N, C, H, W): float64, float32, bfloat16 or float16.
+    target : array_like of int
+        Class indices, shape (N, H, W): each in [0, C) or equal to ignore_index.
+    weight : array_like, optional
+        One weight per class, shape (C,), x's dtype.  None: all ones.
+    reduction : {"mean", "sum", "none"} or int, default "mean"
+        Also ATen's 0 (none), 1 (mean), 2 (sum).
+    ignore_index : int, default -100
+        A target value that counts for nothing.
+
+    Returns
+    -------
+    output : numpy.ndarray
+        The loss per pixel ("none": shape (N, H, W)), or reduced (0-d), as
+        in nll_loss_forward.  x's dtype.
+    total_weight : numpy.ndarray
+        0-d, x's dtype, as in nll_loss_forward.
+
+    Raises
+    ------
+    TypeError
+        If x or weight has an unsupported dtype, weight's dtype differs from
+        x's, target is not an integer array, or ignore_index is not an int.
+    ValueError
+        If x, target or weight has the wrong shape, a target is out of
+        bounds (and not ignore_index), or reduction is not one of the above.
+    """
     return _forward(x, target, weight, reduction, ignore_index, True)
 
 
-def nll_loss(x, target, weight=None, reduction="mean", ignore_index=-100):
-    """The NLL loss (torch.nn.functional.nll_loss on (N, C) or (C,) x)."""
+def nll_loss(x: ArrayLike, target: ArrayLike, weight: ArrayLike | None = None,
+             reduction: Reduction = "mean", ignore_index: int = -100) -> Array:
+    """The NLL loss (torch.nn.functional.nll_loss on (N, C) or (C,) x).
+
+    Parameters
+    ----------
+    x : array_like
+        Log-probabilities, shape (N, C), or (C,) for one sample: float64, float32, bfloat16 or float16.
+    target : array_like of int
+        Class indices, shape (N,), or () for one sample: each in [0, C) or equal to ignore_index.
+    weight : array_like, optional
+        One weight per class, shape (C,), x's dtype.  None: all ones.
+    reduction : {"mean", "sum", "none"} or int, default "mean"
+        Also ATen's 0 (none), 1 (mean), 2 (sum).
+    ignore_index : int, default -100
+        A target value that counts for nothing.
+
+    Returns
+    -------
+    numpy.ndarray
+        nll_loss_forward's output: per sample for "none", else 0-d; x's dtype.
+
+    Raises
+    ------
+    TypeError
+        If x or weight has an unsupported dtype, weight's dtype differs from
+        x's, target is not an integer array, or ignore_index is not an int.
+    ValueError
+        If x, target or weight has the wrong shape, a target is out of
+        bounds (and not ignore_index), or reduction is not one of the above.
+    """
     return nll_loss_forward(x, target, weight, reduction, ignore_index)[0]
 
 
-def nll_loss2d(x, target, weight=None, reduction="mean", ignore_index=-100):
-    """The NLL loss over (N, C, H, W) log-probabilities."""
+def nll_loss2d(x: ArrayLike, target: ArrayLike, weight: ArrayLike | None = None,
+               reduction: Reduction = "mean", ignore_index: int = -100) -> Array:
+    """The NLL loss over (N, C, H, W) log-probabilities.
+
+    Parameters
+    ----------
+    x : array_like
+        Log-probabilities, shape (N, C, H, W): float64, float32, bfloat16 or float16.
+    target : array_like of int
+        Class indices, shape (N, H, W): each in [0, C) or equal to ignore_index.
+    weight : array_like, optional
+        One weight per class, shape (C,), x's dtype.  None: all ones.
+    reduction : {"mean", "sum", "none"} or int, default "mean"
+        Also ATen's 0 (none), 1 (mean), 2 (sum).
+    ignore_index : int, default -100
+        A target value that counts for nothing.
+
+    Returns
+    -------
+    numpy.ndarray
+        nll_loss2d_forward's output: per pixel for "none", else 0-d; x's dtype.
+
+    Raises
+    ------
+    TypeError
+        If x or weight has an unsupported dtype, weight's dtype differs from
+        x's, target is not an integer array, or ignore_index is not an int.
+    ValueError
+        If x, target or weight has the wrong shape, a target is out of
+        bounds (and not ignore_index), or reduction is not one of the above.
+    """
     return nll_loss2d_forward(x, target, weight, reduction, ignore_index)[0]
 
 
@@ -174,13 +302,85 @@ def _backward(grad_output, x, target, weight, reduction, ignore_index, total_wei
     return np.ascontiguousarray(from_float64(p.from_rows(rows), p.x.dtype))
 
 
-def nll_loss_backward(grad_output, x, target, weight, reduction, ignore_index, total_weight):
-    """Gradient of nll_loss_forward's output w.r.t. x (torch.ops.aten.nll_loss_backward):
-    zero except grad[k, target[k]] = -weight[target[k]] * grad_output[k]
-    (divided by total_weight for "mean")."""
+def nll_loss_backward(grad_output: ArrayLike, x: ArrayLike, target: ArrayLike,
+                      weight: ArrayLike | None, reduction: Reduction, ignore_index: int,
+                      total_weight: ArrayLike) -> Array:
+    """Gradient of nll_loss_forward's output with respect to x.
+
+    torch.ops.aten.nll_loss_backward: zero except
+    ``grad[k, target[k]] = -weight[target[k]] * grad_output[k]`` (divided by
+    total_weight for "mean"; ignored targets get nothing).
+
+    Parameters
+    ----------
+    grad_output : array_like
+        The gradient of the loss: the target's shape for reduction "none",
+        0-d otherwise.
+    x : array_like
+        The forward's log-probabilities, shape (N, C) or (C,).
+    target : array_like of int
+        The forward's class indices, shape (N,) or ().
+    weight : array_like or None
+        The forward's class weights (shape (C,), x's dtype) or None.
+    reduction : {"mean", "sum", "none"} or int
+        The forward's reduction (or ATen's 0, 1, 2).
+    ignore_index : int
+        The forward's ignore_index.
+    total_weight : array_like
+        The 0-d total weight the forward returned.
+
+    Returns
+    -------
+    numpy.ndarray
+        The gradient of x: x's shape and dtype, C-contiguous.
+
+    Raises
+    ------
+    TypeError
+        If an array has an unsupported dtype or target is not an integer array.
+    ValueError
+        If an argument has the wrong shape (grad_output: the target's shape
+        for "none", 0-d otherwise; total_weight: 0-d), a target is out of
+        bounds, or reduction is not one of the above.
+    """
     return _backward(grad_output, x, target, weight, reduction, ignore_index, total_weight, False)
 
 
-def nll_loss2d_backward(grad_output, x, target, weight, reduction, ignore_index, total_weight):
-    """nll_loss_backward for x of shape (N, C, H, W)."""
+def nll_loss2d_backward(grad_output: ArrayLike, x: ArrayLike, target: ArrayLike,
+                        weight: ArrayLike | None, reduction: Reduction, ignore_index: int,
+                        total_weight: ArrayLike) -> Array:
+    """nll_loss_backward for x of shape (N, C, H, W).
+
+    Parameters
+    ----------
+    grad_output : array_like
+        The gradient of the loss: the target's shape for reduction "none",
+        0-d otherwise.
+    x : array_like
+        The forward's log-probabilities, shape (N, C, H, W).
+    target : array_like of int
+        The forward's class indices, shape (N, H, W).
+    weight : array_like or None
+        The forward's class weights (shape (C,), x's dtype) or None.
+    reduction : {"mean", "sum", "none"} or int
+        The forward's reduction (or ATen's 0, 1, 2).
+    ignore_index : int
+        The forward's ignore_index.
+    total_weight : array_like
+        The 0-d total weight the forward returned.
+
+    Returns
+    -------
+    numpy.ndarray
+        The gradient of x: x's shape and dtype, C-contiguous.
+
+    Raises
+    ------
+    TypeError
+        If an array has an unsupported dtype or target is not an integer array.
+    ValueError
+        If an argument has the wrong shape (grad_output: the target's shape
+        for "none", 0-d otherwise; total_weight: 0-d), a target is out of
+        bounds, or reduction is not one of the above.
+    """
     return _backward(grad_output, x, target, weight, reduction, ignore_index, total_weight, True)

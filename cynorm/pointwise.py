@@ -3,22 +3,43 @@ normalizations: trace and log_sigmoid_forward (ATen's trace,
 log_sigmoid_forward).  Cython kernels (_kernels/pointwise.pyx.tp); a plain
 argument goes straight to the kernel's plain entry, any other is validated
 and converted here, then runs the same kernel."""
+from __future__ import annotations
+
 import numpy as np
 
 from cynorm._dtypes import POLICY
 from cynorm import _kernels
 from cynorm._kernels import float_kernel
 from cynorm._kernels._runtime import get_num_threads
+from cynorm._typing import Array, ArrayLike
 from cynorm._validation import as_array, as_float_array
 
 _k = _kernels.load("pointwise")  # the SIMD level chosen at import
 
 
-def trace(x):
+def trace(x: ArrayLike) -> Array:
     """Sum of the main diagonal of a 2-D array (torch.trace).
 
-    Floating x gives x's dtype: the sum accumulates in float64 and rounds
-    once (16-bit: through float32); integer x gives int64, as in PyTorch."""
+    Parameters
+    ----------
+    x : array_like
+        A 2-D array: floating (float64, float32, bfloat16, float16) or
+        integer.
+
+    Returns
+    -------
+    numpy.ndarray
+        0-d.  Floating x gives x's dtype: the sum accumulates in float64 and
+        rounds once (16-bit: through float32); integer x gives int64, as in
+        PyTorch.
+
+    Raises
+    ------
+    TypeError
+        If x is a bool array or has another unsupported dtype.
+    ValueError
+        If x is not 2-D.
+    """
     result = _k.trace_plain(x)
     if result is not None:
         return result
@@ -42,10 +63,26 @@ def trace(x):
     return result
 
 
-def log_sigmoid_forward(x):
-    """(log(sigmoid(x)), buffer) as PyTorch's CPU kernel: out =
-    ``min(x, 0) - log1p(exp(-|x|))``, buffer = ``exp(-|x|)`` (what the
-    backward reads)."""
+def log_sigmoid_forward(x: ArrayLike) -> tuple[Array, Array]:
+    """log(sigmoid(x)) and the buffer its backward reads, as PyTorch's CPU kernel.
+
+    Parameters
+    ----------
+    x : array_like
+        float64, float32, bfloat16 or float16.
+
+    Returns
+    -------
+    out : numpy.ndarray
+        ``min(x, 0) - log1p(exp(-|x|))``: x's shape and dtype.
+    buffer : numpy.ndarray
+        ``exp(-|x|)``: x's shape and dtype.
+
+    Raises
+    ------
+    TypeError
+        If x has an unsupported dtype.
+    """
     result = _k.log_sigmoid_forward_plain(x)
     if result is not None:
         return result

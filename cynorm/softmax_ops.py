@@ -9,12 +9,15 @@ rounds once to 16 bits.  A call with a plain float32/float64 array (exact
 ndarray, C-contiguous) goes straight to the kernel's plain entry; any other
 is validated and converted here, then runs the same kernel.
 """
+from __future__ import annotations
+
 import numpy as np
 
 from cynorm import _kernels
 from cynorm._dtypes import FLOAT32, is_16bit
 from cynorm._kernels import float_kernel
 from cynorm._kernels._runtime import get_num_threads
+from cynorm._typing import Array, ArrayLike, DTypeLike
 from cynorm._validation import (
     as_dtype, as_float_array, check_bool, check_same, in_memory, normalize_dim, split_shape,
 )
@@ -55,17 +58,62 @@ def _run(x, dim, half_to_float, log_out):
     return y.astype(dtype, copy=False)
 
 
-def softmax(x, dim, half_to_float=False):
-    """exp(x) / sum(exp(x)) along `dim` (torch._softmax).
+def softmax(x: ArrayLike, dim: int, half_to_float: bool = False) -> Array:
+    """Softmax exp(x) / sum(exp(x)) along `dim` (torch._softmax).
 
-    half_to_float=True (16-bit x only) returns float32; otherwise x's dtype.
+    Parameters
+    ----------
+    x : array_like
+        float64, float32, bfloat16 or float16; never modified.
+    dim : int
+        The axis to normalize along (a 0-d x takes 0 or -1).
+    half_to_float : bool, default False
+        True (16-bit x only) returns float32.
+
+    Returns
+    -------
+    numpy.ndarray
+        x's shape; x's dtype, or float32 with half_to_float.
+
+    Raises
+    ------
+    TypeError
+        If x has an unsupported dtype, dim is not an int, or half_to_float
+        is not a bool.
+    ValueError
+        If dim is out of range for x, or half_to_float is True for x that is
+        not 16-bit.
     """
     y = _k.softmax_plain(x, dim, half_to_float, False)
     return y if y is not None else _run(x, dim, half_to_float, False)
 
 
-def log_softmax(x, dim, half_to_float=False):
-    """x - log(sum(exp(x))) along `dim` (torch._log_softmax)."""
+def log_softmax(x: ArrayLike, dim: int, half_to_float: bool = False) -> Array:
+    """Log-softmax x - log(sum(exp(x))) along `dim` (torch._log_softmax).
+
+    Parameters
+    ----------
+    x : array_like
+        float64, float32, bfloat16 or float16; never modified.
+    dim : int
+        The axis to normalize along (a 0-d x takes 0 or -1).
+    half_to_float : bool, default False
+        True (16-bit x only) returns float32.
+
+    Returns
+    -------
+    numpy.ndarray
+        x's shape; x's dtype, or float32 with half_to_float.
+
+    Raises
+    ------
+    TypeError
+        If x has an unsupported dtype, dim is not an int, or half_to_float
+        is not a bool.
+    ValueError
+        If dim is out of range for x, or half_to_float is True for x that is
+        not 16-bit.
+    """
     y = _k.softmax_plain(x, dim, half_to_float, True)
     return y if y is not None else _run(x, dim, half_to_float, True)
 
@@ -89,18 +137,77 @@ def _backward(grad_output, output, dim, input_dtype, log_out):
     return out.astype(in_dtype, copy=False)
 
 
-def softmax_backward_data(grad_output, output, dim, input_dtype):
-    """Gradient of softmax w.r.t. its input from its output y:
-    y * (grad_output - sum(grad_output * y)) (torch._softmax_backward_data).
+def softmax_backward_data(grad_output: ArrayLike, output: ArrayLike, dim: int,
+                          input_dtype: DTypeLike) -> Array:
+    """Gradient of softmax with respect to its input, from its output.
 
-    input_dtype is the forward input's dtype: the result has it (a 16-bit
-    one when the forward ran with half_to_float)."""
+    With y the forward's output, ``y * (grad_output - sum(grad_output * y))``
+    along `dim` (torch._softmax_backward_data).
+
+    Parameters
+    ----------
+    grad_output : array_like
+        The gradient of y: y's shape and dtype.
+    output : array_like
+        y, what softmax returned.
+    dim : int
+        The forward's dim.
+    input_dtype : dtype
+        The forward input's dtype: the result has it (a 16-bit one when the
+        forward ran with half_to_float).
+
+    Returns
+    -------
+    numpy.ndarray
+        The gradient of x: y's shape, input_dtype.
+
+    Raises
+    ------
+    TypeError
+        If an array has an unsupported dtype, grad_output's dtype differs
+        from output's, input_dtype is not a dtype, or dim is not an int.
+    ValueError
+        If grad_output's shape differs from output's, dim is out of range,
+        or input_dtype is neither output's dtype nor (for float32 output) a
+        16-bit type.
+    """
     out = _k.softmax_backward_plain(grad_output, output, dim, input_dtype, False)
     return out if out is not None else _backward(grad_output, output, dim, input_dtype, False)
 
 
-def log_softmax_backward_data(grad_output, output, dim, input_dtype):
-    """Gradient of log_softmax w.r.t. its input from its output:
-    grad_output - exp(output) * sum(grad_output) (torch._log_softmax_backward_data)."""
+def log_softmax_backward_data(grad_output: ArrayLike, output: ArrayLike, dim: int,
+                              input_dtype: DTypeLike) -> Array:
+    """Gradient of log_softmax with respect to its input, from its output.
+
+    ``grad_output - exp(output) * sum(grad_output)`` along `dim`
+    (torch._log_softmax_backward_data).
+
+    Parameters
+    ----------
+    grad_output : array_like
+        The gradient of the output: output's shape and dtype.
+    output : array_like
+        What log_softmax returned.
+    dim : int
+        The forward's dim.
+    input_dtype : dtype
+        The forward input's dtype: the result has it (a 16-bit one when the
+        forward ran with half_to_float).
+
+    Returns
+    -------
+    numpy.ndarray
+        The gradient of x: output's shape, input_dtype.
+
+    Raises
+    ------
+    TypeError
+        If an array has an unsupported dtype, grad_output's dtype differs
+        from output's, input_dtype is not a dtype, or dim is not an int.
+    ValueError
+        If grad_output's shape differs from output's, dim is out of range,
+        or input_dtype is neither output's dtype nor (for float32 output) a
+        16-bit type.
+    """
     out = _k.softmax_backward_plain(grad_output, output, dim, input_dtype, True)
     return out if out is not None else _backward(grad_output, output, dim, input_dtype, True)

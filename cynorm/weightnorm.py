@@ -31,6 +31,8 @@ Conventions shared by the functions here:
   gives NaN, g/0 gives inf) wherever that slice is used.
 * Results are bitwise identical at any thread count.
 """
+from __future__ import annotations
+
 import math
 
 import numpy as np
@@ -44,6 +46,7 @@ from cynorm._arrays import (
 from cynorm import _kernels
 _k = _kernels.load("weight_norm")  # the SIMD level chosen at import
 from cynorm._kernels._runtime import get_num_threads as _threads
+from cynorm._typing import Array, ArrayLike, OutArray, OutArrays, Real
 from cynorm._validation import (
     as_float_array, check_out, check_per_channel, check_same, kept_shape,
     normalize_dim, real_number, single_out, split_out,
@@ -77,25 +80,38 @@ def _norm_kind(pow):
     return 3, p
 
 
-def norm_except_dim(v, pow=2, dim=0, *, out=None):
+def norm_except_dim(v: ArrayLike, pow: Real = 2, dim: int | None = 0, *,
+                    out: OutArray = None) -> Array:
     """The p-norm of v over every axis except `dim`, with keepdims.
 
     Parameters
     ----------
-    v : ndarray (float64, float32, bfloat16 or float16)
+    v : array_like
+        float64, float32, bfloat16 or float16; any strides, never modified.
     pow : float, default 2
         Any p > 0, or ``np.inf`` for the largest absolute value.
     dim : int or None, default 0
         The axis that is kept.  ``None`` reduces over every axis and returns a
         0-d array (ATen's dim=-1; here -1 is the last axis).
-    out : ndarray or tuple of one ndarray, optional
+    out : numpy.ndarray or tuple of one, optional
         Receives the result: the keepdims shape (or () for dim=None), v's dtype.
 
     Returns
     -------
-    ndarray of v's dtype (as torch.norm_except_dim), shape 1 on every axis
-    but `dim`.  Sums accumulate in float64; 16-bit inputs round once at the end
-    (a float16 norm above 65504 becomes inf, as in PyTorch).
+    numpy.ndarray
+        v's dtype (as torch.norm_except_dim), size 1 on every axis but `dim`
+        (0-d for ``dim=None``); `out` when given.  Sums accumulate in float64;
+        16-bit inputs round once at the end (a float16 norm above 65504
+        becomes inf, as in PyTorch).
+
+    Raises
+    ------
+    TypeError
+        If v is not a floating array of a supported dtype, pow is not a real
+        number, or out is not an array of the result's dtype.
+    ValueError
+        If pow is not > 0, dim is out of range, or out has the wrong shape or
+        is read-only.
     """
     out = single_out(out)
     if out is None:
@@ -139,24 +155,42 @@ def _forward(v, g, dim, w_out, w_name, norm_out):
     return w, norm
 
 
-def weight_norm_interface(v, g, dim=0, *, out=None):
+def weight_norm_interface(v: ArrayLike, g: ArrayLike, dim: int | None = 0, *,
+                          out: OutArrays = None) -> tuple[Array, Array]:
     """Fused weight norm that also returns the norm (torch._weight_norm_interface).
 
     Parameters
     ----------
-    v : ndarray
-        The direction.  Any strides; never modified.
-    g : ndarray
-        The magnitude, one value per index of v's `dim` (keepdims shape or 1-D).
+    v : array_like
+        The direction: float64, float32, bfloat16 or float16.  Any strides;
+        never modified.
+    g : array_like
+        The magnitude, one value per index of v's `dim` (keepdims shape or
+        1-D; for ``dim=None`` 0-d, (1,) or all ones): v's dtype, or float32
+        when v is 16-bit.
     dim : int or None, default 0
         The axis whose slices are normalized; None normalizes the whole array.
-    out : tuple (w, norm), optional
-        Output arrays (or None entries) to write into.
+    out : tuple of two (numpy.ndarray or None), optional
+        ``(w, norm)`` arrays to write into (None entries are allocated).  w
+        may be v itself (in place).
 
     Returns
     -------
-    w : ndarray, v's shape and dtype: v * g / ||v||.
-    norm : ndarray, g's shape; float32 for 16-bit v, else v's dtype.
+    w : numpy.ndarray
+        v * g / ||v||, v's shape and dtype.
+    norm : numpy.ndarray
+        ||v|| over every axis but `dim`, g's shape; float32 for 16-bit v,
+        else v's dtype.
+
+    Raises
+    ------
+    TypeError
+        If v or g has an unsupported dtype, or out is not None or a tuple of
+        two arrays/None of the outputs' dtypes.
+    ValueError
+        If dim is out of range, g does not hold one value per index of v's
+        `dim`, or an output has the wrong shape, is read-only, or overlaps
+        the other output.
     """
     if out is None:
         result = _k.forward_plain(v, g, dim)
@@ -166,11 +200,38 @@ def weight_norm_interface(v, g, dim=0, *, out=None):
     return _forward(v, g, dim, w_out, "out[0] (w)", norm_out)
 
 
-def weight_norm(v, g, dim=0, *, out=None):
-    """w = v * g / ||v|| (torch._weight_norm): weight_norm_interface without the norm.
+def weight_norm(v: ArrayLike, g: ArrayLike, dim: int | None = 0, *,
+                out: OutArray = None) -> Array:
+    """Weight normalization w = v * g / ||v|| (torch._weight_norm).
 
-    ``out`` is an array of v's shape and dtype (or a tuple of one); it may
-    be v itself (in place).
+    weight_norm_interface without the norm.
+
+    Parameters
+    ----------
+    v : array_like
+        The direction: float64, float32, bfloat16 or float16.  Any strides;
+        never modified (unless it is `out`).
+    g : array_like
+        The magnitude, one value per index of v's `dim` (keepdims shape or
+        1-D): v's dtype, or float32 when v is 16-bit.
+    dim : int or None, default 0
+        The axis whose slices are normalized; None normalizes the whole array.
+    out : numpy.ndarray or tuple of one, optional
+        An array of v's shape and dtype to write w into; it may be v itself
+        (in place).
+
+    Returns
+    -------
+    numpy.ndarray
+        w, v's shape and dtype (`out` when given).
+
+    Raises
+    ------
+    TypeError
+        If v or g has an unsupported dtype, or out is not an array of v's dtype.
+    ValueError
+        If dim is out of range, g does not hold one value per index of v's
+        `dim`, or out has the wrong shape or is read-only.
     """
     out = single_out(out)
     if out is None:
@@ -180,27 +241,49 @@ def weight_norm(v, g, dim=0, *, out=None):
     return _forward(v, g, dim, out, "out", None)[0]
 
 
-def weight_norm_backward(grad_w, saved_v, saved_g, saved_norm, dim=0, *, out=None):
+def weight_norm_backward(grad_w: ArrayLike, saved_v: ArrayLike, saved_g: ArrayLike,
+                         saved_norm: ArrayLike, dim: int | None = 0, *,
+                         out: OutArrays = None) -> tuple[Array, Array]:
     """Gradients of weight_norm_interface (torch._weight_norm_interface_backward).
 
-    With s = sum(grad_w * v) over every axis but `dim`:
+    With s = sum(grad_w * v) over every axis but `dim`::
 
         grad_g = s / norm
         grad_v = (g / norm) * grad_w - (g * grad_g / norm**2) * v
 
     Parameters
     ----------
-    grad_w : ndarray, v's shape and dtype.
-    saved_v, saved_g : the forward's v and g.
-    saved_norm : the norm weight_norm_interface returned (g's shape; float32
-        for 16-bit v, else v's dtype).
-    dim : int or None, as in the forward.
-    out : tuple (grad_v, grad_g), optional.
+    grad_w : array_like
+        The gradient of w: v's shape and dtype.
+    saved_v : array_like
+        The forward's v.
+    saved_g : array_like
+        The forward's g.
+    saved_norm : array_like
+        The norm weight_norm_interface returned (g's shape; float32 for
+        16-bit v, else v's dtype).
+    dim : int or None, default 0
+        As in the forward.
+    out : tuple of two (numpy.ndarray or None), optional
+        ``(grad_v, grad_g)`` arrays to write into (None entries are
+        allocated).
 
     Returns
     -------
-    grad_v : ndarray, v's shape and dtype.
-    grad_g : ndarray, g's shape and dtype.
+    grad_v : numpy.ndarray
+        v's shape and dtype.
+    grad_g : numpy.ndarray
+        g's shape and dtype.
+
+    Raises
+    ------
+    TypeError
+        If an argument has an unsupported dtype or out is not None or a
+        tuple of two arrays/None of the outputs' dtypes.
+    ValueError
+        If grad_w's shape differs from v's, dim is out of range, saved_g or
+        saved_norm does not hold one value per index of v's `dim`, or an
+        output has the wrong shape, is read-only or overlaps the other.
     """
     if out is None:
         result = _k.backward_plain(grad_w, saved_v, saved_g, saved_norm, dim)

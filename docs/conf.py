@@ -23,10 +23,15 @@ source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 exclude_patterns = ["_build"]
 root_doc = "index"
 
-autodoc_default_options = {"members": False}
 autodoc_typehints = "none"          # the numpydoc sections carry the types
 numpydoc_show_class_members = False
 numpydoc_xref_param_type = False
+# every documented function's docstring has a summary, a Parameters entry
+# (with a type and a description) for each of its parameters and no other,
+# and a Returns section when it returns something: a warning otherwise,
+# which -W makes an error
+numpydoc_validation_checks = {"GL08", "SS01", "PR01", "PR02", "PR03", "PR04", "PR10",
+                              "RT01", "RT03"}
 myst_heading_anchors = 3
 
 html_theme = "alabaster"

@@ -384,6 +384,28 @@ def test_bad_input_is_refused_before_cudnn(standin):
     assert calls(hooks, "cudnnBatchNormalizationForwardTrainingEx") == before
 
 
+def test_host_memory_alone_is_refused(standin):
+    """Every array a view of host memory (no device array beside it to
+    compare with): refused as not device memory, before any cuDNN call,
+    not run on the current device with host pointers."""
+    _, hooks, _ = standin
+    x = np.random.default_rng(5).standard_normal((4, 3, 5, 5)).astype(np.float32)
+    host = [x, np.ones(3, np.float32), np.zeros(3, np.float32), np.zeros(3, np.float32),
+            np.ones(3, np.float32)]
+    gx, gw, gb, grm, grv = (cudnn_bind.DeviceArray.from_pointer(a.ctypes.data, a.shape, "float32",
+                                                                owner=a) for a in host)
+    assert gx.device is None
+    before = (calls(hooks, "cudnnBatchNormalizationForwardInference"),
+              calls(hooks, "cudnnBatchNormalizationForwardTrainingEx"))
+    with pytest.raises(ValueError, match="bias, running_mean, running_var, weight, x: not device "
+                                         "memory"):
+        cudnn_bind.batch_norm_forward_inference(gx, gw, gb, grm, grv)
+    with pytest.raises(ValueError, match="bias, weight, x: not device memory"):
+        cudnn_bind.batch_norm_forward_training(gx, gw, gb)
+    assert (calls(hooks, "cudnnBatchNormalizationForwardInference"),
+            calls(hooks, "cudnnBatchNormalizationForwardTrainingEx")) == before
+
+
 def test_device_array_round_trip_and_free(standin):
     lib, hooks, _ = standin
     cudnn_bind.empty_cache()

@@ -23,9 +23,14 @@ Arguments updated in place (batch_norm's running_mean / running_var in
 training) have their tangents updated in place the same way, when given:
 pass zeros to get the tangent of the update alone.
 """
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence
+
 import numpy as np
 
 from cynorm._dtypes import POLICY
+from cynorm._typing import Array
 from cynorm.forward_ad._registry import _op_name, jvp_rules, register_jvp
 # the rule modules register their rules on import
 from cynorm.forward_ad import norm_rules, seed_rules, split_stats_rules  # noqa: F401
@@ -53,24 +58,41 @@ def _check_tangent(rule, i, primal, tangent):
         raise TypeError(f"{name} must have the primal's dtype {primal.dtype}, got {tangent.dtype}")
 
 
-def jvp(op, primals, tangents, **kwargs):
-    """Outputs of `op(*primals, **kwargs)` and their tangents.
+def jvp(op: Callable[..., Any], primals: Sequence[Any], tangents: Sequence[Optional[Array]],
+        **kwargs: Any) -> tuple[Any, Any]:
+    """Outputs of ``op(*primals, **kwargs)`` and their tangents.
 
     Parameters
     ----------
-    op : callable with a registered rule (see `jvp_rules`).
+    op : callable
+        A function with a registered rule (see `jvp_rules`): every public
+        op of cynorm and cynorm.aten, or one registered with `register_jvp`.
     primals : tuple or list
         op's positional arguments.
-    tangents : tuple or list, one entry per primal
-        An ndarray of the primal's shape and dtype, or None (zero tangent).
-        Only floating-array primals can have tangents.
+    tangents : tuple or list
+        One entry per primal: a numpy.ndarray of the primal's shape and
+        dtype, or None (a zero tangent; its work is skipped).  Only
+        floating-array primals can have tangents.
     **kwargs
         op's keyword arguments (not differentiated).
 
     Returns
     -------
-    (outputs, output_tangents), both with op's return structure; an output
-    tangent has its output's shape and dtype (None where the output is None).
+    outputs : object
+        What ``op(*primals, **kwargs)`` returns.
+    output_tangents : object
+        With the structure of `outputs`: each output tangent has its
+        output's shape and dtype (None where the output is None).
+
+    Raises
+    ------
+    TypeError
+        If op has no registered rule, primals or tangents is not a tuple or
+        list, or a tangent is not an array of its primal's dtype, or is given
+        for an argument that is not differentiable.
+    ValueError
+        If tangents has not one entry per primal, or a tangent's shape
+        differs from its primal's.
     """
     try:
         rule = jvp_rules.get(op)

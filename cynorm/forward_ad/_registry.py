@@ -1,10 +1,19 @@
 """The registry of forward-mode rules: `jvp_rules` (op -> Rule) and the
 `register_jvp` decorator the rule modules and users add rules with."""
+from __future__ import annotations
+
 import inspect
+from typing import Any, Callable, Iterable, TypeVar, Union
 
 import numpy as np
 
-jvp_rules = {}
+#: a rule: fn(primals, tangents, kwargs) -> (outputs, output_tangents)
+RuleFunction = TypeVar("RuleFunction", bound=Callable[..., Any])
+
+#: one argument name or several
+ArgumentNames = Union[str, Iterable[str]]
+
+jvp_rules: dict[Callable[..., Any], Rule] = {}
 
 
 class Rule:
@@ -39,16 +48,39 @@ def _op_name(op):
     return f"{mod.split('.')[0]}.{name}" if mod.startswith("cynorm") else f"{mod}.{name}".lstrip(".")
 
 
-def register_jvp(op, *, nondiff=(), ignored=()):
-    """Decorator: register `rule(primals, tangents, kwargs)` as op's JVP rule.
+def register_jvp(op: Callable[..., Any], *, nondiff: ArgumentNames = (),
+                 ignored: ArgumentNames = ()) -> Callable[[RuleFunction], RuleFunction]:
+    """Decorator: register ``rule(primals, tangents, kwargs)`` as op's JVP rule.
 
-    `primals` is the tuple of positional arguments (as the caller passed
-    them), `tangents` a tuple of the same length (None or an array of the
-    primal's shape and dtype, already checked), `kwargs` the keyword
-    arguments.  The rule returns (outputs, output_tangents).  `nondiff`
-    names positional arguments that must not get a tangent; `ignored` those
-    whose tangents are accepted and not used (each a name or a sequence of
-    names).  Registering an op again replaces its rule.
+    The rule receives `primals`, the tuple of positional arguments (as the
+    caller passed them), `tangents`, a tuple of the same length (None or an
+    array of the primal's shape and dtype, already checked), and `kwargs`,
+    the keyword arguments.  It returns ``(outputs, output_tangents)``.
+    Registering an op again replaces its rule.
+
+    Parameters
+    ----------
+    op : callable
+        The function the rule differentiates (the key of `jvp_rules`).
+    nondiff : str or iterable of str, optional
+        Positional arguments that must not get a tangent (shapes, flags,
+        eps, index arrays): a tangent given for one is a TypeError in `jvp`.
+    ignored : str or iterable of str, optional
+        Arguments whose tangents are accepted and dropped before the rule
+        runs (saved statistics a rule recomputes from the input).
+
+    Returns
+    -------
+    callable
+        The decorator: it registers the rule and returns it unchanged.
+
+    Raises
+    ------
+    TypeError
+        If op or the decorated rule is not callable, or nondiff / ignored is
+        not a name or an iterable of names.
+    ValueError
+        If nondiff and ignored name the same argument.
     """
     if not callable(op):
         raise TypeError(f"register_jvp: op must be callable, got {type(op).__name__}")
@@ -59,7 +91,7 @@ def register_jvp(op, *, nondiff=(), ignored=()):
         raise ValueError(f"register_jvp: nondiff and ignored both name {sorted(both)}: an argument "
                          "either takes no tangent (nondiff) or has its tangent dropped (ignored)")
 
-    def decorator(fn):
+    def decorator(fn: RuleFunction) -> RuleFunction:
         if not callable(fn):
             raise TypeError(f"register_jvp: the rule must be callable, got {type(fn).__name__}")
         jvp_rules[op] = Rule(op, fn, nondiff, ignored)
@@ -67,7 +99,7 @@ def register_jvp(op, *, nondiff=(), ignored=()):
     return decorator
 
 
-def _names(value, name):
+def _names(value: Any, name: str) -> frozenset[str]:
     """register_jvp's nondiff / ignored as a frozenset of argument names: one
     name (a str) or an iterable of them."""
     if isinstance(value, str):

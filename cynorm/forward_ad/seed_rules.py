@@ -176,8 +176,8 @@ def _nll_backward_rule(op, two_d):
     return rule
 
 
-for _op, _two_d in ((_nll.nll_loss_backward, False), (_nll.nll_loss2d_backward, True)):
-    _nll_backward_rule(_op, _two_d)
+_nll_backward_rule(_nll.nll_loss_backward, False)
+_nll_backward_rule(_nll.nll_loss2d_backward, True)
 
 
 # ------------------------------------------- ATen's batch-norm backward adapters

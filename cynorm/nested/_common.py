@@ -1,4 +1,6 @@
 """Checks and conversions shared by the nested ops."""
+from __future__ import annotations
+
 import numpy as np
 
 from cynorm._dtypes import is_16bit
@@ -6,7 +8,7 @@ from cynorm._validation import check_int
 from cynorm.nested.container import NestedArray
 
 
-def check_nested(x, name):
+def check_nested(x: object, name: str) -> NestedArray:
     if not isinstance(x, NestedArray):
         raise TypeError(f"{name} must be a cynorm.nested.NestedArray, got {type(x).__name__}")
     return x

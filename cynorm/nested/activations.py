@@ -1,14 +1,23 @@
 """Pointwise activations of nested arrays and their backward (ATen's
 nested relu/threshold/gelu/silu and threshold_backward, gelu_backward,
 silu_backward): one pass over the whole buffer, whatever the shapes."""
+from __future__ import annotations
+
+from typing import Literal
+
 import numpy as np
 
-from cynorm._kernels import activations as _act, float_kernel
+# a plain import: activations is not compiled per SIMD level (setup.py's
+# DISPATCHED), so _kernels.load would look for activations_v3 / _v4
+import cynorm._kernels.activations as _act
+from cynorm._kernels import float_kernel
 from cynorm._kernels._runtime import get_num_threads
 from cynorm.nested._common import (
     check_nested, check_same_structure, math_buffer, stored,
 )
+from cynorm._typing import Real
 from cynorm._validation import check_real
+from cynorm.nested.container import NestedArray
 
 APPROXIMATE = ("none", "tanh")
 
@@ -37,8 +46,35 @@ def _backward_kernel(grad, x, kind, approx_tanh=False):
     return x.like(stored(out, x.dtype))
 
 
-def threshold(x, threshold, value):
-    """y = value where x <= threshold, else x (NaN stays NaN)."""
+def threshold(x: NestedArray, threshold: Real, value: Real) -> NestedArray:
+    """Replace the elements at or below a threshold by a value.
+
+    y = value where x <= threshold, else x (NaN stays NaN, as in ATen:
+    ``NaN <= threshold`` is false).  One pass over the buffer.
+
+    Parameters
+    ----------
+    x : NestedArray
+        The input.
+    threshold : float
+        The threshold: a finite real number.
+    value : float
+        The value of the elements at or below the threshold: a finite real
+        number, stored in x's dtype.
+
+    Returns
+    -------
+    NestedArray
+        A new array of x's structure and dtype.
+
+    Raises
+    ------
+    TypeError
+        If x is not a NestedArray, or threshold or value is not a real
+        number (bools are refused).
+    ValueError
+        If threshold or value is not finite.
+    """
     check_nested(x, "x")
     t, v = check_real(threshold, "threshold"), check_real(value, "value")
     xb = x.buffer
@@ -46,14 +82,60 @@ def threshold(x, threshold, value):
     return x.like(np.where(xb <= t, np.asarray(v).astype(x.dtype), xb).astype(x.dtype, copy=False))
 
 
-def relu(x):
-    """max(x, 0) (NaN stays NaN, as in torch)."""
+def relu(x: NestedArray) -> NestedArray:
+    """Rectified linear unit: max(x, 0) elementwise (NaN stays NaN, as in torch).
+
+    ``threshold(x, 0.0, 0.0)``.
+
+    Parameters
+    ----------
+    x : NestedArray
+        The input.
+
+    Returns
+    -------
+    NestedArray
+        A new array of x's structure and dtype.
+
+    Raises
+    ------
+    TypeError
+        If x is not a NestedArray.
+    """
     check_nested(x, "x")
     return threshold(x, 0.0, 0.0)
 
 
-def threshold_backward(grad, self, threshold):
-    """0 where self <= threshold, else grad (relu's backward at threshold 0)."""
+def threshold_backward(grad: NestedArray, self: NestedArray, threshold: Real) -> NestedArray:
+    """Backward of `threshold`: 0 where self <= threshold, else grad.
+
+    relu's backward at threshold 0.  Where self is NaN, grad passes
+    through (``NaN <= threshold`` is false).
+
+    Parameters
+    ----------
+    grad : NestedArray
+        The gradient of threshold(self, threshold, value): self's structure
+        and dtype.
+    self : NestedArray
+        The input of the forward.
+    threshold : float
+        The forward's threshold: a finite real number.
+
+    Returns
+    -------
+    NestedArray
+        The gradient of self: a new array of its structure and dtype.
+
+    Raises
+    ------
+    TypeError
+        If grad or self is not a NestedArray, their dtypes differ, or
+        threshold is not a real number (bools are refused).
+    ValueError
+        If grad and self have different structures (component shapes), or
+        threshold is not finite.
+    """
     check_nested(grad, "grad")
     check_nested(self, "self")
     check_same_structure(grad, "grad", self, "self")
@@ -61,13 +143,40 @@ def threshold_backward(grad, self, threshold):
     return self.like(np.where(self.buffer <= t, 0, grad.buffer).astype(self.dtype, copy=False))
 
 
-def gelu(x, approximate="none"):
-    """x * Phi(x) (approximate='tanh': the tanh approximation)."""
+def gelu(x: NestedArray, approximate: Literal["none", "tanh"] = "none") -> NestedArray:
+    """Gaussian error linear unit: x * Phi(x) elementwise.
+
+    Phi is the standard normal's distribution function; with
+    ``approximate='tanh'``, the tanh approximation of it, as ATen's gelu.
+    One pass over the buffer.
+
+    Parameters
+    ----------
+    x : NestedArray
+        The input.
+    approximate : {'none', 'tanh'}, optional
+        'none' (the default): the exact GELU; 'tanh': the tanh
+        approximation.
+
+    Returns
+    -------
+    NestedArray
+        A new array of x's structure and dtype (16-bit data is computed in
+        float32).
+
+    Raises
+    ------
+    TypeError
+        If x is not a NestedArray.
+    ValueError
+        If approximate is not 'none' or 'tanh'.
+    """
     check_nested(x, "x")
     return _forward_kernel(x, GELU, _approximate(approximate))
 
 
-def gelu_backward(grad, self, approximate="none"):
+def gelu_backward(grad: NestedArray, self: NestedArray,
+                  approximate: Literal["none", "tanh"] = "none") -> NestedArray:
     """Backward of `gelu`: grad times the derivative of GELU at self.
 
     The derivative is Phi(x) + x * phi(x) (Phi, phi: the standard normal's
@@ -103,13 +212,32 @@ def gelu_backward(grad, self, approximate="none"):
     return _backward_kernel(grad, self, GELU, _approximate(approximate))
 
 
-def silu(x):
-    """x * sigmoid(x)."""
+def silu(x: NestedArray) -> NestedArray:
+    """Sigmoid linear unit (swish): x * sigmoid(x) elementwise.
+
+    One pass over the buffer, as ATen's silu.
+
+    Parameters
+    ----------
+    x : NestedArray
+        The input.
+
+    Returns
+    -------
+    NestedArray
+        A new array of x's structure and dtype (16-bit data is computed in
+        float32).
+
+    Raises
+    ------
+    TypeError
+        If x is not a NestedArray.
+    """
     check_nested(x, "x")
     return _forward_kernel(x, SILU)
 
 
-def silu_backward(grad, self):
+def silu_backward(grad: NestedArray, self: NestedArray) -> NestedArray:
     """Backward of `silu`: grad times the derivative of SiLU at self.
 
     The derivative is s * (1 + x * (1 - s)) with s = sigmoid(x), as ATen's

@@ -5,24 +5,60 @@ Component i is buffer[offsets[i] : offsets[i] + prod(sizes[i])] in C order,
 of shape sizes[i].  In nested coordinates dim 0 indexes the components and
 dim d >= 1 is the components' dim d - 1, as in PyTorch's nested tensors.
 """
+from __future__ import annotations
+
+from typing import Any, Iterator, Optional, Sequence, Union
+
 import numpy as np
+from numpy.typing import NDArray
 
 from cynorm._dtypes import SUPPORTED_DTYPES
+from cynorm._typing import Array, ArrayLike, DTypeLike, Real
 from cynorm._validation import as_array, as_dtype, as_float_array, int_tuple, real_number
 
 
 class NestedArray:
-    """A variable-shape batch: `buffer` (1-D, contiguous), `sizes` (int64,
-    ntensors x component ndim) and `offsets` (int64, ntensors).
+    """A variable-shape batch of arrays in one contiguous buffer.
+
+    The components, of one dtype and ndim but of different shapes, lie back
+    to back in order in `buffer` (1-D, contiguous), without padding;
+    `sizes` (int64, ntensors x component ndim) holds their shapes and
+    `offsets` (int64, ntensors) where each starts.
 
     Construct with `nested_array(list_of_arrays)` or `from_padded(padded,
-    sizes)`; `NestedArray(buffer, sizes)` wraps an existing buffer (no copy)
-    whose components lie back to back in order.
+    sizes)`; ``NestedArray(buffer, sizes)`` wraps an existing buffer (no
+    copy) whose components lie back to back in order.
+
+    Parameters
+    ----------
+    buffer : numpy.ndarray
+        The components' elements, each in C order, one after the other: a
+        1-D C-contiguous array of float64, float32, bfloat16 or float16.
+        It is wrapped, not copied.
+    sizes : array_like of int
+        The components' shapes, one row each: shape (ntensors, component
+        ndim).  Copied as int64 and made read-only.
+
+    Raises
+    ------
+    TypeError
+        If buffer is not a NumPy array or its dtype is not one of the
+        floating dtypes above, or sizes cannot be converted to an array.
+    ValueError
+        If buffer is not 1-D and contiguous, sizes is not a 2-D integer
+        array, has a negative entry, describes a component of 2**63
+        elements or more, or describes another number of elements than
+        buffer holds.
+
+    See Also
+    --------
+    nested_array : A NestedArray holding copies of a list of arrays.
+    from_padded : A NestedArray of the leading corners of a padded array.
     """
 
     __slots__ = ("_buffer", "_sizes", "_offsets", "_numels")
 
-    def __init__(self, buffer, sizes):
+    def __init__(self, buffer: Array, sizes: ArrayLike) -> None:
         if not isinstance(buffer, np.ndarray):
             raise TypeError(f"buffer must be a NumPy array, got {type(buffer).__name__}")
         if buffer.ndim != 1 or not buffer.flags.c_contiguous:
@@ -52,40 +88,90 @@ class NestedArray:
 
     # ------------------------------------------------------------ properties
     @property
-    def buffer(self):
+    def buffer(self) -> Array:
+        """The 1-D contiguous array holding every component, back to back.
+
+        The array itself, not a copy: writing into it changes the
+        components.
+        """
         return self._buffer
 
     @property
-    def sizes(self):
-        """int64 (ntensors, component ndim), read-only."""
+    def sizes(self) -> NDArray[np.int64]:
+        """The components' shapes: int64 (ntensors, component ndim), read-only."""
         return self._sizes
 
     @property
-    def offsets(self):
-        """int64 start of each component in the buffer, read-only."""
+    def offsets(self) -> NDArray[np.int64]:
+        """The int64 start of each component in the buffer, read-only."""
         return self._offsets
 
     @property
-    def numels(self):
+    def numels(self) -> NDArray[np.int64]:
+        """The number of elements of each component: int64 (ntensors,)."""
         return self._numels
 
     @property
-    def dtype(self):
+    def dtype(self) -> np.dtype[Any]:
+        """The components' dtype: the buffer's."""
         return self._buffer.dtype
 
     @property
-    def ndim(self):
+    def ndim(self) -> int:
         """Component ndim + 1: dim 0 indexes the components."""
         return self._sizes.shape[1] + 1
 
-    def __len__(self):
+    def __len__(self) -> int:
+        """The number of components.
+
+        Returns
+        -------
+        int
+            The number of components (ntensors): the rows of `sizes`.
+        """
         return self._sizes.shape[0]
 
-    def component_shape(self, i):
+    def component_shape(self, i: int) -> tuple[int, ...]:
+        """The shape of component i.
+
+        Parameters
+        ----------
+        i : int
+            The component's index; negative counts from the end.
+
+        Returns
+        -------
+        tuple of int
+            Its shape: row i of `sizes`.
+
+        Raises
+        ------
+        IndexError
+            If i is out of range.
+        """
         return tuple(int(s) for s in self._sizes[i])
 
-    def __getitem__(self, i):
-        """Component i as a view into the buffer."""
+    def __getitem__(self, i: Union[int, np.integer[Any]]) -> Array:
+        """Component i as a view into the buffer.
+
+        Parameters
+        ----------
+        i : int
+            The component's index; negative counts from the end.
+
+        Returns
+        -------
+        numpy.ndarray
+            Component i, of shape ``component_shape(i)`` and the buffer's
+            dtype: a view, writing into it writes into the buffer.
+
+        Raises
+        ------
+        TypeError
+            If i is not an int (bools are refused).
+        IndexError
+            If i is out of range.
+        """
         n = len(self)
         if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
             raise TypeError(f"NestedArray index must be an int, got {type(i).__name__}")
@@ -95,26 +181,90 @@ class NestedArray:
         start = int(self._offsets[i])
         return self._buffer[start:start + int(self._numels[i])].reshape(self.component_shape(i))
 
-    def unbind(self):
-        """The components as a list of views into the buffer."""
+    def unbind(self) -> list[Array]:
+        """The components as a list of views into the buffer.
+
+        Returns
+        -------
+        list of numpy.ndarray
+            Component i at index i, as ``self[i]`` gives it.
+        """
         return [self[i] for i in range(len(self))]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Array]:
+        """Iterate over the components, as views into the buffer.
+
+        Returns
+        -------
+        iterator of numpy.ndarray
+            The components in order, as `unbind` lists them.
+        """
         return iter(self.unbind())
 
-    def max_sizes(self):
-        """The largest size along each component dim (0 for no components)."""
+    def max_sizes(self) -> tuple[int, ...]:
+        """The largest size along each component dim.
+
+        Returns
+        -------
+        tuple of int
+            One entry per component dim: the largest size any component
+            has there (0 for no components).
+        """
         return tuple(int(s) for s in self._sizes.max(axis=0)) if len(self) else (0,) * (self.ndim - 1)
 
-    def uniform_size(self, cdim):
-        """Component dim cdim's size if every component has the same one, else None."""
+    def uniform_size(self, cdim: int) -> Optional[int]:
+        """Component dim cdim's size if every component has the same one.
+
+        Parameters
+        ----------
+        cdim : int
+            A component dim (not a nested one: 0 is the components' first
+            dim); negative counts from the end.
+
+        Returns
+        -------
+        int or None
+            The size all components share along cdim (0 when there are no
+            components), or None when they differ.
+
+        Raises
+        ------
+        IndexError
+            If cdim is out of range.
+        """
         col = self._sizes[:, cdim]
         return int(col[0]) if len(col) and np.all(col == col[0]) else (0 if not len(col) else None)
 
-    def to_padded(self, fill=0.0, output_size=None):
-        """A dense (ntensors, *max sizes) array, components in the leading
-        corner of each slot and `fill` elsewhere.  output_size (the full
-        shape, ntensors first) may be larger than needed."""
+    def to_padded(self, fill: Real = 0.0,
+                  output_size: Optional[Sequence[int]] = None) -> Array:
+        """The components in a dense array, padded with `fill`.
+
+        Parameters
+        ----------
+        fill : float, optional
+            The value of the padding (default 0.0).
+        output_size : sequence of int, optional
+            The full shape of the result, ntensors first: at least
+            ``(ntensors, *max_sizes())`` in every dim, and may be larger than
+            needed.
+            By default that smallest shape.
+
+        Returns
+        -------
+        numpy.ndarray
+            A new ``(ntensors, *max_sizes())`` array (or of shape output_size) in
+            the components' dtype: component i in the leading corner of slot
+            i, `fill` elsewhere.
+
+        Raises
+        ------
+        TypeError
+            If fill is not a real number (bools are refused), or output_size
+            is not a sequence of ints (bools are refused).
+        ValueError
+            If fill is an int too large for a float, or output_size has
+            another number of dims or is smaller than needed in one.
+        """
         fill = real_number(fill, "fill")
         shape = (len(self),) + self.max_sizes()
         if output_size is not None:
@@ -128,11 +278,45 @@ class NestedArray:
             out[(i,) + tuple(slice(0, s) for s in comp.shape)] = comp
         return out
 
-    def like(self, buffer):
-        """A NestedArray with this one's structure around `buffer`."""
+    def like(self, buffer: Array) -> NestedArray:
+        """A NestedArray with this one's structure around `buffer`.
+
+        Parameters
+        ----------
+        buffer : numpy.ndarray
+            A 1-D contiguous array of as many elements as this one's buffer,
+            of a floating dtype (it may differ from this one's); wrapped,
+            not copied.
+
+        Returns
+        -------
+        NestedArray
+            The elements of buffer with this array's component shapes.
+
+        Raises
+        ------
+        TypeError
+            If buffer is not a NumPy array of a supported floating dtype.
+        ValueError
+            If buffer is not 1-D and contiguous, or holds another number of
+            elements.
+        """
         return NestedArray(buffer, self._sizes)
 
-    def same_structure(self, other):
+    def same_structure(self, other: object) -> bool:
+        """Whether other is a NestedArray of the same component shapes.
+
+        Parameters
+        ----------
+        other : object
+            What to compare with.
+
+        Returns
+        -------
+        bool
+            True if other is a NestedArray whose `sizes` equal this one's
+            (dtypes are not compared).
+        """
         return isinstance(other, NestedArray) and np.array_equal(self._sizes, other._sizes)
 
     def __repr__(self):
@@ -142,39 +326,72 @@ class NestedArray:
                 f"shapes=[{', '.join(map(str, shapes))}{more}])")
 
 
-def _native(dtype):
+def _native(dtype: np.dtype[Any]) -> np.dtype[Any]:
     """dtype in native byte order (NestedArray buffers are native)."""
     return dtype if dtype.isnative else dtype.newbyteorder("=")
 
 
-def nested_array(arrays, dtype=None):
-    """A NestedArray holding copies of `arrays` (a list of array-likes of one
-    ndim).  Their dtypes must agree unless `dtype` is given."""
+def nested_array(arrays: Sequence[ArrayLike], dtype: Optional[DTypeLike] = None) -> NestedArray:
+    """A NestedArray holding copies of `arrays`.
+
+    Parameters
+    ----------
+    arrays : list or tuple of array_like
+        The components, all of one ndim, in order.  Their dtypes must agree
+        unless `dtype` is given (non-native byte order counts as native).
+    dtype : data-type, optional
+        The NestedArray's dtype, the arrays converted to it: float64,
+        float32, bfloat16 or float16.  By default the arrays' common dtype,
+        or float64 when that is an integer or bool dtype, or when there are
+        no arrays.
+
+    Returns
+    -------
+    NestedArray
+        Copies of the arrays, in native byte order, one component each (no
+        arrays: no components, 0-d component ndim).
+
+    Raises
+    ------
+    TypeError
+        If arrays is not a list or tuple (a NumPy array is refused), an
+        entry cannot be converted to an array, dtype is not a dtype, the
+        arrays' dtypes differ and dtype is not given, or the resulting dtype
+        is not one of the floating dtypes above.
+    ValueError
+        If the arrays differ in ndim, or an entry cannot be converted to an
+        array (a ragged nested list, ...).
+
+    See Also
+    --------
+    from_padded : A NestedArray of the leading corners of a padded array.
+    """
     if isinstance(arrays, np.ndarray) or not isinstance(arrays, (list, tuple)):
         raise TypeError(f"arrays must be a list or tuple of arrays, got {type(arrays).__name__}")
     comps = [as_array(a, f"arrays[{i}]") for i, a in enumerate(arrays)]
     what = "dtype"
+    dt: np.dtype[Any]      # the buffer's dtype
     if dtype is not None:
-        dtype = _native(as_dtype(dtype, "dtype"))
+        dt = _native(as_dtype(dtype, "dtype"))
     elif comps:
         # non-native byte order is converted, as every op converts its inputs
         dtypes = {_native(c.dtype) for c in comps}
         if len(dtypes) > 1:
             raise TypeError(f"the arrays have different dtypes ({', '.join(sorted(map(str, dtypes)))}); "
                             "pass dtype= to convert them")
-        dtype, what = _native(comps[0].dtype), "the arrays' dtype"
-        if dtype.kind in "iub":
-            dtype = np.dtype(np.float64)
+        dt, what = _native(comps[0].dtype), "the arrays' dtype"
+        if dt.kind in "iub":
+            dt = np.dtype(np.float64)
     else:
-        dtype = np.dtype(np.float64)
+        dt = np.dtype(np.float64)
     ndims = {c.ndim for c in comps}
     if len(ndims) > 1:
         raise ValueError(f"the arrays must all have the same ndim, got ndims {sorted(ndims)}")
     ndim = ndims.pop() if ndims else 0
-    if dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"{what} must be floating ({', '.join(map(str, SUPPORTED_DTYPES))}), got {dtype}")
+    if dt not in SUPPORTED_DTYPES:
+        raise TypeError(f"{what} must be floating ({', '.join(map(str, SUPPORTED_DTYPES))}), got {dt}")
     sizes = np.array([c.shape for c in comps], dtype=np.int64).reshape(len(comps), ndim)
-    buffer = np.empty(int(np.prod(sizes, axis=1).sum()), dtype)
+    buffer = np.empty(int(np.prod(sizes, axis=1).sum()), dt)
     start = 0
     for c in comps:
         buffer[start:start + c.size] = c.reshape(-1)
@@ -182,9 +399,36 @@ def nested_array(arrays, dtype=None):
     return NestedArray(buffer, sizes)
 
 
-def from_padded(padded, sizes):
-    """A NestedArray of the leading corners of `padded`'s slots: component i
-    is padded[i][:sizes[i][0], :sizes[i][1], ...]."""
+def from_padded(padded: ArrayLike, sizes: ArrayLike) -> NestedArray:
+    """A NestedArray of the leading corners of `padded`'s slots.
+
+    Component i is ``padded[i][:sizes[i][0], :sizes[i][1], ...]``: the
+    inverse of `NestedArray.to_padded`.
+
+    Parameters
+    ----------
+    padded : array_like
+        The dense batch, slot i along dim 0: float64, float32, bfloat16 or
+        float16, at least 1-D.
+    sizes : array_like of int
+        The components' shapes, one row each: shape (padded.shape[0],
+        padded.ndim - 1), each row at most padded.shape[1:].
+
+    Returns
+    -------
+    NestedArray
+        Copies of the corners, in padded's dtype (native byte order); with
+        padded.ndim - 1 component dims, also when there are no components.
+
+    Raises
+    ------
+    TypeError
+        If padded is not of a floating dtype above, or sizes does not hold
+        integers.
+    ValueError
+        If padded is 0-d, sizes has a negative entry or the wrong shape, or
+        a row of sizes exceeds the padded shape.
+    """
     padded, _ = as_float_array(padded, "padded")
     if padded.ndim == 0:
         raise ValueError("padded must have at least 1 dimension (the components), got a 0-d array")

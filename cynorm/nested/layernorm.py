@@ -2,11 +2,17 @@
 layer_norm_backward_nested): the normalized trailing dims must be the same in
 every component, so the buffer is M rows of N and cynorm's layer-norm kernels
 run on it directly (no per-component loop)."""
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
 import numpy as np
 
 from cynorm import layernorm as _ln
+from cynorm._typing import Array, ArrayLike, OutputMask, Real
 from cynorm._validation import as_array, check_mask, int_tuple
 from cynorm.nested._common import check_nested, check_same_structure
+from cynorm.nested.container import NestedArray
 
 
 def _rows(x, normalized_shape, name="x"):
@@ -24,10 +30,50 @@ def _rows(x, normalized_shape, name="x"):
     return ns, M, N
 
 
-def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
-    """(y, mean, rstd): y nested like x; mean and rstd dense (M,) arrays, one
-    per normalized row of the buffer (M = total rows), as PyTorch's nested
-    layer_norm returns them."""
+def layer_norm(x: NestedArray, normalized_shape: Union[int, Sequence[int]],
+               weight: Optional[ArrayLike] = None, bias: Optional[ArrayLike] = None,
+               eps: Real = 1e-5) -> tuple[NestedArray, Array, Array]:
+    """Layer normalization over the trailing component dims of a nested array.
+
+    The normalized trailing dims must be the same in every component, so
+    the buffer is M rows of N = prod(normalized_shape) and cynorm's
+    `layer_norm` kernels run on it directly (no per-component loop), with
+    its semantics: y = (x - mean) * rstd * weight + bias per row,
+    rstd = 1 / sqrt(var + eps), biased variance.
+
+    Parameters
+    ----------
+    x : NestedArray
+        The input: float64, float32, bfloat16 or float16.
+    normalized_shape : int or tuple of int
+        The trailing component dims to normalize over (1 to the component
+        ndim of them): every component's shape must end in it.
+    weight, bias : array_like, optional
+        Shape normalized_shape; x's dtype, or float32 for 16-bit x.  None
+        (the default): no scale, no shift.
+    eps : float, optional
+        Added to the variance: >= 0 (default 1e-5).
+
+    Returns
+    -------
+    y : NestedArray
+        The normalized x: x's structure and dtype.
+    mean, rstd : numpy.ndarray
+        Dense (M,) arrays, one entry per normalized row of the buffer
+        (M = total rows), as PyTorch's nested layer_norm returns them;
+        float64 for float64 x, float32 otherwise.
+
+    Raises
+    ------
+    TypeError
+        If x is not a NestedArray, normalized_shape is not an int or a
+        sequence of ints, weight or bias has the wrong dtype, or eps is not
+        a real number.
+    ValueError
+        If normalized_shape names no dims or more than the components have,
+        a component does not end in normalized_shape, weight or bias does
+        not have shape normalized_shape, or eps is negative or NaN.
+    """
     check_nested(x, "x")
     ns, M, N = _rows(x, normalized_shape)
     _check_param(weight, "weight", ns)
@@ -43,11 +89,56 @@ def _check_param(p, name, ns):
         raise ValueError(f"{name} must have shape normalized_shape {ns}, got {np.shape(p)}")
 
 
-def layer_norm_backward(grad, input, normalized_shape, mean, rstd, weight=None, bias=None,
-                        output_mask=(True, True, True)):
-    """(grad_input, grad_weight, grad_bias) of nested layer_norm.  As in the
-    seed, a masked-off grad_input is zeros of input's structure; masked-off
-    grad_weight / grad_bias are None."""
+def layer_norm_backward(grad: NestedArray, input: NestedArray,
+                        normalized_shape: Union[int, Sequence[int]], mean: ArrayLike,
+                        rstd: ArrayLike, weight: Optional[ArrayLike] = None,
+                        bias: Optional[ArrayLike] = None,
+                        output_mask: OutputMask = (True, True, True),
+                        ) -> tuple[NestedArray, Optional[Array], Optional[Array]]:
+    """Backward of nested `layer_norm`: (grad_input, grad_weight, grad_bias).
+
+    cynorm's `layer_norm_backward` on the buffer viewed as M rows of N.  As
+    in the seed, a masked-off grad_input is zeros of input's structure;
+    masked-off grad_weight / grad_bias are None.
+
+    Parameters
+    ----------
+    grad : NestedArray
+        The gradient of y: input's structure and dtype.
+    input : NestedArray
+        The input of the forward.
+    normalized_shape : int or tuple of int
+        As in the forward.
+    mean, rstd : array_like
+        The statistics the forward returned: M entries each (any shape of
+        that size), of a floating dtype.
+    weight, bias : array_like, optional
+        The forward's weight and bias (or None).  bias only sets
+        grad_bias's dtype.
+    output_mask : sequence of 3 bools, optional
+        Which of (grad_input, grad_weight, grad_bias) to compute (default
+        all three).
+
+    Returns
+    -------
+    grad_input : NestedArray
+        Of input's structure and dtype (zeros when masked off).
+    grad_weight, grad_bias : numpy.ndarray or None
+        Shape normalized_shape, the dtype of weight (bias), or input's dtype
+        when it is None; None when masked off.
+
+    Raises
+    ------
+    TypeError
+        If grad or input is not a NestedArray, their dtypes differ,
+        normalized_shape is not an int or a sequence of ints, mean, rstd,
+        weight or bias has the wrong dtype, or output_mask is not 3 bools.
+    ValueError
+        If grad and input have different structures, normalized_shape does
+        not fit input (as in the forward), weight or bias does not have
+        shape normalized_shape, mean or rstd does not have M entries, or
+        output_mask has not 3 entries.
+    """
     check_nested(grad, "grad")
     check_nested(input, "input")
     check_same_structure(grad, "grad", input, "input")

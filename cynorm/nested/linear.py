@@ -7,8 +7,13 @@ against a dense batch of matrices (B, D, E), and nested @ nested, each
 component is multiplied on its own (its matrix, or its shape, differs, so
 no single GEMM covers them).  16-bit data multiplies in float32.
 """
+from __future__ import annotations
+
+from typing import Any, Optional, Union
+
 import numpy as np
 
+from cynorm._typing import Array, ArrayLike, OutputMask
 from cynorm._validation import as_float_array, check_mask
 from cynorm.nested._common import check_nested, math_buffer, stored
 from cynorm.nested.container import NestedArray, nested_array
@@ -39,7 +44,8 @@ def _with_last(x, buffer2d, n_out):
     return NestedArray(stored(buffer2d.reshape(-1), x.dtype), sizes)
 
 
-def _dense(a, name, x, shape_hint):
+def _dense(a: ArrayLike, name: str, x: NestedArray,
+           shape_hint: tuple[str, ...]) -> tuple[Array, np.dtype[Any]]:
     """Dense operand `a` checked against nested x: (a in x's math dtype, a's
     own dtype), both native (as_float_array converts non-native byte order),
     so a gradient returned in a's dtype is native too."""
@@ -68,7 +74,7 @@ def _per_component(fn, a, b, like):
                         dtype=like.dtype)
 
 
-def matmul(a, b):
+def matmul(a: NestedArray, b: Union[NestedArray, ArrayLike]) -> NestedArray:
     """Matrix product of a nested array with a dense or nested operand.
 
     Three forms, as PyTorch's matmul of a nested tensor:
@@ -85,7 +91,7 @@ def matmul(a, b):
     ----------
     a : NestedArray
         The left operand.
-    b : numpy.ndarray or NestedArray
+    b : array_like or NestedArray
         The right operand: a dense (D, E) or (B, D, E) array in a's dtype
         (float32 also for 16-bit a), or a NestedArray of a's dtype.
 
@@ -178,7 +184,9 @@ def _matmul_batch(a, b):
     return _with_last(a, out, b.shape[2])
 
 
-def matmul_backward(grad, self, other, output_mask=(True, True)):
+def matmul_backward(grad: NestedArray, self: NestedArray, other: Union[NestedArray, ArrayLike],
+                    output_mask: OutputMask = (True, True),
+                    ) -> tuple[Optional[NestedArray], Union[NestedArray, Array, None]]:
     """Backward of `matmul`: the gradients of self @ other.
 
     grad_self is grad @ other^T and grad_other is self^T @ grad, per form:
@@ -193,7 +201,7 @@ def matmul_backward(grad, self, other, output_mask=(True, True)):
         The gradient of self @ other: its structure, in self's dtype.
     self : NestedArray
         The left operand of the product.
-    other : numpy.ndarray or NestedArray
+    other : array_like or NestedArray
         The right operand: a dense (D, E) or (B, D, E) array, or a
         NestedArray, as in `matmul`.
     output_mask : sequence of 2 bools, optional
@@ -293,9 +301,40 @@ def _matmul_batch_backward(grad, self, other, mask):
     return gs, go
 
 
-def linear(x, weight, bias=None):
-    """x @ weight^T + bias over the components' last dim: one GEMM on the
-    buffer viewed as (total_rows, in_features)."""
+def linear(x: NestedArray, weight: ArrayLike, bias: Optional[ArrayLike] = None) -> NestedArray:
+    """Linear map of the components' last dim: x @ weight^T + bias.
+
+    One GEMM on the buffer viewed as (total_rows, in_features), as ATen's
+    nested linear.  16-bit data multiplies in float32.
+
+    Parameters
+    ----------
+    x : NestedArray
+        The input: components of shape (..., in_features), all with the same
+        last dim.
+    weight : array_like
+        The (out_features, in_features) matrix, in x's dtype (float32 also
+        for 16-bit x).
+    bias : array_like, optional
+        The (out_features,) shift, in x's dtype (float32 also for 16-bit
+        x).  None (the default): no shift.
+
+    Returns
+    -------
+    NestedArray
+        Component i has component i's shape with the last dim out_features,
+        in x's dtype.
+
+    Raises
+    ------
+    TypeError
+        If x is not a NestedArray, or weight or bias is not of x's dtype
+        (or float32 for 16-bit x).
+    ValueError
+        If x's components are 0-d or differ in their last dim, weight is not
+        2-D with in_features columns, or bias does not have shape
+        (out_features,).
+    """
     check_nested(x, "x")
     k = _uniform_last(x, "x")
     w, _ = _dense(weight, "weight", x, ("out", "in"))
@@ -310,10 +349,49 @@ def linear(x, weight, bias=None):
     return _with_last(x, y, w.shape[0])
 
 
-def linear_backward(input, grad_output, weight, output_mask=(True, True, True)):
-    """(grad_input, grad_weight, grad_bias) of linear, as the seed computes
-    them: grad_output's buffer as (rows, out) times weight, its transpose
-    times input's rows, and its column sums.  Masked-off: None."""
+def linear_backward(input: NestedArray, grad_output: NestedArray, weight: ArrayLike,
+                    output_mask: OutputMask = (True, True, True),
+                    ) -> tuple[Optional[NestedArray], Optional[Array], Optional[Array]]:
+    """Backward of `linear`: (grad_input, grad_weight, grad_bias).
+
+    As the seed computes them: grad_output's buffer as (rows, out) times
+    weight, its transpose times input's rows, and its column sums (in
+    float64).  Masked-off: None.
+
+    Parameters
+    ----------
+    input : NestedArray
+        The input of the forward.
+    grad_output : NestedArray
+        The gradient of the output: input's structure with the last dim
+        out_features, in input's dtype.
+    weight : array_like
+        The forward's (out_features, in_features) weight, in input's dtype
+        (float32 also for 16-bit input).
+    output_mask : sequence of 3 bools, optional
+        Which of (grad_input, grad_weight, grad_bias) to compute (default
+        all three).
+
+    Returns
+    -------
+    grad_input : NestedArray or None
+        Of input's structure and dtype.
+    grad_weight : numpy.ndarray or None
+        Of weight's shape and dtype (native byte order).
+    grad_bias : numpy.ndarray or None
+        Shape (out_features,), weight's dtype (native byte order).
+
+    Raises
+    ------
+    TypeError
+        If input or grad_output is not a NestedArray, their dtypes differ,
+        weight's dtype does not fit input's, or output_mask is not 3 bools.
+    ValueError
+        If input's components are 0-d or differ in their last dim, weight
+        is not 2-D, grad_output's structure is not input's with the last dim
+        out_features (or weight has not in_features columns), or
+        output_mask has not 3 entries.
+    """
     check_nested(input, "input")
     check_nested(grad_output, "grad_output")
     mask = check_mask(output_mask)

@@ -10,6 +10,10 @@ own (its slices are not contiguous runs of the buffer).  A sum over dim 0
 (the components) adds the components up elementwise into a dense array, as
 PyTorch's jagged sum over the batch and ragged dims does.
 """
+from __future__ import annotations
+
+from typing import Union, cast
+
 import numpy as np
 
 from cynorm import _kernels
@@ -19,14 +23,41 @@ from cynorm.nested._common import (
     check_nested, check_same_structure, component_dim, math_buffer, nested_dim, row_lengths,
     stored,
 )
+from cynorm._typing import Array, ArrayLike, Axis, Dims
 from cynorm._validation import as_array, as_float_array, check_bool, check_index
 from cynorm.nested.container import NestedArray, nested_array
 
 _seg = _kernels.load("segments")  # the SIMD level chosen at import
 
 
-def softmax(x, dim):
-    """exp(x) / sum(exp(x)) along nested dim `dim` (>= 1) of every component."""
+def softmax(x: NestedArray, dim: Axis) -> NestedArray:
+    """Softmax along a nested dim of every component: exp(x) / sum(exp(x)).
+
+    Over the last dim it runs segmented over the whole buffer (one row per
+    last-dim slice, in parallel kernels, in x's math dtype: float32 for
+    16-bit data); over another dim each component is reduced on its own.
+
+    Parameters
+    ----------
+    x : NestedArray
+        The input.
+    dim : int
+        The nested dim to normalize along: dim d >= 1 is the components' dim
+        d - 1, negative dims count from the end.  Not dim 0 (the
+        components).
+
+    Returns
+    -------
+    NestedArray
+        A new array of x's structure and dtype.
+
+    Raises
+    ------
+    TypeError
+        If x is not a NestedArray, or dim is not an int.
+    ValueError
+        If dim is out of range or 0.
+    """
     check_nested(x, "x")
     d = component_dim(x, dim)
     if d == x.ndim - 2:
@@ -48,9 +79,36 @@ def _concat(parts, dtype):
     return stored(np.concatenate([p.reshape(-1) for p in parts]), dtype) if parts else np.empty(0, dtype)
 
 
-def softmax_backward(grad, output, dim):
-    """output * (grad - sum(grad * output)) along `dim`: softmax's backward
-    from its output (the seed's nested_softmax_backward)."""
+def softmax_backward(grad: NestedArray, output: NestedArray, dim: Axis) -> NestedArray:
+    """Backward of `softmax`, from its output.
+
+    output * (grad - sum(grad * output)) along `dim` (the seed's
+    nested_softmax_backward): segmented over the buffer for the last dim,
+    component by component (in float64) for another.
+
+    Parameters
+    ----------
+    grad : NestedArray
+        The gradient of softmax's output: output's structure and dtype.
+    output : NestedArray
+        The forward's result, softmax(x, dim).
+    dim : int
+        The forward's dim (>= 1 or negative; not 0).
+
+    Returns
+    -------
+    NestedArray
+        The gradient of x: a new array of output's structure and dtype.
+
+    Raises
+    ------
+    TypeError
+        If grad or output is not a NestedArray, their dtypes differ, or dim
+        is not an int.
+    ValueError
+        If grad and output have different structures (component shapes), or
+        dim is out of range or 0.
+    """
     check_nested(grad, "grad")
     check_nested(output, "output")
     check_same_structure(grad, "grad", output, "output")
@@ -115,7 +173,7 @@ def _batch_sum_shape(kept, cd, ndim, keepdim):
     return (1,) + tuple(1 if j in cd else next(it) for j in range(ndim - 1))
 
 
-def sum(x, dims=None, keepdim=False):
+def sum(x: NestedArray, dims: Dims = None, keepdim: bool = False) -> Union[NestedArray, Array]:
     """Sum of a nested array over some of its nested dims.
 
     Over component dims only (every entry of `dims` >= 1) each component is
@@ -206,7 +264,8 @@ def _sum_per_component(x, cd, keepdim):
                          for c in x.unbind()], dtype=x.dtype)
 
 
-def sum_backward(grad, self, dims=None, keepdim=False):
+def sum_backward(grad: Union[NestedArray, ArrayLike], self: NestedArray, dims: Dims = None,
+                 keepdim: bool = False) -> NestedArray:
     """Backward of `sum`: grad broadcast back over the summed dims.
 
     As ATen's ``_nested_sum_backward``, extended to sums over dim 0: there
@@ -214,7 +273,7 @@ def sum_backward(grad, self, dims=None, keepdim=False):
 
     Parameters
     ----------
-    grad : NestedArray or numpy.ndarray
+    grad : NestedArray or array_like
         The gradient of sum(self, dims, keepdim): a NestedArray of its
         structure when dims does not include dim 0, else a dense array of
         its shape.  In self's dtype.
@@ -248,7 +307,7 @@ def sum_backward(grad, self, dims=None, keepdim=False):
     keepdim = check_bool(keepdim, "keepdim")
     if over_batch:
         return _sum_backward_over_batch(grad, self, cd, keepdim, dims)
-    check_nested(grad, "grad")
+    grad = check_nested(grad, "grad")   # narrows grad's type
     if grad.dtype != self.dtype:
         raise TypeError(f"grad must have self's dtype {self.dtype}, got {grad.dtype}")
     if len(grad) != len(self):
@@ -294,10 +353,40 @@ def _index(index, size, where):
     return check_index(index, size, "index", where)
 
 
-def select(x, dim, index):
-    """The slice `index` of nested dim `dim` of every component (a nested
-    array one dim smaller).  dim 0 selects component `index` itself, as a
-    view, as PyTorch's select does."""
+def select(x: NestedArray, dim: Axis, index: int) -> Union[NestedArray, Array]:
+    """The slice `index` of nested dim `dim` of every component.
+
+    Over a component dim the result is a nested array one dim smaller;
+    dim 0 selects component `index` itself, as a view, as PyTorch's select
+    does.
+
+    Parameters
+    ----------
+    x : NestedArray
+        The input.
+    dim : int
+        The nested dim to index: 0 for the components, d >= 1 for the
+        components' dim d - 1; negative dims count from the end.
+    index : int
+        The index along dim, in every component (negative counts from the
+        end).
+
+    Returns
+    -------
+    NestedArray or numpy.ndarray
+        For dim >= 1, a new NestedArray of x's dtype, each component without
+        dim (the slice `index` of it).  For dim 0, component `index`, a view
+        into x's buffer.
+
+    Raises
+    ------
+    TypeError
+        If x is not a NestedArray, or dim or index is not an int.
+    ValueError
+        If dim is out of range, or index is out of range for a component
+        (or, for dim 0, for the components); that error is also an
+        IndexError.
+    """
     check_nested(x, "x")
     if nested_dim(x, dim) == 0:
         return x[_index(index, len(x), "the batch (dim 0)")]
@@ -309,20 +398,52 @@ def select(x, dim, index):
     return NestedArray(_concat(parts, x.dtype) if parts else np.empty(0, x.dtype), sizes)
 
 
-def select_backward(grad, self, dim, index):
-    """Zeros of self's structure with grad written into the selected slices
-    (the seed's _nested_select_backward)."""
+def select_backward(grad: Union[NestedArray, ArrayLike], self: NestedArray, dim: Axis,
+                    index: int) -> NestedArray:
+    """Backward of `select`: zeros of self's structure with grad written
+    into the selected slices (the seed's _nested_select_backward).
+
+    Parameters
+    ----------
+    grad : NestedArray or array_like
+        The gradient of select(self, dim, index): for dim >= 1 a NestedArray
+        of its structure; for dim 0 a dense array of component index's
+        shape.  Written into self's dtype.
+    self : NestedArray
+        The input of the forward.
+    dim : int
+        The forward's dim (0 for the components; negative counts from the
+        end).
+    index : int
+        The forward's index.
+
+    Returns
+    -------
+    NestedArray
+        The gradient of self: a new array of its structure and dtype, grad
+        in the selected slices (or component) and zeros elsewhere.
+
+    Raises
+    ------
+    TypeError
+        If self is not a NestedArray, dim or index is not an int, or grad is
+        not a NestedArray for dim >= 1.
+    ValueError
+        If dim is out of range, grad's shape (dim 0) or structure (dim >= 1)
+        is not select's, or index is out of range (that error is also an
+        IndexError).
+    """
     check_nested(self, "self")
     out = np.zeros(self.buffer.size, self.dtype)
     res = self.like(out)
     if nested_dim(self, dim) == 0:
         i = _index(index, len(self), "the batch (dim 0)")
-        g = as_array(grad, "grad")
+        g = as_array(cast(ArrayLike, grad), "grad")  # a NestedArray converts too (a sequence)
         if g.shape != self.component_shape(i):
             raise ValueError(f"grad must have component {i}'s shape {self.component_shape(i)}, got {g.shape}")
         res[i][...] = g
         return res
-    check_nested(grad, "grad")
+    grad = check_nested(grad, "grad")   # narrows grad's type
     d = component_dim(self, dim)
     want = np.delete(np.asarray(self.sizes), d, axis=1)
     if not np.array_equal(grad.sizes, want):
