@@ -22,6 +22,12 @@ from cynorm._validation import (
 # (cynorm/_kernels/_plain.pyx), or None
 plain_batch_norm = _k.forward_plain
 plain_batch_norm_backward = _k.backward_plain
+# and the split-statistics ops (cynorm.batchnorm_stats)
+plain_stats = _k.stats_plain
+plain_gather_stats = _k.gather_stats_plain
+plain_elemt = _k.elemt_plain
+plain_backward_reduce = _k.backward_reduce_plain
+plain_backward_elemt = _k.backward_elemt_plain
 
 # _kernel(name, policy): the entry point for policy's storage type
 _kernel = _kernels.by_storage(_k, ("training_forward", "training_backward",

@@ -25,7 +25,8 @@ import numpy as np
 from cynorm._arrays import big_out, check_big_out, check_distinct, unalias
 from cynorm._channels import (
     affine, channel_input, channel_stat, channel_vector, grad_input_into, grad_sums, invstd_of,
-    moments, normalize_into, prepare, update_running,
+    moments, normalize_into, plain_backward_elemt, plain_backward_reduce, plain_elemt,
+    plain_gather_stats, plain_stats, prepare, update_running,
 )
 from cynorm._dtypes import from_float64
 from cynorm._typing import Array, ArrayLike, Axis, OutArray, Real
@@ -77,6 +78,9 @@ def batch_norm_stats(x: ArrayLike, eps: Real = 1e-5, axis: Axis = 1) -> tuple[Ar
     A shard with no values gives NaN (batch_norm_gather_stats skips shards
     whose count is 0).
     """
+    result = plain_stats(x, eps, axis)
+    if result is not None:
+        return result
     x, policy, axis, C, n = channel_input(x, axis)
     eps = check_eps(eps)
     (kx,), _, dims = prepare([x], axis, ())
@@ -174,6 +178,9 @@ def batch_norm_gather_stats(mean: ArrayLike, invstd: ArrayLike, counts: ArrayLik
     -----
     The shards merge in order with Chan's pairwise update, in float64.
     """
+    result = plain_gather_stats(mean, invstd, counts, running_mean, running_var, momentum, eps)
+    if result is not None:
+        return result
     m, _ = as_float_array(mean, "mean")
     s, _ = as_float_array(invstd, "invstd")
     if m.ndim != 2:
@@ -264,6 +271,10 @@ def batch_norm_elemt(x: ArrayLike, weight: Optional[ArrayLike], bias: Optional[A
         invstd is None, a per-channel argument has the wrong shape, or `out`
         has the wrong shape, is read-only or not C- or F-contiguous.
     """
+    if out is None:
+        result = plain_elemt(x, weight, bias, mean, invstd, eps, axis)
+        if result is not None:
+            return result
     return _elemt(x, weight, bias, mean, invstd, eps, axis, out)
 
 
@@ -343,6 +354,10 @@ def batch_norm_backward_reduce(grad_out: ArrayLike, x: ArrayLike, mean: ArrayLik
         x's, mean or invstd is None, or a per-channel argument has the
         wrong shape.
     """
+    result = plain_backward_reduce(grad_out, x, mean, invstd, weight, input_g, weight_g, bias_g,
+                                   axis)
+    if result is not None:
+        return result
     return _backward_reduce(grad_out, x, mean, invstd, weight, input_g, weight_g, bias_g, axis)
 
 
@@ -429,6 +444,11 @@ def batch_norm_backward_elemt(grad_out: ArrayLike, x: ArrayLike, mean: ArrayLike
         positive number, or `out` has the wrong shape, is read-only or not
         C- or F-contiguous.
     """
+    if out is None:
+        result = plain_backward_elemt(grad_out, x, mean, invstd, weight, sum_dy, sum_dy_xmu,
+                                      count, axis)
+        if result is not None:
+            return result
     return _backward_elemt(grad_out, x, mean, invstd, weight, sum_dy, sum_dy_xmu, count, axis,
                            out)
 

@@ -21,5 +21,8 @@ cdef bint plain_with_shape(object a, int storage, int nd, const cnp.npy_intp* di
 cdef int trailing_axes(cnp.ndarray x, object shape) noexcept
 cdef void* data(object a) noexcept
 cdef object doubles_as(const double* s, int storage, int nd, const cnp.npy_intp* dims)
+cdef bint doubles_from(object a, Py_ssize_t n, double* dst) noexcept
+cdef double value_at(const void* p, int storage, Py_ssize_t i) noexcept nogil
+cdef void store_value(void* p, int storage, Py_ssize_t i, double v) noexcept nogil
 cdef bint plain_mask(object mask) noexcept
 cdef bint split_at(cnp.ndarray a, object axis, Py_ssize_t* dims3) noexcept

@@ -14,7 +14,9 @@ import ml_dtypes
 import numpy as np
 cimport numpy as cnp
 
-from cynorm._kernels.common cimport cn_bf16, cn_f16, cn_f32_to_bf16, cn_f32_to_f16
+from cynorm._kernels.common cimport (
+    cn_bf16, cn_f16, cn_bf16_to_f32, cn_f16_to_f32, cn_f32_to_bf16, cn_f32_to_f16,
+)
 
 cnp.import_array()
 
@@ -127,19 +129,47 @@ cdef object doubles_as(const double* s, int storage, int nd, const cnp.npy_intp*
     out = cnp.PyArray_EMPTY(nd, <cnp.npy_intp*>dims, TYPENUM[storage], 0)
     cdef Py_ssize_t n = cnp.PyArray_SIZE(<cnp.ndarray>out), i
     cdef void* p = cnp.PyArray_DATA(<cnp.ndarray>out)
-    if storage == STORAGE_F64:
-        for i in range(n):
-            (<double*>p)[i] = s[i]
-    elif storage == STORAGE_F32:
-        for i in range(n):
-            (<float*>p)[i] = <float>s[i]
-    elif storage == STORAGE_BF16:
-        for i in range(n):
-            (<cn_bf16*>p)[i] = cn_f32_to_bf16(<float>s[i])
-    else:
-        for i in range(n):
-            (<cn_f16*>p)[i] = cn_f32_to_f16(<float>s[i])
+    for i in range(n):
+        store_value(p, storage, i, s[i])
     return out
+
+
+cdef bint doubles_from(object a, Py_ssize_t n, double* dst) noexcept:
+    """dst[:n] = a as float64, if a is a plain 1-D array of length n of any
+    storage type; False (dst untouched) otherwise."""
+    cdef int storage = storage_of(a)
+    if (storage == NOT_PLAIN or cnp.PyArray_NDIM(<cnp.ndarray>a) != 1
+            or cnp.PyArray_DIMS(<cnp.ndarray>a)[0] != n):
+        return False
+    cdef const void* p = cnp.PyArray_DATA(<cnp.ndarray>a)
+    cdef Py_ssize_t i
+    for i in range(n):
+        dst[i] = value_at(p, storage, i)
+    return True
+
+
+cdef double value_at(const void* p, int storage, Py_ssize_t i) noexcept nogil:
+    """Element i of a `storage` buffer as float64 (exact, as NumPy's astype)."""
+    if storage == STORAGE_F64:
+        return (<const double*>p)[i]
+    if storage == STORAGE_F32:
+        return (<const float*>p)[i]
+    if storage == STORAGE_BF16:
+        return cn_bf16_to_f32((<const cn_bf16*>p)[i])
+    return cn_f16_to_f32((<const cn_f16*>p)[i])
+
+
+cdef void store_value(void* p, int storage, Py_ssize_t i, double v) noexcept nogil:
+    """Stores v into element i of a `storage` buffer, rounded as
+    _dtypes.from_float64 rounds it (16-bit: through float32)."""
+    if storage == STORAGE_F64:
+        (<double*>p)[i] = v
+    elif storage == STORAGE_F32:
+        (<float*>p)[i] = <float>v
+    elif storage == STORAGE_BF16:
+        (<cn_bf16*>p)[i] = cn_f32_to_bf16(<float>v)
+    else:
+        (<cn_f16*>p)[i] = cn_f32_to_f16(<float>v)
 
 
 cdef bint plain_mask(object mask) noexcept:
