@@ -422,3 +422,28 @@ def test_nested_array_converts_non_native_byte_order():
     y = nt.nested_array([a], dtype=">f4")
     assert y.dtype == np.float32 and y.dtype.isnative
     np.testing.assert_array_equal(y[0], np.arange(6.0).reshape(3, 2))
+
+
+def test_structure_is_shared_and_read_only_and_its_checks_still_run(rng):
+    """like() shares the structure (sizes, offsets, numels, and the values
+    derived from it once: the row table, layer_norm's row count); none of it
+    can be written, and an op that does not fit the structure still fails
+    after one that did."""
+    x = nt.nested_array([rng.standard_normal((3, 4)), rng.standard_normal((2, 4))])
+    y = nt.softmax(x, -1)
+    assert y.sizes is x.sizes and y.offsets is x.offsets and y.numels is x.numels
+    for a in (x.sizes, x.offsets, x.numels):
+        with pytest.raises(ValueError, match="read-only"):
+            a[0] = 7
+    nt.layer_norm(x, 4)
+    with pytest.raises(ValueError, match="must end in normalized_shape"):
+        nt.layer_norm(y, (3,))
+    with pytest.raises(ValueError, match="must name 1 to 2"):
+        nt.layer_norm(y, (1, 3, 4))
+    # the cached values give what a fresh structure computes
+    fresh = NestedArray(x.buffer.copy(), x.sizes.copy())
+    for a, b in ((nt.softmax(y, -1), nt.softmax(nt.softmax(fresh, -1), -1)),
+                 (nt.layer_norm(y, 4)[0], nt.layer_norm(nt.softmax(fresh, -1), 4)[0])):
+        np.testing.assert_array_equal(a.buffer, b.buffer)
+    with pytest.raises(ValueError, match="sizes describe 20 elements but buffer holds 13"):
+        x.like(np.zeros(13))

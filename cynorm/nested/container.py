@@ -56,35 +56,31 @@ class NestedArray:
     from_padded : A NestedArray of the leading corners of a padded array.
     """
 
-    __slots__ = ("_buffer", "_sizes", "_offsets", "_numels")
+    # _derived: values computed from the structure alone (nested._common's row
+    # table), shared by the arrays like() makes, as the structure is
+    __slots__ = ("_buffer", "_sizes", "_offsets", "_numels", "_derived")
 
     def __init__(self, buffer: Array, sizes: ArrayLike) -> None:
-        if not isinstance(buffer, np.ndarray):
-            raise TypeError(f"buffer must be a NumPy array, got {type(buffer).__name__}")
-        if buffer.ndim != 1 or not buffer.flags.c_contiguous:
-            raise ValueError(f"buffer must be a contiguous 1-D array, got shape {buffer.shape}"
-                             + ("" if buffer.flags.c_contiguous else " (not contiguous)"))
-        if buffer.dtype not in SUPPORTED_DTYPES:
-            raise TypeError(f"buffer must have a floating dtype "
-                            f"({', '.join(map(str, SUPPORTED_DTYPES))}), got {buffer.dtype}")
+        _check_buffer(buffer)
         sizes = as_array(sizes, "sizes")
         if sizes.ndim != 2 or (sizes.size and sizes.dtype.kind not in "iu"):
             raise ValueError(f"sizes must be a 2-D integer array (ntensors x component ndim), "
                              f"got shape {sizes.shape} dtype {sizes.dtype}")
         sizes = sizes.astype(np.int64)
-        if np.any(sizes < 0):
-            raise ValueError("sizes must be non-negative")
-        if np.any(np.prod(sizes, axis=1, dtype=np.float64) >= 2.0**63):  # int64 would wrap
-            raise ValueError("sizes describe a component of 2**63 elements or more")
-        numels = np.prod(sizes, axis=1, dtype=np.int64)
-        if int(numels.sum()) != buffer.size:
-            raise ValueError(f"sizes describe {int(numels.sum())} elements but buffer holds "
-                             f"{buffer.size}")
-        sizes.setflags(write=False)
-        self._buffer, self._sizes, self._numels = buffer, sizes, numels
-        self._offsets = np.concatenate(([0], np.cumsum(numels)[:-1])).astype(np.int64) \
-            if len(numels) else np.zeros(0, np.int64)
-        self._offsets.setflags(write=False)
+        if sizes.size:
+            if sizes.min() < 0:
+                raise ValueError("sizes must be non-negative")
+            # int64 products would wrap
+            if np.multiply.reduce(sizes, axis=1, dtype=np.float64).max() >= 2.0**63:
+                raise ValueError("sizes describe a component of 2**63 elements or more")
+        numels = np.multiply.reduce(sizes, axis=1, dtype=np.int64)
+        ends = np.cumsum(numels)
+        _check_count(int(ends[-1]) if len(ends) else 0, buffer)
+        offsets = ends - numels
+        for a in (sizes, numels, offsets):
+            a.setflags(write=False)
+        self._buffer, self._sizes, self._numels, self._offsets = buffer, sizes, numels, offsets
+        self._derived: dict[str, Any] = {}
 
     # ------------------------------------------------------------ properties
     @property
@@ -108,7 +104,7 @@ class NestedArray:
 
     @property
     def numels(self) -> NDArray[np.int64]:
-        """The number of elements of each component: int64 (ntensors,)."""
+        """The number of elements of each component: int64 (ntensors,), read-only."""
         return self._numels
 
     @property
@@ -301,7 +297,14 @@ class NestedArray:
             If buffer is not 1-D and contiguous, or holds another number of
             elements.
         """
-        return NestedArray(buffer, self._sizes)
+        _check_buffer(buffer)
+        _check_count(self._buffer.size, buffer)
+        # the structure is this one's, checked when it was made: shared, as
+        # its arrays are read-only
+        new = object.__new__(NestedArray)
+        new._buffer, new._sizes, new._offsets, new._numels, new._derived = (
+            buffer, self._sizes, self._offsets, self._numels, self._derived)
+        return new
 
     def same_structure(self, other: object) -> bool:
         """Whether other is a NestedArray of the same component shapes.
@@ -317,13 +320,31 @@ class NestedArray:
             True if other is a NestedArray whose `sizes` equal this one's
             (dtypes are not compared).
         """
-        return isinstance(other, NestedArray) and np.array_equal(self._sizes, other._sizes)
+        return isinstance(other, NestedArray) and (self._sizes is other._sizes
+                                                   or np.array_equal(self._sizes, other._sizes))
 
     def __repr__(self):
         shapes = [self.component_shape(i) for i in range(min(len(self), 4))]
         more = ", ..." if len(self) > 4 else ""
         return (f"NestedArray(ntensors={len(self)}, dtype={self.dtype}, "
                 f"shapes=[{', '.join(map(str, shapes))}{more}])")
+
+
+def _check_buffer(buffer: object) -> None:
+    """A NestedArray's buffer: a 1-D C-contiguous array of a supported dtype."""
+    if not isinstance(buffer, np.ndarray):
+        raise TypeError(f"buffer must be a NumPy array, got {type(buffer).__name__}")
+    if buffer.ndim != 1 or not buffer.flags.c_contiguous:
+        raise ValueError(f"buffer must be a contiguous 1-D array, got shape {buffer.shape}"
+                         + ("" if buffer.flags.c_contiguous else " (not contiguous)"))
+    if buffer.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"buffer must have a floating dtype "
+                        f"({', '.join(map(str, SUPPORTED_DTYPES))}), got {buffer.dtype}")
+
+
+def _check_count(described: int, buffer: Array) -> None:
+    if described != buffer.size:
+        raise ValueError(f"sizes describe {described} elements but buffer holds {buffer.size}")
 
 
 def _native(dtype: np.dtype[Any]) -> np.dtype[Any]:

@@ -17,6 +17,9 @@ from cynorm.nested.container import NestedArray
 
 def _rows(x, normalized_shape, name="x"):
     ns = int_tuple(normalized_shape, "normalized_shape")
+    known = x._derived.get(("layer_norm rows", ns))     # this structure passed the checks
+    if known is not None:
+        return (ns,) + known
     k = len(ns)
     if not 1 <= k <= x.ndim - 1:
         raise ValueError(f"normalized_shape {ns} must name 1 to {x.ndim - 1} trailing component dims")
@@ -27,6 +30,7 @@ def _rows(x, normalized_shape, name="x"):
                          f"has shape {x.component_shape(bad)}")
     N = int(np.prod(ns))
     M = x.buffer.size // N if N else int(np.sum(np.prod(np.asarray(x.sizes)[:, :x.ndim - 1 - k], axis=1)))
+    x._derived[("layer_norm rows", ns)] = (M, N)
     return ns, M, N
 
 
