@@ -3,6 +3,7 @@ tiny float32 inputs, in one process, interleaved, at each thread count.
 
     python benchmarks/bench_overhead.py                 # 1 and 2 threads
     python benchmarks/bench_overhead.py --threads 1 --calls 20000
+    python benchmarks/bench_overhead.py --threads 1 --ops nll      # the NLL losses only
 
 A sample is the mean of `--inner` back-to-back calls; the median of the
 samples (at least `--calls` calls in all) is reported in µs, with
@@ -34,7 +35,8 @@ def cases(cn, torch):
         return torch.from_numpy(a.copy())
 
     # one function per family: each keeps its own inputs for its lambdas
-    return [c for family in (weight_norm_cases, layer_norm_cases, batch_norm_cases, softmax_cases)
+    return [c for family in (weight_norm_cases, layer_norm_cases, batch_norm_cases, softmax_cases,
+                             nll_cases)
             for c in family(cn, torch, arr, t)]
 
 
@@ -105,14 +107,12 @@ def batch_norm_cases(cn, torch, arr, t):
 
 
 def softmax_cases(cn, torch, arr, t):
-    """softmax family, log_sigmoid, nll_loss, trace: (2, 5)."""
+    """softmax family, log_sigmoid, trace: (2, 5)."""
     aten = torch.ops.aten
     x, dy = arr(2, 5), arr(2, 5)
     tx, tdy = t(x), t(dy)
     y, ly = cn.softmax(x, 1), cn.log_softmax(x, 1)
     ty, tly = torch._softmax(tx, 1, False), torch._log_softmax(tx, 1, False)
-    target = np.array([1, 3])
-    ttarget = torch.from_numpy(target)
     return [
         ("softmax", lambda: cn.softmax(x, 1), lambda: torch._softmax(tx, 1, False)),
         ("log_softmax", lambda: cn.log_softmax(x, 1), lambda: torch._log_softmax(tx, 1, False)),
@@ -121,9 +121,33 @@ def softmax_cases(cn, torch, arr, t):
         ("log_softmax_backward_data", lambda: cn.log_softmax_backward_data(dy, ly, 1, np.float32),
          lambda: aten._log_softmax_backward_data(tdy, tly, 1, torch.float32)),
         ("log_sigmoid_forward", lambda: cn.log_sigmoid_forward(x), lambda: aten.log_sigmoid_forward(tx)),
-        ("nll_loss_forward", lambda: cn.nll_loss_forward(ly, target),
-         lambda: aten.nll_loss_forward(tly, ttarget, None, 1, -100)),
         ("trace", lambda: cn.trace(x), lambda: torch.trace(tx)),
+    ]
+
+
+def nll_cases(cn, torch, arr, t):
+    """NLL losses, mean, no weight: (2, 5) and (2, 3, 2, 2) log-probabilities."""
+    aten = torch.ops.aten
+    ly, ly4 = cn.log_softmax(arr(2, 5), 1), cn.log_softmax(arr(2, 3, 2, 2), 1)
+    tly, tly4 = t(ly), t(ly4)
+    target, target4 = np.array([1, 3]), np.random.default_rng(1).integers(0, 3, (2, 2, 2))
+    tt, tt4 = torch.from_numpy(target), torch.from_numpy(target4)
+    _, tw = cn.nll_loss_forward(ly, target)
+    _, tw4 = cn.nll_loss2d_forward(ly4, target4)
+    _, ttw = aten.nll_loss_forward(tly, tt, None, 1, -100)
+    _, ttw4 = aten.nll_loss2d_forward(tly4, tt4, None, 1, -100)
+    g, tg = np.ones((), np.float32), torch.tensor(1.0)
+    return [
+        ("nll_loss", lambda: cn.nll_loss(ly, target), lambda: torch.nn.functional.nll_loss(tly, tt)),
+        ("nll_loss_forward", lambda: cn.nll_loss_forward(ly, target),
+         lambda: aten.nll_loss_forward(tly, tt, None, 1, -100)),
+        ("nll_loss_backward", lambda: cn.nll_loss_backward(g, ly, target, None, 1, -100, tw),
+         lambda: aten.nll_loss_backward(tg, tly, tt, None, 1, -100, ttw)),
+        ("nll_loss2d", lambda: cn.nll_loss2d(ly4, target4), lambda: torch.nn.functional.nll_loss(tly4, tt4)),
+        ("nll_loss2d_forward", lambda: cn.nll_loss2d_forward(ly4, target4),
+         lambda: aten.nll_loss2d_forward(tly4, tt4, None, 1, -100)),
+        ("nll_loss2d_backward", lambda: cn.nll_loss2d_backward(g, ly4, target4, None, 1, -100, tw4),
+         lambda: aten.nll_loss2d_backward(tg, tly4, tt4, None, 1, -100, ttw4)),
     ]
 
 
@@ -132,6 +156,8 @@ def main():
     p.add_argument("--threads", default="1,2")
     p.add_argument("--calls", type=int, default=10000, help="calls per op and library (default 10000)")
     p.add_argument("--inner", type=int, default=50, help="calls per sample (default 50)")
+    p.add_argument("--ops", default="", help="only the ops whose name contains one of these "
+                   "comma-separated strings (default: all)")
     args = p.parse_args()
     import torch
 
@@ -145,6 +171,8 @@ def main():
         cn.set_num_threads(threads)
         torch.set_num_threads(threads)
         for name, fc, ft in cases(cn, torch):
+            if args.ops and not any(o in name for o in args.ops.split(",")):
+                continue
             fns = {"cynorm": fc}
             try:
                 ft()

@@ -5,12 +5,17 @@ nll_loss2d).
 x holds log-probabilities with the classes on axis 1 ((N, C), or (C,) for a
 single sample; (N, C, H, W) for the 2d ops); target holds class indices.
 reduction is "none", "mean" or "sum" (or ATen's 0, 1, 2).  Entries whose
-target equals ignore_index count for nothing.  The forward runs a Cython
-kernel (_kernels/nll_loss.pyx.tp): each loss in float64, the reduced loss
-and the total weight as compensated float64 sums.
+target equals ignore_index count for nothing.  Both directions run Cython
+kernels (_kernels/nll_loss.pyx.tp) over x's own (N, C, H * W) layout: the
+forward each loss in float64, the reduced loss and the total weight as
+compensated float64 sums; the backward each gradient element in float64,
+rounded once.  A plain call goes straight to the kernel module's plain
+entry; any other is validated and converted here, then runs the same kernel.
 """
 from __future__ import annotations
 
+import functools
+import math
 import operator
 from typing import Union
 
@@ -18,6 +23,8 @@ import numpy as np
 
 from cynorm._dtypes import from_float64
 from cynorm._kernels import float_kernel
+from cynorm._kernels._alloc import empty as _empty
+from cynorm._kernels._runtime import get_num_threads
 import cynorm._kernels.nll_loss as _k
 from cynorm._typing import Array, ArrayLike
 from cynorm._validation import as_array, as_float_array, check_int, check_same
@@ -43,7 +50,8 @@ def _reduction(reduction):
 
 
 class _Problem:
-    """x, target and weight checked, flattened to (K, C) rows and K targets."""
+    """x, target and weight checked; x's layout as (N, C, S) (S = H * W for
+    the 2d forms, 1 otherwise) and its K = N * S targets, flat."""
 
     def __init__(self, x, target, weight, ignore_index, two_d, x_name="x"):
         x, _ = as_float_array(x, x_name)
@@ -64,7 +72,8 @@ class _Problem:
         C = x.shape[1] if x.ndim > 1 else x.shape[0]
         self.ignore = check_int(ignore_index, "ignore_index")
         self.x, self.C, self.t_shape = x, C, t_shape
-        self.rows = self.as_rows(x)
+        self.N = x.shape[0] if x.ndim > 1 else 1
+        self.S = math.prod(x.shape[2:])
         t = target.reshape(-1).astype(np.int64)
         self.targets = np.ascontiguousarray(t)
         self.valid = t != self.ignore
@@ -77,6 +86,11 @@ class _Problem:
             weight, _ = as_float_array(weight, "weight")
             check_same(weight, "weight", (C,), x.dtype, ref="x's classes")
         self.weight = weight
+
+    @functools.cached_property
+    def rows(self):
+        """x as (K, C) rows, classes last (a copy for 4-D x)."""
+        return self.as_rows(self.x)
 
     def as_rows(self, a):
         """An array of x's shape as (K, C) rows, classes last."""
@@ -106,19 +120,27 @@ class _Problem:
         return np.where(self.valid, w, 0.0)
 
 
+def _math_dtype(dtype):
+    # the kernels' dtype: 16-bit data is computed from float32 (exact)
+    return np.float64 if dtype == np.float64 else np.float32
+
+
+def _kernel_ignore(p):
+    # every target is in [0, C) or ignored (checked): an ignore_index beyond
+    # int64 equals none of them, and neither does -1
+    return p.ignore if -2**63 <= p.ignore < 2**63 else -1
+
+
 def _forward(x, target, weight, reduction, ignore_index, two_d):
     p = _Problem(x, target, weight, ignore_index, two_d)
     r = _reduction(reduction)
-    math = np.float64 if p.x.dtype == np.float64 else np.float32
-    rows = np.ascontiguousarray(p.rows, math)
-    w = None if p.weight is None else np.ascontiguousarray(p.weight, math)
+    mdt = _math_dtype(p.x.dtype)
+    x = np.ascontiguousarray(p.x, mdt)
+    w = None if p.weight is None else np.ascontiguousarray(p.weight, mdt)
     t = p.targets
-    # every target is in [0, C) or ignored (checked): an ignore_index beyond
-    # int64 equals none of them, and neither does -1
-    ignore = p.ignore if -2**63 <= p.ignore < 2**63 else -1
     losses = np.empty(t.size) if r == 0 else None
-    total_loss, total = float_kernel(_k, "nll_forward", rows)(
-        rows.reshape(-1), t, w, p.C, ignore, losses)
+    total_loss, total = float_kernel(_k, "nll_forward", x)(
+        x.reshape(-1), t, w, p.N, p.C, p.S, _kernel_ignore(p), losses)
     dtype = p.x.dtype
     if r == 0:
         out = losses.reshape(p.t_shape)
@@ -210,7 +232,9 @@ def nll_loss2d_forward(x: ArrayLike, target: ArrayLike, weight: ArrayLike | None
         If x, target or weight has the wrong shape, a target is out of
         bounds (and not ignore_index), or reduction is not one of the above.
     """
-    return _forward(x, target, weight, reduction, ignore_index, True)
+    result = _k.nll_forward_plain(x, target, weight, reduction, ignore_index, True)
+    return result if result is not None else _forward(x, target, weight, reduction, ignore_index,
+                                                      True)
 
 
 def nll_loss(x: ArrayLike, target: ArrayLike, weight: ArrayLike | None = None,
@@ -292,14 +316,14 @@ def _backward(grad_output, x, target, weight, reduction, ignore_index, total_wei
     tw, _ = as_float_array(total_weight, "total_weight")
     if tw.shape != ():
         raise ValueError(f"total_weight must be 0-d (as nll_loss_forward returns it), got {tw.shape}")
-    scale = p.weights() * (g.astype(np.float64).reshape(-1) if r == 0 else float(g))
-    if r == 1:
-        with np.errstate(invalid="ignore", divide="ignore"):
-            scale = scale / float(tw)
-    rows = np.zeros(p.rows.shape, np.float64)
-    if p.C:
-        rows[np.arange(p.t.size), p.t] = np.where(p.valid, -scale, 0.0)
-    return np.ascontiguousarray(from_float64(p.from_rows(rows), p.x.dtype))
+    mdt = _math_dtype(p.x.dtype)
+    w = None if p.weight is None else np.ascontiguousarray(p.weight, mdt)
+    out = _empty(p.x.shape, mdt, p.x.size * np.dtype(mdt).itemsize)
+    float_kernel(_k, "nll_backward", out)(
+        p.targets, w, np.ascontiguousarray(g, np.float64).reshape(-1),
+        float(tw) if r == 1 else 1.0, r == 1, p.N, p.C, p.S, _kernel_ignore(p), out.reshape(-1),
+        get_num_threads())
+    return from_float64(out, p.x.dtype)
 
 
 def nll_loss_backward(grad_output: ArrayLike, x: ArrayLike, target: ArrayLike,
@@ -343,7 +367,10 @@ def nll_loss_backward(grad_output: ArrayLike, x: ArrayLike, target: ArrayLike,
         for "none", 0-d otherwise; total_weight: 0-d), a target is out of
         bounds, or reduction is not one of the above.
     """
-    return _backward(grad_output, x, target, weight, reduction, ignore_index, total_weight, False)
+    result = _k.nll_backward_plain(grad_output, x, target, weight, reduction, ignore_index,
+                                   total_weight, False)
+    return result if result is not None else _backward(grad_output, x, target, weight, reduction,
+                                                       ignore_index, total_weight, False)
 
 
 def nll_loss2d_backward(grad_output: ArrayLike, x: ArrayLike, target: ArrayLike,
@@ -383,4 +410,7 @@ def nll_loss2d_backward(grad_output: ArrayLike, x: ArrayLike, target: ArrayLike,
         for "none", 0-d otherwise; total_weight: 0-d), a target is out of
         bounds, or reduction is not one of the above.
     """
-    return _backward(grad_output, x, target, weight, reduction, ignore_index, total_weight, True)
+    result = _k.nll_backward_plain(grad_output, x, target, weight, reduction, ignore_index,
+                                   total_weight, True)
+    return result if result is not None else _backward(grad_output, x, target, weight, reduction,
+                                                       ignore_index, total_weight, True)

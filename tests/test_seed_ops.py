@@ -209,6 +209,20 @@ def test_against_pytorch(dtype, rng):
     np.testing.assert_allclose(cn.nll_loss2d_backward(np.array(1.5, dtype), x2, t2, None, "mean", -100, tw),
                                aten.nll_loss2d_backward(T(np.array(1.5, dtype)), T(x2), T(t2), None, 1, -100,
                                                         ttw), **tol)
+    # weighted, with ignored pixels, every reduction; N not a multiple of 2 threads' split
+    x3 = cn.log_softmax(rng.standard_normal((3, 4, 3, 5)).astype(dtype), 1)
+    t3 = rng.integers(0, 4, (3, 3, 5))
+    t3[:, 1] = -100
+    w3 = (rng.random(4) + 0.5).astype(dtype)
+    for red, code in (("none", 0), ("mean", 1), ("sum", 2)):
+        out, tw = cn.nll_loss2d_forward(x3, t3, w3, red)
+        tout, ttw = aten.nll_loss2d_forward(T(x3), T(t3), T(w3), code, -100)
+        np.testing.assert_allclose(out, tout, **tol)
+        np.testing.assert_allclose(tw, ttw, **tol)
+        go = np.asarray(rng.standard_normal(out.shape)).astype(dtype)
+        np.testing.assert_allclose(cn.nll_loss2d_backward(go, x3, t3, w3, red, -100, tw),
+                                   aten.nll_loss2d_backward(T(go), T(x3), T(t3), T(w3), code, -100, ttw),
+                                   **tol)
     np.testing.assert_allclose(cn.trace(x[:5]), aten.trace(T(x[:5])), **tol)
     out, buf = cn.log_sigmoid_forward(x * 5)
     tout, tbuf = aten.log_sigmoid_forward(T(x * 5))

@@ -1,8 +1,9 @@
 """The kernels of softmax, log_softmax and their backward ops, trace,
-log_sigmoid_forward and nll_loss_forward (cynorm/_kernels/softmax.pyx.tp,
-pointwise.pyx.tp, nll_loss.pyx.tp): accuracy against float64 NumPy
-references, the edge values, the same bits through the plain entry and
-through the Python layer, and at any thread count."""
+log_sigmoid_forward and the NLL losses and their backward
+(cynorm/_kernels/softmax.pyx.tp, pointwise.pyx.tp, nll_loss.pyx.tp):
+accuracy against float64 NumPy references, the edge values, the same bits
+through the plain entry and through the Python layer, at any thread count,
+and what the plain entries leave to the Python layer."""
 import math
 
 import ml_dtypes
@@ -203,7 +204,7 @@ def test_log_sigmoid_forward_against_float64():
     assert out[2] == -np.inf and buffer[2] == 0
 
 
-# ---- nll_loss_forward ----------------------------------------------------------------------
+# ---- nll losses ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("reduction", ["none", "mean", "sum", 0, 1, 2])
 @pytest.mark.parametrize("weighted", [False, True])
@@ -248,3 +249,263 @@ def test_nll_loss_edge_cases():
         cn.nll_loss_forward(x, np.array([0, 9, 1]))
     with pytest.raises(ValueError, match="class index -3 is out of bounds"):
         cn.nll_loss_forward(x, np.array([0, -3, 1]))
+
+
+def test_nll_loss2d_forward_walks_the_pixel_axis():
+    # the 2d forward over (N, C, H, W) is the forward over its (N*H*W, C)
+    # rows, in the same sample order: the same bits
+    rng = np.random.default_rng(9)
+    for dtype in (np.float32, np.float64):
+        x = cn.log_softmax(rng.standard_normal((3, 6, 5, 7)).astype(dtype), 1)
+        t = rng.integers(0, 6, (3, 5, 7))
+        t[1, ::2] = -100
+        w = rng.random(6).astype(dtype)
+        rows, flat = np.ascontiguousarray(np.moveaxis(x, 1, -1).reshape(-1, 6)), t.reshape(-1)
+        for reduction in ("none", "mean", "sum"):
+            assert nll_losses._k.nll_forward_plain(x, t, w, reduction, -100, True) is not None
+            out, total = cn.nll_loss2d_forward(x, t, w, reduction)
+            want, want_total = cn.nll_loss_forward(rows, flat, w, reduction)
+            same_bits((out.reshape(-1), total), (want.reshape(-1), want_total))
+            assert out.shape == (t.shape if reduction == "none" else ())
+            same_bits(cn.nll_loss2d(x, t, w, reduction), out)
+
+
+NLL_SHAPES = [(7,), (1,), (9, 6), (0, 4), (5, 1), (3, 5, 4, 6), (5, 3, 2, 1), (0, 3, 2, 2),
+              (2, 4, 0, 3), (1, 1, 3, 3)]
+
+
+def nll_problem(shape, dtype, weighted, reduction, seed):
+    # log-probabilities, targets with ignore_index hits, weight, grad_output
+    # and the forward's total_weight
+    rng = np.random.default_rng(seed)
+    C = shape[1] if len(shape) > 1 else shape[0]
+    x = cn.log_softmax(rng.standard_normal(shape).astype(dtype), 1 if len(shape) > 1 else 0)
+    t = rng.integers(0, C, (shape[0],) + shape[2:] if len(shape) > 1 else ())
+    if t.ndim:
+        t.reshape(-1)[1::4] = -100
+    w = rng.random(C).astype(dtype) + dtype(0.25) if weighted else None
+    fwd = cn.nll_loss2d_forward if len(shape) == 4 else cn.nll_loss_forward
+    with np.errstate(invalid="ignore"):
+        out, total = fwd(x, t, w, reduction)
+    g = np.asarray(rng.standard_normal(out.shape) * 3).astype(dtype)
+    return x, t, w, g, total
+
+
+def ref_nll_backward(g, x, t, w, reduction, ignore_index, total):
+    """The gradient by a loop over samples, in float64: -(w[t] * g) (/ total
+    for "mean") at [n, t, pixel], rounded once to x's dtype."""
+    xs = x.reshape((1,) + x.shape) if x.ndim == 1 else x
+    grad = np.zeros(xs.shape)
+    ts = t.reshape(xs.shape[:1] + xs.shape[2:])
+    gs = np.asarray(g, np.float64).reshape(ts.shape) if reduction in ("none", 0) else None
+    for idx in np.ndindex(ts.shape):
+        c = int(ts[idx])
+        if c == ignore_index:
+            continue
+        v = (1.0 if w is None else float(w[c])) * (float(g) if gs is None else float(gs[idx]))
+        if reduction in ("mean", 1):
+            with np.errstate(divide="ignore", invalid="ignore"):
+                v = np.float64(v) / np.float64(total)
+        grad[(idx[0], c) + idx[1:]] = -v
+    grad = grad.reshape(x.shape)
+    return grad.astype(np.float32).astype(x.dtype) if x.dtype.itemsize == 2 else grad.astype(x.dtype)
+
+
+def nll_backward(shape):
+    return cn.nll_loss2d_backward if len(shape) == 4 else cn.nll_loss_backward
+
+
+@pytest.mark.parametrize("shape", NLL_SHAPES, ids=str)
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum", 0, 1, 2])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_nll_loss_backward_matches_the_float64_reference(shape, reduction, weighted, threads):
+    # each gradient element is one float64 expression rounded once: the
+    # reference gives the same bits
+    for dtype in (np.float32, np.float64, ml_dtypes.bfloat16, np.float16):
+        x, t, w, g, total = nll_problem(shape, dtype, weighted, reduction, 11)
+        grad = nll_backward(shape)(g, x, t, w, reduction, -100, total)
+        assert grad.flags.c_contiguous
+        same_bits(grad, ref_nll_backward(g, x, t, w, reduction, -100, total))
+        # ignore_index a class: that class's entries get nothing
+        t0 = np.where(t == -100, 0, t)
+        got = nll_backward(shape)(g, x, t0, w, reduction, 0, total)
+        same_bits(got, ref_nll_backward(g, x, t0, w, reduction, 0, total))
+
+
+@pytest.mark.parametrize("total", [0.0, -0.0, -2.5, np.inf])
+def test_nll_loss_backward_mean_divides_by_any_total_weight(total):
+    # total_weight 0 (every target ignored in the forward) gives inf/nan, as
+    # ATen's division does
+    for dtype in (np.float32, np.float64):
+        for shape in ((4, 3), (2, 3, 2, 2)):
+            x, t, w, _, _ = nll_problem(shape, dtype, True, "mean", 12)
+            tw = np.array(total, dtype)
+            for gv in (1.5, 0.0, -np.inf, np.nan):
+                g = np.array(gv, dtype)
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    grad = nll_backward(shape)(g, x, t, w, "mean", -100, tw)
+                    same_bits(grad, ref_nll_backward(g, x, t, w, "mean", -100, tw))
+
+
+def nll_backward_args(shape, dtype, weighted, reduction):
+    x, t, w, g, total = nll_problem(shape, dtype, weighted, reduction, 13)
+    return g, x, t, w, reduction, -100, total
+
+
+@pytest.mark.parametrize("shape", NLL_SHAPES, ids=str)
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum", 0, 1, 2])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_nll_loss_backward_plain_and_python_agree(shape, reduction, weighted, threads):
+    two_d = len(shape) == 4
+    for dtype in (np.float32, np.float64):
+        args = nll_backward_args(shape, dtype, weighted, reduction)
+        g, x, t, w = args[:4]
+        before = [a.copy() for a in (g, x, t, w) if a is not None]
+        assert nll_losses._k.nll_backward_plain(*args, two_d) is not None
+        got = nll_backward(shape)(*args)
+        assert type(got) is np.ndarray and got.flags.c_contiguous
+        for a, b in zip(before, [a for a in (g, x, t, w) if a is not None]):
+            same_bits(b, a)                                  # inputs are not written
+        # the same data through the Python layer: a subclass, int32 targets,
+        # F order, a float64 grad_output (float32 widens exactly)
+        same_bits(got, nll_backward(shape)(g, x.view(NotPlain), *args[2:]))
+        same_bits(got, nll_backward(shape)(g, x, t.astype(np.int32), *args[3:]))
+        same_bits(got, nll_backward(shape)(g, np.asfortranarray(x), *args[2:]))
+        same_bits(got, nll_backward(shape)(g.astype(np.float64), *args[1:]))
+        same_bits(got, nll_backward(shape)(*args[:6], np.asarray(args[6], np.float64)))
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum", 0, 1, 2])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_nll_loss2d_forward_plain_and_python_agree(reduction, weighted):
+    rng = np.random.default_rng(14)
+    for dtype in (np.float32, np.float64):
+        for shape in ((3, 5, 4, 6), (1, 2, 1, 1), (0, 3, 2, 2), (2, 3, 0, 5)):
+            x = cn.log_softmax(rng.standard_normal(shape).astype(dtype), 1)
+            t = rng.integers(0, shape[1], (shape[0],) + shape[2:])
+            if t.size:
+                t.reshape(-1)[::5] = -100
+            w = rng.random(shape[1]).astype(dtype) if weighted else None
+            assert nll_losses._k.nll_forward_plain(x, t, w, reduction, -100, True) is not None
+            with np.errstate(invalid="ignore"):
+                got = cn.nll_loss2d_forward(x, t, w, reduction)
+                same_bits(got, cn.nll_loss2d_forward(x.view(NotPlain), t, w, reduction))
+                same_bits(got, cn.nll_loss2d_forward(x, t.astype(np.int32), w, reduction))
+                same_bits(got, cn.nll_loss2d_forward(np.asfortranarray(x), t, w, reduction))
+                same_bits(got[0], cn.nll_loss2d(x, t, w, reduction))
+
+
+def nll_not_plain_cases():
+    # (name, the changed argument, the public call's error or None): each is
+    # left to Python, which gives the bits or raises
+    x = nll_backward_args((3, 4), np.float32, True, "mean")
+    return [
+        ("F-order x", dict(x=np.asfortranarray(x[1])), None),
+        ("x a transposed view", dict(x=np.ascontiguousarray(x[1].T).T), None),
+        ("int32 target", dict(t=np.array([0, 1, 3], np.int32)), None),
+        ("int64 target, non-native order", dict(t=np.array([0, 1, 3], ">i8")), None),
+        ("a list target", dict(t=[0, 1, 3]), None),
+        ("weight of another dtype", dict(w=np.ones(4)), (TypeError, "weight")),
+        ("weight of another length", dict(w=np.ones(5, np.float32)), (ValueError, "weight")),
+        ("target out of bounds", dict(t=np.array([0, 4, 1])),
+         (ValueError, "target: class index 4 is out of bounds for 4 classes")),
+        ("negative target", dict(t=np.array([0, -3, 1])),
+         (ValueError, "target: class index -3 is out of bounds for 4 classes")),
+        ("target of another shape", dict(t=np.array([0, 1])), (ValueError, r"target must have shape \(3,\)")),
+        ("reduction unknown", dict(reduction="avg"), (ValueError, "reduction must be")),
+        ("reduction a bool", dict(reduction=True), (ValueError, "reduction must be")),
+        ("ignore_index a float", dict(ignore=-100.0), (TypeError, "ignore_index")),
+        ("ignore_index beyond int64", dict(ignore=2**70, t=np.array([0, 1, 3])), None),
+        ("x float16", dict(x=x[1].astype(np.float16), w=x[3].astype(np.float16),
+                           g=x[0].astype(np.float16), total=x[6].astype(np.float16)), None),
+        ("x 3-D", dict(x=np.zeros((3, 4, 2), np.float32)), (ValueError, "x must be 1-D")),
+        ("C = 0", dict(x=np.zeros((3, 0), np.float32), t=np.full(3, -100), w=None), None),
+    ], x
+
+
+@pytest.mark.parametrize("case", [c[0] for c in nll_not_plain_cases()[0]])
+def test_nll_loss_not_plain_goes_to_python(case):
+    cases, (g, x, t, w, reduction, ignore, total) = nll_not_plain_cases()
+    change, error = {c[0]: c[1:] for c in cases}[case]
+    a = dict(g=g, x=x, t=t, w=w, reduction=reduction, ignore=ignore, total=total)
+    a.update(change)
+    fwd = (a["x"], a["t"], a["w"], a["reduction"], a["ignore"])
+    bwd = (a["g"], a["x"], a["t"], a["w"], a["reduction"], a["ignore"], a["total"])
+    assert nll_losses._k.nll_forward_plain(*fwd, False) is None
+    assert nll_losses._k.nll_backward_plain(*bwd, False) is None
+    if error is None:
+        # the same data as C-contiguous arrays and int64 targets
+        xc, tc = np.ascontiguousarray(a["x"]), np.asarray(a["t"], np.int64)
+        with np.errstate(invalid="ignore"):
+            same_bits(cn.nll_loss_forward(*fwd), cn.nll_loss_forward(xc, tc, *fwd[2:]))
+        same_bits(cn.nll_loss_backward(*bwd),
+                  ref_nll_backward(a["g"], xc, tc, a["w"], reduction, a["ignore"], a["total"]))
+    else:
+        kind, message = error
+        with pytest.raises(kind, match=message):
+            cn.nll_loss_forward(*fwd)
+        with pytest.raises(kind, match=message):
+            cn.nll_loss_backward(*bwd)
+
+
+@pytest.mark.parametrize("change,error", [
+    (dict(g=np.ones(3, np.float32)), (ValueError, r"grad_output must have shape \(\) for reduction mean")),
+    (dict(g=np.ones((), np.float64)), None),
+    (dict(g=np.ones((1,), np.float32)), (ValueError, "grad_output must have shape")),
+    (dict(total=np.ones(1, np.float32)), (ValueError, "total_weight must be 0-d")),
+    (dict(total=np.array(3.0)), None),
+    (dict(total=3.0), None),
+    (dict(g=1.0), None),
+    (dict(g=np.ones((), np.int64)), (TypeError, "grad_output must have a floating dtype")),
+    (dict(g=np.ones((), np.float32).view(NotPlain)), None),
+])
+def test_nll_loss_backward_leaves_other_grad_and_total_to_python(change, error):
+    g, x, t, w, reduction, ignore, total = nll_backward_args((3, 4), np.float32, True, "mean")
+    a = dict(g=g, total=total)
+    a.update(change)
+    args = (a["g"], x, t, w, reduction, ignore, a["total"])
+    assert nll_losses._k.nll_backward_plain(*args, False) is None
+    if error is None:
+        want = ref_nll_backward(np.float64(np.asarray(a["g"], np.float64)), x, t, w, reduction, ignore,
+                                np.float64(np.asarray(a["total"], np.float64)))
+        same_bits(cn.nll_loss_backward(*args), want)
+    else:
+        with pytest.raises(error[0], match=error[1]):
+            cn.nll_loss_backward(*args)
+
+
+@pytest.mark.parametrize("call,error", [
+    (lambda x, t: cn.nll_loss2d_forward(np.asfortranarray(x), t), None),
+    (lambda x, t: cn.nll_loss2d_forward(x, t.astype(np.int32)), None),
+    (lambda x, t: cn.nll_loss2d_forward(x, t.reshape(2, -1)),
+     (ValueError, r"target must have shape \(2, 3, 4\)")),
+    (lambda x, t: cn.nll_loss2d_forward(x[0], t[0]), (ValueError, "x must be 4-D")),
+    (lambda x, t: cn.nll_loss2d_forward(x, np.where(t == 1, 7, t)),
+     (ValueError, "target: class index 7 is out of bounds for 5 classes")),
+    (lambda x, t: cn.nll_loss2d_backward(np.ones((), np.float32), x, np.where(t == 1, 7, t), None, "sum",
+                                         -100, np.ones((), np.float32)),
+     (ValueError, "target: class index 7 is out of bounds for 5 classes")),
+    (lambda x, t: cn.nll_loss2d_backward(np.ones((2, 4, 3), np.float32), x, t, None, "none", -100,
+                                         np.ones((), np.float32)),
+     (ValueError, r"grad_output must have shape \(2, 3, 4\) for reduction none")),
+    (lambda x, t: cn.nll_loss2d_backward(np.ones((2, 3, 4), np.float32), x, t, np.ones(5), "none", -100,
+                                         np.ones((), np.float32)), (TypeError, "weight")),
+])
+def test_nll_loss2d_not_plain_goes_to_python(call, error, monkeypatch):
+    rng = np.random.default_rng(15)
+    x = cn.log_softmax(rng.standard_normal((2, 5, 3, 4)).astype(np.float32), 1)
+    t = rng.integers(0, 5, (2, 3, 4))
+    taken = []
+    for name in ("_forward", "_backward"):
+        def spy(*args, _f=getattr(nll_losses, name)):
+            taken.append(1)
+            return _f(*args)
+        monkeypatch.setattr(nll_losses, name, spy)
+    if error is None:
+        out = call(x, t)
+        assert taken
+        same_bits(out, cn.nll_loss2d_forward(x, t))
+    else:
+        with pytest.raises(error[0], match=error[1]):
+            call(x, t)
+        assert taken
