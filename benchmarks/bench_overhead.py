@@ -9,9 +9,12 @@ A sample is the mean of `--inner` back-to-back calls; the median of the
 samples (at least `--calls` calls in all) is reported in µs, with
 torch/cynorm (above 1: cynorm's call is the cheaper).  The inputs are a few
 elements, so the time is the cost of crossing into the op: argument checks,
-output allocation, dispatch, the kernel's setup.  Ops with no torch twin
-(nested, jvp, distributed) are not listed; where torch has no CPU kernel
-(its split batch-norm statistics ops are CUDA-only) cynorm is timed alone.
+output allocation, dispatch, the kernel's setup.  Nested ops run on a
+two-component array against torch.nested's jagged layout; their backward
+ops (no public torch twin) are timed alone, as are the ops torch has no CPU
+kernel for (its split batch-norm statistics ops and the cudnn/miopen
+adapters are CUDA-only).  jvp and cynorm.distributed are not listed
+(torch.func's and torch.distributed's calls are not one op).
 """
 import argparse
 import os
@@ -36,7 +39,7 @@ def cases(cn, torch):
 
     # one function per family: each keeps its own inputs for its lambdas
     return [c for family in (weight_norm_cases, layer_norm_cases, batch_norm_cases, softmax_cases,
-                             nll_cases)
+                             nll_cases, nested_cases)
             for c in family(cn, torch, arr, t)]
 
 
@@ -86,6 +89,7 @@ def batch_norm_cases(cn, torch, arr, t):
     sdy, sdyx, _, _ = cn.batch_norm_backward_reduce(dy, x, sm, si, w)
     tsdy, tsdyx = t(sdy), t(sdyx)
     tcnt32 = torch.tensor([2, 2], dtype=torch.int32)
+    reserve, treserve = np.empty(0, np.uint8), torch.empty(0, dtype=torch.uint8)
     return [
         ("batch_norm (training)", lambda: cn.batch_norm(x, w, b, rm2, rv2, True),
          lambda: torch.native_batch_norm(tx, tw, tb, trm, trv, True, 0.1, 1e-5)),
@@ -103,6 +107,17 @@ def batch_norm_cases(cn, torch, arr, t):
          lambda: torch.batch_norm_backward_reduce(tdy, tx, tsm, tsi, tw, True, True, True)),
         ("batch_norm_backward_elemt", lambda: cn.batch_norm_backward_elemt(dy, x, sm, si, w, sdy, sdyx, 4),
          lambda: torch.batch_norm_backward_elemt(tdy, tx, tsm, tsi, tw, tsdy, tsdyx, tcnt32)),
+        ("aten.batch_norm_backward",
+         lambda: cn.aten.batch_norm_backward(dy, x, w, rm, rv, sm, si, True, 1e-5, (True,) * 3,
+                                             reserve),
+         lambda: aten.batch_norm_backward(tdy, tx, tw, trm, trv, tsm, tsi, True, 1e-5, [True] * 3,
+                                          treserve)),
+        ("aten.cudnn_batch_norm_backward",
+         lambda: cn.aten.cudnn_batch_norm_backward(x, dy, w, rm, rv, sm, si, 1e-5, reserve),
+         lambda: aten.cudnn_batch_norm_backward(tx, tdy, tw, trm, trv, tsm, tsi, 1e-5, treserve)),
+        ("aten.miopen_batch_norm_backward",
+         lambda: cn.aten.miopen_batch_norm_backward(x, dy, w, rm, rv, sm, si, 1e-5),
+         lambda: aten.miopen_batch_norm_backward(tx, tdy, tw, trm, trv, tsm, tsi, 1e-5)),
     ]
 
 
@@ -151,6 +166,46 @@ def nll_cases(cn, torch, arr, t):
     ]
 
 
+def nested_cases(cn, torch, arr, t):
+    """cynorm.nested on components (3, 4) and (2, 4) against torch.nested's
+    jagged layout (its backward ops have no public twin: timed alone)."""
+    import warnings
+    warnings.filterwarnings("ignore", message=".*nested.*")     # torch's prototype notice
+    nn, F = cn.nested, torch.nn.functional
+    comps = [arr(3, 4), arr(2, 4)]
+    x, g = nn.nested_array(comps), nn.nested_array([c * 0.5 for c in comps])
+
+    def jagged(cs):
+        return torch.nested.nested_tensor([t(c) for c in cs], layout=torch.jagged)
+
+    tx = jagged(comps)
+    w, b, W = arr(4), arr(4), arr(5, 4)
+    tw, tb, tW = t(w), t(b), t(W)
+    _, mean, rstd = nn.layer_norm(x, 4, w, b)
+    y_soft, y_lin = nn.softmax(x, -1), nn.linear(x, W)
+    return [
+        ("nested.nested_array", lambda: nn.nested_array(comps), lambda: jagged(comps)),
+        ("nested.layer_norm", lambda: nn.layer_norm(x, 4, w, b),
+         lambda: F.layer_norm(tx, (4,), tw, tb)),
+        ("nested.layer_norm_backward", lambda: nn.layer_norm_backward(g, x, 4, mean, rstd, w, b),
+         None),
+        ("nested.softmax", lambda: nn.softmax(x, -1), lambda: F.softmax(tx, -1)),
+        ("nested.softmax_backward", lambda: nn.softmax_backward(g, y_soft, -1), None),
+        ("nested.relu", lambda: nn.relu(x), lambda: F.relu(tx)),
+        ("nested.threshold", lambda: nn.threshold(x, 0.1, 0.0), lambda: F.threshold(tx, 0.1, 0.0)),
+        ("nested.threshold_backward", lambda: nn.threshold_backward(g, x, 0.1), None),
+        ("nested.gelu", lambda: nn.gelu(x), lambda: F.gelu(tx)),
+        ("nested.gelu_backward", lambda: nn.gelu_backward(g, x), None),
+        ("nested.silu", lambda: nn.silu(x), lambda: F.silu(tx)),
+        ("nested.silu_backward", lambda: nn.silu_backward(g, x), None),
+        ("nested.linear", lambda: nn.linear(x, W), lambda: F.linear(tx, tW)),
+        ("nested.linear_backward", lambda: nn.linear_backward(x, y_lin, W), None),
+        ("nested.matmul", lambda: nn.matmul(x, W.T), lambda: torch.matmul(tx, tW.T)),
+        ("nested.sum", lambda: nn.sum(x, -1), lambda: tx.sum(-1)),
+        ("nested.select", lambda: nn.select(x, 0, 1), lambda: tx.select(0, 1)),
+    ]
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", default="1,2")
@@ -175,14 +230,16 @@ def main():
                 continue
             fns = {"cynorm": fc}
             try:
-                ft()
-                fns["torch"] = ft
+                if ft is not None:
+                    ft()
+                    fns["torch"] = ft
             except (NotImplementedError, RuntimeError):     # no CPU kernel in torch
                 pass
             s = time_interleaved(fns, max(1, args.calls // args.inner), args.inner)
             c = statistics.median(s["cynorm"]) * 1e6
             if "torch" not in s:
-                print(f"| {threads} | {name} | {c:.2f} | – (no CPU kernel) | – |", flush=True)
+                why = "no public twin" if ft is None else "no CPU kernel"
+                print(f"| {threads} | {name} | {c:.2f} | – ({why}) | – |", flush=True)
                 continue
             t = statistics.median(s["torch"]) * 1e6
             ratios.setdefault(threads, []).append(t / c)
