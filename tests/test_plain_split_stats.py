@@ -85,14 +85,18 @@ MASKS = [(True, True, True), (True, False, False), (False, True, False), (False,
          (False, False, False)]
 
 
+def backward_inputs(dtype, shape, axis, weighted):
+    """x (far from zero in float32), dy, and weight or None."""
+    x = data(shape, dtype, mean=1e4 if dtype == np.float32 else 0.5)
+    w = data(shape[axis], math_dtype(dtype), 1) if weighted else None
+    return x, data(shape, dtype, 5), w
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape,axis", BN_SHAPES)
 @pytest.mark.parametrize("weighted", [True, False])
 def test_batch_norm_backward_reduce(dtype, shape, axis, weighted, threads):
-    x = data(shape, dtype, mean=1e4 if dtype == np.float32 else 0.5)
-    dy = data(shape, dtype, 5)
-    C = shape[axis]
-    w = data(C, math_dtype(dtype), 1) if weighted else None
+    x, dy, w = backward_inputs(dtype, shape, axis, weighted)
     mean, invstd = statistics(x, axis, np.float64)
     for mask in MASKS:
         args = (x, mean, invstd, w) + mask + (axis,)
@@ -105,11 +109,8 @@ def test_batch_norm_backward_reduce(dtype, shape, axis, weighted, threads):
 @pytest.mark.parametrize("shape,axis", BN_SHAPES)
 @pytest.mark.parametrize("weighted", [True, False])
 def test_batch_norm_backward_elemt(dtype, shape, axis, weighted, threads):
-    x = data(shape, dtype, mean=1e4 if dtype == np.float32 else 0.5)
-    dy = data(shape, dtype, 5)
-    C = shape[axis]
-    n = x.size // C
-    w = data(C, math_dtype(dtype), 1) if weighted else None
+    x, dy, w = backward_inputs(dtype, shape, axis, weighted)
+    n = x.size // shape[axis]
     mean, invstd = statistics(x, axis)
     sum_dy, sum_dy_xmu, _, _ = cynorm.batch_norm_backward_reduce(dy, x, mean, invstd, w, axis=axis)
     # the total as a number, and as per-shard counts of every accepted dtype

@@ -173,6 +173,25 @@ def test_bad_input_names_the_argument(rng):
 torch = pytest.importorskip("torch")
 
 
+def _nll_every_reduction(two_d, x, target, w, rng, tol):
+    """cynorm's nll forward and backward (the 2d ops when two_d) against
+    ATen's, with weights, for each reduction."""
+    aten, T = torch.ops.aten, torch.from_numpy
+    forward, backward = ((cn.nll_loss2d_forward, cn.nll_loss2d_backward) if two_d
+                         else (cn.nll_loss_forward, cn.nll_loss_backward))
+    t_forward, t_backward = ((aten.nll_loss2d_forward, aten.nll_loss2d_backward) if two_d
+                             else (aten.nll_loss_forward, aten.nll_loss_backward))
+    for red, code in (("none", 0), ("mean", 1), ("sum", 2)):
+        out, tw = forward(x, target, w, red)
+        tout, ttw = t_forward(T(x), T(target), T(w), code, -100)
+        np.testing.assert_allclose(out, tout, **tol)
+        np.testing.assert_allclose(tw, ttw, **tol)
+        go = np.asarray(rng.standard_normal(out.shape)).astype(x.dtype)
+        np.testing.assert_allclose(backward(go, x, target, w, red, -100, tw),
+                                   t_backward(T(go), T(x), T(target), T(w), code, -100, ttw),
+                                   **tol)
+
+
 @pytest.mark.torch
 @pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=str)
 def test_against_pytorch(dtype, rng):
@@ -192,15 +211,7 @@ def test_against_pytorch(dtype, rng):
                                aten._log_softmax_backward_data(T(g), T(ly), 1, tdt), **tol)
     target = np.array([0, 4, -100, 2, 2, 1])
     w = (rng.random(5) + 0.5).astype(dtype)
-    for red, code in (("none", 0), ("mean", 1), ("sum", 2)):
-        out, tw = cn.nll_loss_forward(ly, target, w, red)
-        tout, ttw = aten.nll_loss_forward(T(ly), T(target), T(w), code, -100)
-        np.testing.assert_allclose(out, tout, **tol)
-        np.testing.assert_allclose(tw, ttw, **tol)
-        go = rng.standard_normal(out.shape).astype(dtype)
-        np.testing.assert_allclose(cn.nll_loss_backward(go, ly, target, w, red, -100, tw),
-                                   aten.nll_loss_backward(T(go), T(ly), T(target), T(w), code, -100, ttw),
-                                   **tol)
+    _nll_every_reduction(False, ly, target, w, rng, tol)
     x2 = cn.log_softmax(rng.standard_normal((2, 3, 4, 5)).astype(dtype), 1)
     t2 = rng.integers(0, 3, (2, 4, 5))
     out, tw = cn.nll_loss2d_forward(x2, t2, None, "mean")
@@ -214,15 +225,7 @@ def test_against_pytorch(dtype, rng):
     t3 = rng.integers(0, 4, (3, 3, 5))
     t3[:, 1] = -100
     w3 = (rng.random(4) + 0.5).astype(dtype)
-    for red, code in (("none", 0), ("mean", 1), ("sum", 2)):
-        out, tw = cn.nll_loss2d_forward(x3, t3, w3, red)
-        tout, ttw = aten.nll_loss2d_forward(T(x3), T(t3), T(w3), code, -100)
-        np.testing.assert_allclose(out, tout, **tol)
-        np.testing.assert_allclose(tw, ttw, **tol)
-        go = np.asarray(rng.standard_normal(out.shape)).astype(dtype)
-        np.testing.assert_allclose(cn.nll_loss2d_backward(go, x3, t3, w3, red, -100, tw),
-                                   aten.nll_loss2d_backward(T(go), T(x3), T(t3), T(w3), code, -100, ttw),
-                                   **tol)
+    _nll_every_reduction(True, x3, t3, w3, rng, tol)
     np.testing.assert_allclose(cn.trace(x[:5]), aten.trace(T(x[:5])), **tol)
     out, buf = cn.log_sigmoid_forward(x * 5)
     tout, tbuf = aten.log_sigmoid_forward(T(x * 5))
