@@ -140,14 +140,16 @@ def kept(shape, dim):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape,dim", WN_CASES)
-@pytest.mark.parametrize("g_form", ["keepdims", "flat"])
+@pytest.mark.parametrize("g_form", ["keepdims", "flat", "v's dtype"])
 def test_weight_norm(dtype, shape, dim, g_form, threads):
     from cynorm import weightnorm
     v = data(shape, dtype)
     gshape = kept(shape, dim)
     if g_form == "flat":
         gshape = (1,) if dim is None else (shape[dim],)
-    g = np.abs(data(gshape, math_dtype(dtype), 1)) + 0.5
+    # g in the math dtype, or (16-bit v) in v's own dtype, as torch keeps it
+    g = (np.abs(data(gshape, math_dtype(dtype), 1)) + 0.5).astype(
+        dtype if g_form == "v's dtype" else math_dtype(dtype))
     assert weightnorm._k.forward_plain(v, g, dim) is not None
     fwd = cynorm.weight_norm_interface(v, g, dim)
     same_bits(fwd, cynorm.weight_norm_interface(via_python(v), g, dim))
@@ -169,6 +171,13 @@ def test_weight_norm(dtype, shape, dim, g_form, threads):
     lambda v, g: __import__("cynorm.weightnorm").weightnorm._k.forward_plain(v, g[:2], 0),
     lambda v, g: __import__("cynorm.weightnorm").weightnorm._k.forward_plain(
         v, g.astype(np.float64), 0),
+    lambda v, g: __import__("cynorm.weightnorm").weightnorm._k.forward_plain(
+        v, g.astype(ml_dtypes.bfloat16), 0),             # 16-bit g for float32 v
+    lambda v, g: __import__("cynorm.weightnorm").weightnorm._k.forward_plain(
+        v.astype(ml_dtypes.bfloat16), g.astype(np.float16), 0),   # another 16-bit type
+    lambda v, g: __import__("cynorm.weightnorm").weightnorm._k.backward_plain(
+        v.astype(np.float16), v.astype(np.float16), g.astype(ml_dtypes.bfloat16),
+        g, 0),
     lambda v, g: __import__("cynorm.weightnorm").weightnorm._k.forward_plain(v[:0], g[:0], 0),
     lambda v, g: __import__("cynorm.weightnorm").weightnorm._k.norm_plain(v, 0, 0),
     lambda v, g: __import__("cynorm.weightnorm").weightnorm._k.norm_plain(v, -1.0, 0),
