@@ -187,6 +187,10 @@ def test_split_ops_leave_the_rest_to_python(call):
     lambda m, s, c, rm, rv: _channels.plain_gather_stats(m, s, [2, 3, 4], None, None, 0.1, 1e-5),
     lambda m, s, c, rm, rv: _channels.plain_gather_stats(m, s, 9, rm, rv, 0.1, 1e-5),
     lambda m, s, c, rm, rv: _channels.plain_gather_stats(m, s[:2], c, None, None, 0.1, 1e-5),
+    lambda m, s, c, rm, rv: _channels.plain_gather_stats(m[:0], s[:0], c[:0], None, None, 0.1,
+                                                         1e-5),              # no shards
+    lambda m, s, c, rm, rv: _channels.plain_gather_stats(m[:, :0], s[:, :0], c, None, None, 0.1,
+                                                         1e-5),              # no channels
     lambda m, s, c, rm, rv: _channels.plain_gather_stats(m[0], s[0], c[:1], None, None, 0.1,
                                                          1e-5),              # mean 1-D
     lambda m, s, c, rm, rv: _channels.plain_gather_stats(m, s, c, rm, None, 0.1, 1e-5),

@@ -80,7 +80,7 @@ class NestedArray:
         for a in (sizes, numels, offsets):
             a.setflags(write=False)
         self._buffer, self._sizes, self._numels, self._offsets = buffer, sizes, numels, offsets
-        self._derived: dict[str, Any] = {}
+        self._derived: dict[object, Any] = {}
 
     # ------------------------------------------------------------ properties
     @property
