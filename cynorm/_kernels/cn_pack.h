@@ -106,14 +106,9 @@ static inline void cn_pack_bf16_loop(uint16_t *dst, const float *src, ptrdiff_t 
     }
 }
 
-/* below this many values the integer class test costs less than reading the
- * MXCSR (STMXCSR), which a short row (a 64-column weight-norm pass) pays per
- * call */
-#define CN_PACK_SHORT 128
-
 __attribute__((target("avx512bf16"), noinline, unused))
 static void cn_pack_bf16(uint16_t *dst, const float *src, ptrdiff_t n) {
-    if (n <= CN_PACK_SHORT || (_mm_getcsr() & 0x0040u))
+    if (_mm_getcsr() & 0x0040u)
         cn_pack_bf16_loop(dst, src, n, 1);
     else
         cn_pack_bf16_loop(dst, src, n, 0);
