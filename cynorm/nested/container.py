@@ -56,8 +56,9 @@ class NestedArray:
     from_padded : A NestedArray of the leading corners of a padded array.
     """
 
-    # _derived: values computed from the structure alone (nested._common's row
-    # table), shared by the arrays like() makes, as the structure is
+    # _derived: values computed from the structure alone (the row table of
+    # nested._common, layer norm's row count), shared by the arrays like()
+    # makes, as the structure is
     __slots__ = ("_buffer", "_sizes", "_offsets", "_numels", "_derived")
 
     def __init__(self, buffer: Array, sizes: ArrayLike) -> None:
