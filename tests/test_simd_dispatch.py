@@ -172,3 +172,21 @@ def test_an_unknown_or_unavailable_level_is_refused():
         proc = subprocess.run([sys.executable, "-c", "import cynorm"], capture_output=True,
                               text=True, env=dict(os.environ, CYNORM_SIMD=lv))
         assert proc.returncode != 0 and "offers only" in proc.stderr
+
+
+def test_a_build_with_no_runnable_kernels_says_why(monkeypatch):
+    """No level available (a kernel module that does not import, say for a
+    missing dependency): the baseline module's own ImportError, or, where it
+    imports, an ImportError naming the problem (not an IndexError)."""
+    monkeypatch.setattr(_kernels, "available_levels", lambda: [])
+    with pytest.raises(ImportError, match="no kernel modules this CPU can run"):
+        _kernels._choose()
+    real_import = _kernels.importlib.import_module
+
+    def failing_import(name, *args):
+        if name == "cynorm._kernels.batch_norm":
+            raise ModuleNotFoundError("No module named 'ml_dtypes'")
+        return real_import(name, *args)
+    monkeypatch.setattr(_kernels.importlib, "import_module", failing_import)
+    with pytest.raises(ModuleNotFoundError, match="ml_dtypes"):
+        _kernels._choose()

@@ -43,6 +43,10 @@ def available_levels():
 
 def _choose():
     levels = available_levels()
+    if not levels:
+        # not even the baseline module imports: let its own ImportError say why
+        importlib.import_module("cynorm._kernels.batch_norm")
+        raise ImportError("cynorm: this build has no kernel modules this CPU can run")
     forced = os.environ.get("CYNORM_SIMD", "").strip().lower()
     if not forced:
         return levels[-1]
