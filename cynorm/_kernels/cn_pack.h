@@ -106,9 +106,18 @@ static inline void cn_pack_bf16_loop(uint16_t *dst, const float *src, ptrdiff_t 
     }
 }
 
+/* whether this thread's MXCSR has denormals-are-zero set, for cn_pack_bf16:
+ * reading the MXCSR waits for the floating-point work in flight, so a pass
+ * reads it once, not once per block */
+static inline int cn_daz_now(void) {
+    return (_mm_getcsr() & 0x0040u) != 0;
+}
+
+/* dst[i] = bfloat16(src[i]) for i < n, as cn_f32_to_bf16_bits; daz: the
+ * calling thread's cn_daz_now() */
 __attribute__((target("avx512bf16"), noinline, unused))
-static void cn_pack_bf16(uint16_t *dst, const float *src, ptrdiff_t n) {
-    if (_mm_getcsr() & 0x0040u)
+static void cn_pack_bf16(uint16_t *dst, const float *src, ptrdiff_t n, int daz) {
+    if (daz)
         cn_pack_bf16_loop(dst, src, n, 1);
     else
         cn_pack_bf16_loop(dst, src, n, 0);
@@ -116,13 +125,14 @@ static void cn_pack_bf16(uint16_t *dst, const float *src, ptrdiff_t n) {
 #else
 #define CN_HAVE_BF16_PACK 0
 #define cn_bf16_pack_ok 0
-#define cn_pack_bf16 cn_round_bf16
+#define cn_daz_now() 0
+#define cn_pack_bf16(dst, src, n, daz) cn_round_bf16(dst, src, n)
 #endif
 
 /* dst[i] = bfloat16(src[i]) on whichever path this module and CPU run */
 static inline void cn_f32_to_bf16_array(uint16_t *dst, const float *src, ptrdiff_t n) {
     if (cn_bf16_pack_ok)
-        cn_pack_bf16(dst, src, n);
+        cn_pack_bf16(dst, src, n, cn_daz_now());
     else
         cn_round_bf16(dst, src, n);
 }

@@ -42,4 +42,5 @@ cdef inline bint float32_squares_ok(double mean_square) noexcept nogil:
 
 cdef inline bint float32_sum_of_squares_ok(double s, Py_ssize_t n) noexcept nogil:
     # float32_squares_ok(s / n) for a sum s of n squares (or products), n > 0
-    return s >= n * 1.2621774483536189e-29 and s < INFINITY     # n * 2**-96
+    # (`&`, not `and`: no branch, so loops over rows or columns vectorize)
+    return (s >= n * 1.2621774483536189e-29) & (s < INFINITY)     # n * 2**-96
