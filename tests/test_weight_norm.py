@@ -101,6 +101,21 @@ def test_norm_except_dim(p, dtype, rng):
             assert_close(got, want, dtype, rtol=tol, what=f"{shape} dim={dim} p={p}")
 
 
+@pytest.mark.parametrize("p", [2, np.inf])
+def test_norm_except_dim_nan_in_a_later_row_block(p, rng):
+    # the column shape reduces blocks of rows and merges them in block order:
+    # a NaN in any block (first, middle, last) reaches its column's norm, at
+    # p = inf too (max comparisons, as torch.linalg.norm(ord=inf))
+    v = rng.standard_normal((300, 37)).astype(F32)
+    for row, col in [(0, 3), (150, 5), (299, 36)]:
+        v[row, col] = np.nan
+    got = cynorm.norm_except_dim(v, p, 1).ravel()
+    want = ref.norm_except_dim(v.astype(F64), p, 1).ravel()
+    assert np.isnan(got[[3, 5, 36]]).all()
+    keep = np.setdiff1d(np.arange(37), [3, 5, 36])
+    assert_close(got[keep], want[keep], F32, rtol=1e-6, what=f"p={p}")
+
+
 def test_norm_except_dim_integer_pow_and_layouts(rng):
     v = rng.standard_normal((6, 5, 4))
     want = ref.norm_except_dim(v, 2, 1)

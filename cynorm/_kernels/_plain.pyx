@@ -13,6 +13,7 @@ the same bits (tests/test_plain_calls.py).
 import ml_dtypes
 import numpy as np
 cimport numpy as cnp
+from libc.string cimport memcpy
 
 from cynorm._kernels.common cimport (
     cn_bf16, cn_f16, cn_bf16_to_f32, cn_f16_to_f32, cn_f32_to_bf16, cn_f32_to_f16,
@@ -170,6 +171,33 @@ cdef void store_value(void* p, int storage, Py_ssize_t i, double v) noexcept nog
         (<cn_bf16*>p)[i] = cn_f32_to_bf16(<float>v)
     else:
         (<cn_f16*>p)[i] = cn_f32_to_f16(<float>v)
+
+
+cdef void floats_from(const void* p, int storage, Py_ssize_t n, float* dst) noexcept nogil:
+    """dst[:n] = n values of a float32 or 16-bit `storage` buffer (exact)."""
+    cdef Py_ssize_t i
+    if storage == STORAGE_F32:
+        memcpy(dst, p, n * sizeof(float))
+    elif storage == STORAGE_BF16:
+        for i in range(n):
+            dst[i] = cn_bf16_to_f32((<const cn_bf16*>p)[i])
+    else:
+        for i in range(n):
+            dst[i] = cn_f16_to_f32((<const cn_f16*>p)[i])
+
+
+cdef void floats_into(void* p, int storage, Py_ssize_t n, const float* src) noexcept nogil:
+    """n float32 values into a float32 or 16-bit `storage` buffer (16-bit:
+    rounded as store_value rounds them)."""
+    cdef Py_ssize_t i
+    if storage == STORAGE_F32:
+        memcpy(p, src, n * sizeof(float))
+    elif storage == STORAGE_BF16:
+        for i in range(n):
+            (<cn_bf16*>p)[i] = cn_f32_to_bf16(src[i])
+    else:
+        for i in range(n):
+            (<cn_f16*>p)[i] = cn_f32_to_f16(src[i])
 
 
 cdef bint plain_mask(object mask) noexcept:
