@@ -263,6 +263,27 @@ def test_bad_input_is_refused_with_the_argument_named(rng):
         cn.register_jvp(3)
 
 
+def test_arguments_bind_as_the_op_binds_them(rng):
+    """The rules bind primals and keywords to op's parameters (a cached
+    signature): keywords, defaults and positions give the same tangents,
+    and what the op itself would refuse is a TypeError naming op's signature."""
+    x, tx = rng.standard_normal((3, 4)), rng.standard_normal((3, 4))
+    w = rng.standard_normal(4)
+    by_position = cn.jvp(cn.layer_norm, (x, (4,), w, None, 1e-3), (tx, None, None, None, None))
+    by_keyword = cn.jvp(cn.layer_norm, (x, (4,)), (tx, None), weight=w, eps=1e-3)
+    for a, b in zip(by_position[1], by_keyword[1]):
+        np.testing.assert_array_equal(a, b)
+    default = cn.jvp(cn.layer_norm, (x, (4,)), (tx, None))[1][0]
+    np.testing.assert_array_equal(default, cn.jvp(cn.layer_norm, (x, (4,)), (tx, None), eps=1e-5)[1][0])
+    assert not np.array_equal(default, cn.jvp(cn.layer_norm, (x, (4,)), (tx, None), eps=1e-1)[1][0])
+    for primals, kwargs, what in [((x,), {}, "missing a required argument: 'normalized_shape'"),
+                                  ((x, (4,)), {"epsilon": 1e-3}, "got an unexpected keyword argument 'epsilon'"),
+                                  ((x, (4,)), {"x": x}, "multiple values for argument 'x'"),
+                                  ((x, (4,), w, None, 1e-5, 7), {}, "too many positional arguments")]:
+        with pytest.raises(TypeError, match=r"jvp: layer_norm\(x.*: " + what):
+            cn.jvp(cn.layer_norm, primals, (tx,) + (None,) * (len(primals) - 1), **kwargs)
+
+
 # ------------------------------------------- the fused layer_norm_backward JVP kernel
 from hypothesis import given, settings, strategies as st  # noqa: E402
 

@@ -447,3 +447,39 @@ def test_structure_is_shared_and_read_only_and_its_checks_still_run(rng):
         np.testing.assert_array_equal(a.buffer, b.buffer)
     with pytest.raises(ValueError, match="sizes describe 20 elements but buffer holds 13"):
         x.like(np.zeros(13))
+
+
+def test_derived_structures_are_made_once_and_match_fresh_ones(rng):
+    """sum over the last dim, linear and matmul change only the last dim of
+    the structure: the new structure is made once per (structure, last dim)
+    and shared by every result, read-only; it equals what NestedArray
+    computes from the result's shapes, and a gradient that shares it gives
+    the same bits as one with a structure of its own (whose shapes are
+    compared instead)."""
+    shapes = [(3, 4), (0, 4), (2, 1, 4)[1:], (5, 4)]
+    x = make(rng, shapes, np.float32)
+    W = rng.standard_normal((6, 4)).astype(np.float32)
+    for keep in (False, True):
+        a, b = nt.sum(x, -1, keep), nt.sum(x, -1, keep)
+        assert a.sizes is b.sizes and a.offsets is b.offsets and a.numels is b.numels
+        want = [np.asarray(c, np.float64).sum(-1, keepdims=keep) for c in x.unbind()]
+        assert_nested_close(a, want, rtol=1e-6, atol=1e-6)
+    y1, y2, m = nt.linear(x, W), nt.linear(x, W), nt.matmul(x, W.T)
+    assert y1.sizes is y2.sizes is m.sizes
+    assert y1.sizes.tolist() == [[3, 6], [0, 6], [1, 6], [5, 6]]
+    fresh = NestedArray(y1.buffer.copy(), y1.sizes.copy())
+    for s in (y1, fresh):
+        for arr in (s.sizes, s.offsets, s.numels):
+            assert not arr.flags.writeable
+        np.testing.assert_array_equal(s.offsets, fresh.offsets)
+        np.testing.assert_array_equal(s.numels, fresh.numels)
+    shared, own = nt.linear_backward(x, y1, W), nt.linear_backward(x, fresh, W)
+    for s, o in zip(shared, own):
+        np.testing.assert_array_equal(getattr(s, "buffer", s), getattr(o, "buffer", o))
+    assert nt.matmul_backward(y1, x, W.T)[0].sizes is x.sizes   # the input's own structure
+    wrong = nt.nested_array([np.zeros((3, 6), np.float32), np.zeros((0, 6), np.float32),
+                             np.zeros((2, 6), np.float32), np.zeros((5, 6), np.float32)])
+    with pytest.raises(ValueError, match="grad_output must have input's structure"):
+        nt.linear_backward(x, wrong, W)
+    with pytest.raises(ValueError, match="grad must have self's structure"):
+        nt.matmul_backward(wrong, x, W.T)

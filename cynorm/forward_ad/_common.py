@@ -6,19 +6,61 @@ import numpy as np
 from cynorm._dtypes import is_16bit
 
 
+_POSITIONAL, _KEYWORD = inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY
+_NO_DEFAULT = inspect.Parameter.empty
+
+# op -> (signature, parameter names, count of positional ones, defaults,
+# whether every parameter is positional-or-keyword or keyword-only), for
+# the ops rules are registered for (a signature is ~10 us to build)
+_signatures: dict = {}
+
+
+def _signature(op):
+    entry = _signatures.get(op)
+    if entry is None:
+        sig = inspect.signature(op)
+        params = list(sig.parameters.values())
+        plain = all(p.kind in (_POSITIONAL, _KEYWORD) for p in params)
+        entry = _signatures[op] = (
+            sig, [p.name for p in params], sum(p.kind == _POSITIONAL for p in params),
+            {p.name: p.default for p in params if p.default is not _NO_DEFAULT}, plain)
+    return entry
+
+
+def _bind_plain(names, npos, defaults, primals, kwargs):
+    """sig.bind(*primals, **kwargs) + apply_defaults for a signature without
+    *args, **kwargs or positional-only parameters; None where binding fails
+    (sig.bind then says why)."""
+    if len(primals) > npos:
+        return None
+    args = dict(zip(names, primals))
+    used = 0
+    for n in names[len(primals):]:
+        if n in kwargs:
+            args[n] = kwargs[n]
+            used += 1
+        elif n in defaults:
+            args[n] = defaults[n]
+        else:
+            return None
+    return args if used == len(kwargs) else None
+
+
 def bind(op, primals, tangents, kwargs):
     """(args, tans): op's arguments by name with defaults applied, and the
     tangents by name (None for keyword arguments and absent tangents)."""
-    sig = inspect.signature(op)
-    try:
-        bound = sig.bind(*primals, **kwargs)
-    except TypeError as e:
-        raise TypeError(f"jvp: {op.__name__}{sig}: {e}") from None
-    bound.apply_defaults()
-    names = list(sig.parameters)
+    sig, names, npos, defaults, plain = _signature(op)
+    args = _bind_plain(names, npos, defaults, primals, kwargs) if plain else None
+    if args is None:
+        try:
+            bound = sig.bind(*primals, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"jvp: {op.__name__}{sig}: {e}") from None
+        bound.apply_defaults()
+        args = bound.arguments
     tans = dict.fromkeys(names)
     tans.update(zip(names, tangents))
-    return bound.arguments, tans
+    return args, tans
 
 
 def math_dtype(dtype):
@@ -43,7 +85,8 @@ def cast_like(t, out, fresh=False):
         t = t.reshape(out.shape)
     if fresh and t.dtype == out.dtype and t.flags.c_contiguous:
         return t
-    t = np.broadcast_to(t, out.shape)
+    if t.shape != out.shape:
+        t = np.broadcast_to(t, out.shape)
     if is_16bit(out.dtype):
         t = t.astype(np.float32, copy=False)
     return np.array(t, dtype=out.dtype)      # a fresh writable array, never a view

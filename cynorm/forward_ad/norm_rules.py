@@ -13,6 +13,8 @@ tangent tx of x
 The backward rules recompute mean from x (and use the saved r, which equals
 the recomputed one), as PyTorch's decompositions for forward-mode AD do.
 """
+import math
+
 import numpy as np
 
 from cynorm import batchnorm as _bn
@@ -29,16 +31,19 @@ def _axes(axes):
 
 def _group_size(shape, axes):
     """The number of elements in one group reduced over `axes` (an int or a tuple)."""
-    return int(np.prod([shape[i] for i in _axes(axes)], dtype=np.int64))
+    return math.prod(shape[i] for i in _axes(axes))
 
 
 def _group_mean(a, axes):
     """The mean over `axes`; 0 for empty groups: the mean of no values is the
     constant 0 the primal ops return (np.mean's 0/0 would make it NaN)."""
-    if _group_size(a.shape, axes) == 0:
+    n = _group_size(a.shape, axes)
+    if n == 0:
         axes = _axes(axes)
         return np.zeros(tuple(1 if i in axes else n for i, n in enumerate(a.shape)), a.dtype)
-    return np.mean(a, axis=axes, keepdims=True)
+    # np.mean's arithmetic (a float sum, then one division by n) without its
+    # Python wrapper
+    return a.sum(axis=axes, keepdims=True) / n
 
 
 def _xhat_tangent(X, mean, r, TX, axes):
@@ -52,8 +57,7 @@ def _xhat_tangent(X, mean, r, TX, axes):
 # ------------------------------------------------------------------ layer norm
 def _ln_rows(x, normalized_shape):
     k = 1 if np.ndim(normalized_shape) == 0 else len(normalized_shape)
-    lead = x.shape[:x.ndim - k]
-    return int(np.prod(lead, dtype=np.int64)), int(np.prod(x.shape[x.ndim - k:], dtype=np.int64))
+    return math.prod(x.shape[:x.ndim - k]), math.prod(x.shape[x.ndim - k:])
 
 
 @register_jvp(_ln.layer_norm, nondiff=("normalized_shape", "eps"))

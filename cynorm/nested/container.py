@@ -302,10 +302,30 @@ class NestedArray:
         _check_count(self._buffer.size, buffer)
         # the structure is this one's, checked when it was made: shared, as
         # its arrays are read-only
-        new = object.__new__(NestedArray)
-        new._buffer, new._sizes, new._offsets, new._numels, new._derived = (
-            buffer, self._sizes, self._offsets, self._numels, self._derived)
-        return new
+        return _wrap(buffer, (self._sizes, self._offsets, self._numels, self._derived))
+
+    def _last_dim_as(self, n: Optional[int]) -> _Structure:
+        """This structure with every component's last dim set to n (None:
+        the last dim dropped), as the ops whose result changes only that
+        dim make it: computed once per (structure, n) and kept with the
+        structure, so repeated calls share it and what is derived from it.
+        Not checked again: a structure derived from a checked one, n the
+        size of an array the caller holds."""
+        key = ("last dim as", n)
+        structure = self._derived.get(key)
+        if structure is None and n is not None and np.all(self._sizes[:, -1] == n):
+            structure = self._derived[key] = (self._sizes, self._offsets, self._numels,
+                                              self._derived)
+        if structure is None:
+            sizes = self._sizes[:, :-1].copy() if n is None else self._sizes.copy()
+            if n is not None:
+                sizes[:, -1] = n
+            numels = np.multiply.reduce(sizes, axis=1, dtype=np.int64)
+            offsets = np.cumsum(numels) - numels
+            for a in (sizes, numels, offsets):
+                a.setflags(write=False)
+            structure = self._derived[key] = (sizes, offsets, numels, {})
+        return structure
 
     def same_structure(self, other: object) -> bool:
         """Whether other is a NestedArray of the same component shapes.
@@ -346,6 +366,29 @@ def _check_buffer(buffer: object) -> None:
 def _check_count(described: int, buffer: Array) -> None:
     if described != buffer.size:
         raise ValueError(f"sizes describe {described} elements but buffer holds {buffer.size}")
+
+
+# (sizes, offsets, numels, derived) of a checked structure
+_Structure = tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64], dict[object, Any]]
+
+
+def _wrap(buffer: Array, structure: _Structure) -> NestedArray:
+    """A NestedArray of `structure` around `buffer`, neither checked: for
+    buffers the caller made to fit a structure that was checked (or derived
+    from one)."""
+    new = object.__new__(NestedArray)
+    new._buffer = buffer
+    new._sizes, new._offsets, new._numels, new._derived = structure
+    return new
+
+
+def wrap_checked(buffer: Array, structure: _Structure) -> NestedArray:
+    """`_wrap` after the cheap checks of buffer: its type, layout, dtype and
+    element count (the structure's sum of numels)."""
+    _check_buffer(buffer)
+    _, offsets, numels, _ = structure
+    _check_count(int(offsets[-1] + numels[-1]) if len(numels) else 0, buffer)
+    return _wrap(buffer, structure)
 
 
 def _native(dtype: np.dtype[Any]) -> np.dtype[Any]:
@@ -412,13 +455,15 @@ def nested_array(arrays: Sequence[ArrayLike], dtype: Optional[DTypeLike] = None)
     ndim = ndims.pop() if ndims else 0
     if dt not in SUPPORTED_DTYPES:
         raise TypeError(f"{what} must be floating ({', '.join(map(str, SUPPORTED_DTYPES))}), got {dt}")
+    # the structure of arrays that exist needs none of NestedArray's checks
     sizes = np.array([c.shape for c in comps], dtype=np.int64).reshape(len(comps), ndim)
-    buffer = np.empty(int(np.prod(sizes, axis=1).sum()), dt)
-    start = 0
-    for c in comps:
-        buffer[start:start + c.size] = c.reshape(-1)
-        start += c.size
-    return NestedArray(buffer, sizes)
+    numels = np.array([c.size for c in comps], dtype=np.int64)
+    offsets = np.cumsum(numels) - numels
+    for a in (sizes, numels, offsets):
+        a.setflags(write=False)
+    buffer = (np.concatenate([c.reshape(-1) for c in comps], dtype=dt, casting="unsafe")
+              if comps else np.empty(0, dt))
+    return _wrap(buffer, (sizes, offsets, numels, {}))
 
 
 def from_padded(padded: ArrayLike, sizes: ArrayLike) -> NestedArray:

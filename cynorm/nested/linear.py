@@ -16,14 +16,16 @@ import numpy as np
 from cynorm._typing import Array, ArrayLike, OutputMask
 from cynorm._validation import as_float_array, check_mask
 from cynorm.nested._common import check_nested, math_buffer, stored
-from cynorm.nested.container import NestedArray, nested_array
+from cynorm.nested.container import NestedArray, nested_array, wrap_checked
 
 
 def _uniform_last(x, name):
     """The components' common last dim (they must all have it)."""
     if x.ndim < 2:
         raise ValueError(f"{name}'s components are 0-d: they have no feature dim")
-    k = x.uniform_size(x.ndim - 2)
+    k = x._derived.get("uniform last dim", False)      # once per structure
+    if k is False:
+        k = x._derived["uniform last dim"] = x.uniform_size(x.ndim - 2)
     if k is None:
         raise ValueError(f"{name}'s components must share their last dim (the features), "
                          f"got sizes {sorted(set(int(s) for s in x.sizes[:, -1]))}")
@@ -32,16 +34,23 @@ def _uniform_last(x, name):
 
 def _rows(x, k):
     """x's buffer as (total_rows, k), k its components' last dim."""
-    rows = int(np.prod(np.asarray(x.sizes)[:, :-1], axis=1).sum())
+    rows = x._derived.get("rows above the last dim")    # once per structure
+    if rows is None:
+        rows = x._derived["rows above the last dim"] = int(
+            np.prod(np.asarray(x.sizes)[:, :-1], axis=1).sum())
     return math_buffer(x).reshape(rows, k)
 
 
 def _with_last(x, buffer2d, n_out):
     """A NestedArray of x's component shapes with the last dim n_out."""
-    sizes = np.array(x.sizes, copy=True)
-    if len(sizes):
-        sizes[:, -1] = n_out
-    return NestedArray(stored(buffer2d.reshape(-1), x.dtype), sizes)
+    return wrap_checked(stored(buffer2d.reshape(-1), x.dtype), x._last_dim_as(n_out))
+
+
+def _has_last_dim_as(g, x, n):
+    """Whether g's component shapes are x's with the last dim n (g made by
+    an op on x, or like() of one, shares that structure: no compare)."""
+    sizes = x._last_dim_as(n)[0]
+    return g.sizes is sizes or np.array_equal(g.sizes, sizes)
 
 
 def _dense(a: ArrayLike, name: str, x: NestedArray,
@@ -256,8 +265,7 @@ def matmul_backward(grad: NestedArray, self: NestedArray, other: Union[NestedArr
     other_m, other_dtype = _dense(other, "other", self, ("k", "m"))
     k = _uniform_last(self, "self") if len(self) else other_m.shape[0]
     m = other_m.shape[1]
-    if (len(grad) != len(self) or (len(self) and grad.uniform_size(grad.ndim - 2) != m)
-            or not np.array_equal(grad.sizes[:, :-1], self.sizes[:, :-1])):
+    if len(grad) != len(self) or not _has_last_dim_as(grad, self, m):
         raise ValueError(f"grad must have self's structure with last dim {m} (other's columns), "
                          f"got {grad!r} for self {self!r}")
     g2 = _rows(grad, m)
@@ -400,9 +408,7 @@ def linear_backward(input: NestedArray, grad_output: NestedArray, weight: ArrayL
     w, wdtype = _dense(weight, "weight", input, ("out", "in"))
     k = _uniform_last(input, "input") if len(input) else w.shape[1]
     n_out = w.shape[0]
-    if len(input) and (w.shape[1] != k or grad_output.uniform_size(grad_output.ndim - 2) != n_out
-                       or len(grad_output) != len(input)
-                       or not np.array_equal(grad_output.sizes[:, :-1], input.sizes[:, :-1])):
+    if len(input) and (w.shape[1] != k or not _has_last_dim_as(grad_output, input, n_out)):
         raise ValueError(f"grad_output must have input's structure with last dim {n_out} "
                          f"(weight's rows), got {grad_output!r} for input {input!r}")
     g2 = _rows(grad_output, n_out)

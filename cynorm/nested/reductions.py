@@ -25,7 +25,7 @@ from cynorm.nested._common import (
 )
 from cynorm._typing import Array, ArrayLike, Axis, Dims
 from cynorm._validation import as_array, as_float_array, check_bool, check_index
-from cynorm.nested.container import NestedArray, nested_array
+from cynorm.nested.container import NestedArray, nested_array, wrap_checked
 
 _seg = _kernels.load("segments")  # the SIMD level chosen at import
 
@@ -226,15 +226,21 @@ def sum(x: NestedArray, dims: Dims = None, keepdim: bool = False) -> Union[Neste
         return _sum_over_batch(x, cd, keepdim, dims)
     # over the last dim alone, segmented over the buffer; a zero-length last
     # dim has no rows but sums to zeros, so it goes component by component
-    if cd == (x.ndim - 2,) and not np.any(x.sizes[:, -1] == 0):
+    if cd == (x.ndim - 2,) and not _has_empty_last_dim(x):
         starts, lengths = row_lengths(x)
         sums = np.empty(lengths.size)
         xb = math_buffer(x)
         float_kernel(_seg, "row_sums", xb)(xb, sums, starts, lengths, get_num_threads())
-        sizes = np.array(x.sizes, copy=True)
-        sizes[:, -1] = 1
-        return NestedArray(stored(sums, x.dtype), sizes if keepdim else sizes[:, :-1])
+        return wrap_checked(stored(sums, x.dtype), x._last_dim_as(1 if keepdim else None))
     return _sum_per_component(x, cd, keepdim)
+
+
+def _has_empty_last_dim(x):
+    """Whether a component of x has a last dim of size 0 (once per structure)."""
+    empty = x._derived.get("empty last dim")
+    if empty is None:
+        empty = x._derived["empty last dim"] = bool(np.any(x.sizes[:, -1] == 0))
+    return empty
 
 
 def _sum_over_batch(x, cd, keepdim, dims):
