@@ -148,11 +148,10 @@ def batch_norm(x: ArrayLike, weight: Optional[ArrayLike] = None,
     keeps the float64 mean's precision.  A zero-size batch gives an empty y,
     NaN statistics and unchanged running statistics.
     """
-    if out is None:
-        result = plain_batch_norm(x, weight, bias, running_mean, running_var, training, momentum,
-                                  eps, axis)
-        if result is not None:
-            return result
+    result = plain_batch_norm(x, weight, bias, running_mean, running_var, training, momentum,
+                              eps, axis, out)
+    if result is not None:
+        return result
     return _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps, axis,
                        out)
 

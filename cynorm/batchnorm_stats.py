@@ -271,10 +271,9 @@ def batch_norm_elemt(x: ArrayLike, weight: Optional[ArrayLike], bias: Optional[A
         invstd is None, a per-channel argument has the wrong shape, or `out`
         has the wrong shape, is read-only or not C- or F-contiguous.
     """
-    if out is None:
-        result = plain_elemt(x, weight, bias, mean, invstd, eps, axis)
-        if result is not None:
-            return result
+    result = plain_elemt(x, weight, bias, mean, invstd, eps, axis, out)
+    if result is not None:
+        return result
     return _elemt(x, weight, bias, mean, invstd, eps, axis, out)
 
 
@@ -444,11 +443,10 @@ def batch_norm_backward_elemt(grad_out: ArrayLike, x: ArrayLike, mean: ArrayLike
         positive number, or `out` has the wrong shape, is read-only or not
         C- or F-contiguous.
     """
-    if out is None:
-        result = plain_backward_elemt(grad_out, x, mean, invstd, weight, sum_dy, sum_dy_xmu,
-                                      count, axis)
-        if result is not None:
-            return result
+    result = plain_backward_elemt(grad_out, x, mean, invstd, weight, sum_dy, sum_dy_xmu, count,
+                                  axis, out)
+    if result is not None:
+        return result
     return _backward_elemt(grad_out, x, mean, invstd, weight, sum_dy, sum_dy_xmu, count, axis,
                            out)
 

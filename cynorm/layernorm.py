@@ -156,10 +156,9 @@ def layer_norm(x: ArrayLike, normalized_shape: int | Sequence[int],
         has another shape, eps < 0, or an output has the wrong shape, is not
         C-contiguous, is read-only, or overlaps another output.
     """
-    if out is None:
-        result = _k.forward_plain(x, normalized_shape, weight, bias, eps)
-        if result is not None:
-            return result
+    result = _k.forward_plain(x, normalized_shape, weight, bias, eps, out)
+    if result is not None:
+        return result
     x, policy = as_float_array(x, "x")
     ns, (_, wvec), (_, bvec), M, N, stat_shape = _rows(x, normalized_shape, weight, bias, policy)
     eps = check_eps(eps)

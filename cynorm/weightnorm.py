@@ -114,10 +114,9 @@ def norm_except_dim(v: ArrayLike, pow: Real = 2, dim: int | None = 0, *,
         is read-only.
     """
     out = single_out(out)
-    if out is None:
-        result = _k.norm_plain(v, pow, dim)
-        if result is not None:
-            return result
+    result = _k.norm_plain(v, pow, dim, out)
+    if result is not None:
+        return result
     v, policy = as_float_array(v, "v")
     dim = normalize_dim(dim, v.ndim)
     kind, p = _norm_kind(pow)
@@ -192,10 +191,9 @@ def weight_norm_interface(v: ArrayLike, g: ArrayLike, dim: int | None = 0, *,
         `dim`, or an output has the wrong shape, is read-only, or overlaps
         the other output.
     """
-    if out is None:
-        result = _k.forward_plain(v, g, dim)
-        if result is not None:
-            return result
+    result = _k.forward_plain(v, g, dim, out)
+    if result is not None:
+        return result
     w_out, norm_out = split_out(out, ("w", "norm"))
     return _forward(v, g, dim, w_out, "out[0] (w)", norm_out)
 
@@ -234,10 +232,9 @@ def weight_norm(v: ArrayLike, g: ArrayLike, dim: int | None = 0, *,
         `dim`, or out has the wrong shape or is read-only.
     """
     out = single_out(out)
-    if out is None:
-        result = _k.forward_plain(v, g, dim)
-        if result is not None:
-            return result[0]
+    result = _k.forward_plain(v, g, dim, None if out is None else (out, None))
+    if result is not None:
+        return result[0]
     return _forward(v, g, dim, out, "out", None)[0]
 
 
@@ -285,10 +282,9 @@ def weight_norm_backward(grad_w: ArrayLike, saved_v: ArrayLike, saved_g: ArrayLi
         saved_norm does not hold one value per index of v's `dim`, or an
         output has the wrong shape, is read-only or overlaps the other.
     """
-    if out is None:
-        result = _k.backward_plain(grad_w, saved_v, saved_g, saved_norm, dim)
-        if result is not None:
-            return result
+    result = _k.backward_plain(grad_w, saved_v, saved_g, saved_norm, dim, out)
+    if result is not None:
+        return result
     v, policy = as_float_array(saved_v, "saved_v")
     grad_w, _ = as_float_array(grad_w, "grad_w")
     check_same(grad_w, "grad_w", v.shape, v.dtype, ref="saved_v")

@@ -17,10 +17,15 @@ cdef int typenum(int storage) noexcept
 cdef Py_ssize_t itemsize(int storage) noexcept nogil
 cdef bint plain_eps(object eps) noexcept
 cdef bint disjoint(object a, object b) noexcept
+cdef bint plain_out_form(object out, Py_ssize_t n) noexcept
+cdef object out_entry(object out, Py_ssize_t i)
+cdef bint plain_out(object a, int storage, int nd, const cnp.npy_intp* dims) noexcept
+cdef bint written_apart(tuple written, tuple read) noexcept
 cdef bint plain_with_shape(object a, int storage, int nd, const cnp.npy_intp* dims) noexcept
 cdef int trailing_axes(cnp.ndarray x, object shape) noexcept
 cdef void* data(object a) noexcept
 cdef object doubles_as(const double* s, int storage, int nd, const cnp.npy_intp* dims)
+cdef object doubles_into(const double* s, int storage, object out)
 cdef bint doubles_from(object a, Py_ssize_t n, double* dst) noexcept
 cdef double value_at(const void* p, int storage, Py_ssize_t i) noexcept nogil
 cdef void store_value(void* p, int storage, Py_ssize_t i, double v) noexcept nogil

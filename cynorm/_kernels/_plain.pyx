@@ -78,13 +78,48 @@ cdef bint plain_eps(object eps) noexcept:
 
 
 cdef bint disjoint(object a, object b) noexcept:
-    """Two plain arrays' memory does not overlap (None overlaps nothing)."""
+    """Two plain arrays' memory does not overlap (None, and an empty array,
+    overlap nothing)."""
     if a is None or b is None:
         return True
     cdef char* pa = <char*>cnp.PyArray_DATA(<cnp.ndarray>a)
     cdef char* pb = <char*>cnp.PyArray_DATA(<cnp.ndarray>b)
-    return (pa + cnp.PyArray_NBYTES(<cnp.ndarray>a) <= pb
-            or pb + cnp.PyArray_NBYTES(<cnp.ndarray>b) <= pa)
+    cdef Py_ssize_t na = cnp.PyArray_NBYTES(<cnp.ndarray>a), nb = cnp.PyArray_NBYTES(<cnp.ndarray>b)
+    return na == 0 or nb == 0 or pa + na <= pb or pb + nb <= pa
+
+
+cdef bint plain_out_form(object out, Py_ssize_t n) noexcept:
+    """out is an out= form of an op with n outputs the plain case takes:
+    None, or a tuple of n entries (each checked by plain_out)."""
+    return out is None or (type(out) is tuple and len(<tuple>out) == n)
+
+
+cdef object out_entry(object out, Py_ssize_t i):
+    """Entry i of a plain out= form (None for out=None)."""
+    return None if out is None else (<tuple>out)[i]
+
+
+cdef bint plain_out(object a, int storage, int nd, const cnp.npy_intp* dims) noexcept:
+    """a, an out= entry, is one the plain case takes: None (the op allocates
+    it), or a plain, writeable array of `storage` with shape dims[:nd]."""
+    return a is None or (plain_with_shape(a, storage, nd, dims)
+                         and cnp.PyArray_ISWRITEABLE(<cnp.ndarray>a))
+
+
+cdef bint written_apart(tuple written, tuple read) noexcept:
+    """The arrays an op writes (plain arrays or None) overlap neither each
+    other nor any array it reads.  The plain case takes only such calls;
+    the Python layer copies an input an output overlaps (out=x included),
+    and refuses outputs that overlap each other."""
+    cdef Py_ssize_t i, j
+    for i in range(len(written)):
+        for j in range(i + 1, len(written)):
+            if not disjoint(written[i], written[j]):
+                return False
+        for j in range(len(read)):
+            if not disjoint(written[i], read[j]):
+                return False
+    return True
 
 
 cdef bint plain_with_shape(object a, int storage, int nd, const cnp.npy_intp* dims) noexcept:
@@ -127,7 +162,12 @@ cdef void* data(object a) noexcept:
 cdef object doubles_as(const double* s, int storage, int nd, const cnp.npy_intp* dims):
     """A new array of `storage` and shape dims[:nd] holding the float64 values
     s, rounded as _dtypes.from_float64 rounds them (16-bit: through float32)."""
-    out = cnp.PyArray_EMPTY(nd, <cnp.npy_intp*>dims, TYPENUM[storage], 0)
+    return doubles_into(s, storage, cnp.PyArray_EMPTY(nd, <cnp.npy_intp*>dims, TYPENUM[storage], 0))
+
+
+cdef object doubles_into(const double* s, int storage, object out):
+    """out (a plain array of `storage`) holding the float64 values s, rounded
+    as doubles_as rounds them; returns out."""
     cdef Py_ssize_t n = cnp.PyArray_SIZE(<cnp.ndarray>out), i
     cdef void* p = cnp.PyArray_DATA(<cnp.ndarray>out)
     for i in range(n):
