@@ -50,6 +50,7 @@ def weight_norm_cases(cn, torch, arr, t):
     tv, tg, tgw = t(v), t(g), t(gw)
     _, norm = cn.weight_norm_interface(v, g, 0)
     _, tnorm = torch._weight_norm_interface(tv, tg, 0)
+    out, tout = (np.empty_like(v), np.empty_like(g)), (torch.empty_like(tv), torch.empty_like(tg))
     return [
         ("weight_norm_interface", lambda: cn.weight_norm_interface(v, g, 0),
          lambda: torch._weight_norm_interface(tv, tg, 0)),
@@ -57,6 +58,8 @@ def weight_norm_cases(cn, torch, arr, t):
         ("weight_norm_backward", lambda: cn.weight_norm_backward(gw, v, g, norm, 0),
          lambda: aten._weight_norm_interface_backward(tgw, tv, tg, tnorm, 0)),
         ("norm_except_dim", lambda: cn.norm_except_dim(v, 2, 0), lambda: torch.norm_except_dim(tv, 2, 0)),
+        ("weight_norm_interface out=", lambda: cn.weight_norm_interface(v, g, 0, out=out),
+         lambda: aten._weight_norm_interface.out(tv, tg, 0, out0=tout[0], out1=tout[1])),
     ]
 
 
@@ -67,10 +70,15 @@ def layer_norm_cases(cn, torch, arr, t):
     tx, tdy, tw, tb = t(x), t(dy), t(w), t(b)
     _, mean, rstd = cn.layer_norm(x, (4,), w, b)
     _, tmean, trstd = torch.native_layer_norm(tx, [4], tw, tb, 1e-5)
+    out = (np.empty_like(x), np.empty_like(mean), np.empty_like(rstd))
+    tout = (torch.empty_like(tx), torch.empty_like(tmean), torch.empty_like(trstd))
     return [
         ("layer_norm", lambda: cn.layer_norm(x, (4,), w, b), lambda: torch.native_layer_norm(tx, [4], tw, tb, 1e-5)),
         ("layer_norm_backward", lambda: cn.layer_norm_backward(dy, x, (4,), mean, rstd, w, b),
          lambda: aten.native_layer_norm_backward(tdy, tx, [4], tmean, trstd, tw, tb, [True] * 3)),
+        ("layer_norm out=", lambda: cn.layer_norm(x, (4,), w, b, out=out),
+         lambda: aten.native_layer_norm.out(tx, [4], tw, tb, 1e-5, out0=tout[0], out1=tout[1],
+                                            out2=tout[2])),
     ]
 
 
@@ -90,11 +98,21 @@ def batch_norm_cases(cn, torch, arr, t):
     tsdy, tsdyx = t(sdy), t(sdyx)
     tcnt32 = torch.tensor([2, 2], dtype=torch.int32)
     reserve, treserve = np.empty(0, np.uint8), torch.empty(0, dtype=torch.uint8)
+    out = (np.empty_like(x), np.empty_like(sm), np.empty_like(si))
+    eval_out = (out[0], np.empty(0, np.float32), np.empty(0, np.float32))
+    tout = (torch.empty_like(tx), torch.empty_like(tsm), torch.empty_like(tsi))
+    teval = (torch.empty(0), torch.empty(0))
     return [
         ("batch_norm (training)", lambda: cn.batch_norm(x, w, b, rm2, rv2, True),
          lambda: torch.native_batch_norm(tx, tw, tb, trm, trv, True, 0.1, 1e-5)),
         ("batch_norm (inference)", lambda: cn.batch_norm(x, w, b, rm, rv, False),
          lambda: torch.native_batch_norm(tx, tw, tb, trm, trv, False, 0.1, 1e-5)),
+        ("batch_norm (training) out=", lambda: cn.batch_norm(x, w, b, rm2, rv2, True, out=out),
+         lambda: aten.native_batch_norm.out(tx, tw, tb, trm, trv, True, 0.1, 1e-5, out=tout[0],
+                                            save_mean=tout[1], save_invstd=tout[2])),
+        ("batch_norm (inference) out=", lambda: cn.batch_norm(x, w, b, rm, rv, False, out=eval_out),
+         lambda: aten.native_batch_norm.out(tx, tw, tb, trm, trv, False, 0.1, 1e-5, out=tout[0],
+                                            save_mean=teval[0], save_invstd=teval[1])),
         ("batch_norm_backward", lambda: cn.batch_norm_backward(dy, x, w, rm, rv, sm, si, True),
          lambda: aten.native_batch_norm_backward(tdy, tx, tw, trm, trv, tsm, tsi, True, 1e-5, [True] * 3)),
         ("batch_norm_stats", lambda: cn.batch_norm_stats(x), lambda: torch.batch_norm_stats(tx, 1e-5)),
