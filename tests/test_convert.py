@@ -108,10 +108,19 @@ def test_bfloat16_store_path_is_reported_and_can_be_turned_off():
     assert cynorm.config()["bfloat16_stores"] == _convert.bf16_store_path()
     code = ("import cynorm; from cynorm import _kernels; "
             "print(_kernels.load('_convert').bf16_store_path())")
-    off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=dict(os.environ, CYNORM_NO_AVX512BF16="1"), timeout=120)
-    assert off.returncode == 0, off.stderr
-    assert off.stdout.strip() == "integer round-to-nearest-even"
+
+    def path_with(**env):
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env=dict(os.environ, **env), timeout=120)
+        assert run.returncode == 0, run.stderr
+        return run.stdout.strip()
+
+    assert path_with(CYNORM_NO_BF16_PACK="1") == "integer round-to-nearest-even"
+    assert not path_with(CYNORM_NO_AVX512BF16="1").startswith("AVX512-BF16")
+    built_for_avx2 = _kernels.SIMD_LEVEL in ("avx2", "avx512") or (
+        not _kernels.has_variants() and "AVX2" in cynorm.config()["simd_compiled"])
+    if built_for_avx2:      # every module built for AVX2 carries the AVX2 block pack
+        assert path_with(CYNORM_NO_AVX512BF16="1").startswith("AVX2 integer blocks")
 
 
 @pytest.mark.skipif("avx512_bf16" not in _cpu_features() or _kernels.SIMD_LEVEL != "avx512"

@@ -124,16 +124,24 @@ def test_every_level_gives_the_same_bits(tmp_path):
                 assert np.array_equal(res[key], ref[key]), f"{key} differs at {lv} vs {LEVELS[0]}"
 
 
-@pytest.mark.skipif(not _kernels.load("_convert").bf16_store_path().startswith("AVX512-BF16"),
-                    reason="the kernels here round bfloat16 with integer operations only "
-                    "(no AVX512-BF16 in this CPU or this SIMD level)")
-def test_avx512_bf16_stores_give_the_integer_paths_bits(tmp_path):
+STORE_PATH = _kernels.load("_convert").bf16_store_path()
+
+
+@pytest.mark.skipif(STORE_PATH.startswith("integer"),
+                    reason="the kernels here round bfloat16 value by value (no block pack at "
+                    "this SIMD level)")
+def test_bf16_block_packs_give_the_integer_paths_bits(tmp_path):
     level = _kernels.SIMD_LEVEL
     packed = _run(level, tmp_path / "packed.npz", BF16_SCRIPT)
-    plain = _run(level, tmp_path / "plain.npz", BF16_SCRIPT, CYNORM_NO_AVX512BF16="1")
-    assert packed.files == plain.files
-    for key in packed.files:
-        assert np.array_equal(packed[key], plain[key]), f"{key} differs"
+    plain = _run(level, tmp_path / "plain.npz", BF16_SCRIPT, CYNORM_NO_BF16_PACK="1")
+    runs = {"the block pack": packed}
+    if STORE_PATH.startswith("AVX512-BF16"):      # its AVX2 fallback too
+        runs["the AVX2 pack"] = _run(level, tmp_path / "avx2.npz", BF16_SCRIPT,
+                                     CYNORM_NO_AVX512BF16="1")
+    for what, res in runs.items():
+        assert res.files == plain.files
+        for key in res.files:
+            assert np.array_equal(res[key], plain[key]), f"{key} differs with {what}"
 
 
 # x86-64 psABI levels by their Linux /proc/cpuinfo flag names (lzcnt is "abm")

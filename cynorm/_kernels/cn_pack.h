@@ -1,19 +1,30 @@
-/* Rounding float32 blocks to bfloat16 with AVX512-BF16 (VCVTNE2PS2BF16).
+/* Rounding float32 blocks to bfloat16: the block pack of the bfloat16 stores.
  *
- * The integer round-to-nearest-even of cn_scalar.h costs about eight vector
- * operations per 16 values; on CPUs with AVX512-BF16 one instruction rounds
- * 32.  The instruction agrees with ml_dtypes on every float32 except two
- * classes: it reads subnormal inputs as zero, and it keeps a NaN's payload
- * where ml_dtypes returns the canonical quiet NaN.  A vector holding either
- * takes the integer path, so the bits never differ, also under a
- * denormals-are-zero mode another library may have set (cn_pack_odd).
+ * The integer round-to-nearest-even of cn_scalar.h, compiled per value, costs
+ * about 20 vector operations per 8 values on AVX2 (its NaN select is most of
+ * it).  The kernels' bfloat16 passes therefore compute a block of float32
+ * values and round the block here, by one of two packs:
  *
- * Only modules built for AVX-512 (x86-64-v4, or -march=native on an AVX-512
- * CPU) carry it, and each tests the CPU when it loads: AVX512-BF16 is not part
- * of x86-64-v4 (Sapphire Rapids and Zen 4 have it, Ice Lake and Skylake-X do
- * not).  CYNORM_NO_AVX512BF16=1 in the environment before import turns it
- * off, for tests and comparisons.  Streamed (non-temporal) outputs keep the
- * integer path (cn_rows.h).
+ * - AVX512-BF16 (VCVTNE2PS2BF16), one instruction per 32 values.  It agrees
+ *   with ml_dtypes on every float32 except two classes: it reads subnormal
+ *   inputs as zero, and it keeps a NaN's payload where ml_dtypes returns the
+ *   canonical quiet NaN.  A vector holding either takes the integer path, so
+ *   the bits never differ, also under a denormals-are-zero mode another
+ *   library may have set (cn_pack_odd).  Only modules built for AVX-512
+ *   (x86-64-v4, or -march=native on an AVX-512 CPU) carry it, and each tests
+ *   the CPU when it loads: AVX512-BF16 is not part of x86-64-v4 (Sapphire
+ *   Rapids and Zen 4 have it, Ice Lake and Skylake-X do not).
+ *   CYNORM_NO_AVX512BF16=1 in the environment before import turns it off.
+ * - AVX2 integer blocks: cn_scalar.h's rounding on 16 values at a time, and a
+ *   block holding a NaN rounded value by value (one FP compare finds it), so
+ *   the common block pays no NaN select.  Integer operations: exact under
+ *   any MXCSR mode.  Every module built for AVX2 (x86-64-v3 and up, or
+ *   -march=native on an AVX2 CPU) carries it; the AVX-512 modules use it where
+ *   the CPU lacks AVX512-BF16.
+ *
+ * CYNORM_NO_BF16_PACK=1 turns both off (every value rounded on its own), for
+ * tests and comparisons.  Streamed (non-temporal) outputs keep the integer
+ * path (elementwise.pxi.tp).
  */
 #ifndef CN_PACK_H
 #define CN_PACK_H
@@ -33,24 +44,67 @@
 #endif
 #endif
 
-/* the integer rounding of cn_scalar.h over n values: the path without the
- * instruction, and the fallback of vectors it would round differently */
+#if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__) && defined(__AVX2__)
+#define CN_HAVE_AVX2_PACK 1
+#endif
+
+/* the integer rounding of cn_scalar.h over n values: the path without a
+ * pack, and the fallback of vectors a pack would round differently */
 static inline void cn_round_bf16(uint16_t *dst, const float *src, ptrdiff_t n) {
     for (ptrdiff_t i = 0; i < n; i++)
         dst[i] = cn_f32_to_bf16_bits(src[i]);
 }
 
-#if defined(CN_HAVE_BF16_PACK)
+#if defined(CN_HAVE_AVX2_PACK)
 #include <immintrin.h>
+
+static inline int cn_env_set(const char *name) {
+    const char *v = getenv(name);
+    return v != NULL && v[0] != '\0' && !(v[0] == '0' && v[1] == '\0');
+}
+
+/* dst[i] = bfloat16(src[i]) for i < n, as cn_f32_to_bf16_bits: 16 values a
+ * step, (u + 0x7fff + ((u >> 16) & 1)) >> 16 in 32-bit lanes, packed to 16
+ * bits (the values fit: no NaN, so u <= 0xff800000); a step holding a NaN
+ * (ml_dtypes' canonical quiet NaN) and the tail value by value */
+static inline void cn_pack_bf16_avx2(uint16_t *dst, const float *src, ptrdiff_t n) {
+    const __m256i one = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7fff);
+    ptrdiff_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 a = _mm256_loadu_ps(src + i), b = _mm256_loadu_ps(src + i + 8);
+        __m256 nan = _mm256_or_ps(_mm256_cmp_ps(a, a, _CMP_UNORD_Q),
+                                  _mm256_cmp_ps(b, b, _CMP_UNORD_Q));
+        if (!_mm256_testz_ps(nan, nan)) {
+            cn_round_bf16(dst + i, src + i, 16);
+            continue;
+        }
+        __m256i ua = _mm256_castps_si256(a), ub = _mm256_castps_si256(b);
+        __m256i ra = _mm256_add_epi32(_mm256_add_epi32(ua, bias),
+                                      _mm256_and_si256(_mm256_srli_epi32(ua, 16), one));
+        __m256i rb = _mm256_add_epi32(_mm256_add_epi32(ub, bias),
+                                      _mm256_and_si256(_mm256_srli_epi32(ub, 16), one));
+        /* packus interleaves the 128-bit halves: permute them back in order */
+        __m256i r = _mm256_packus_epi32(_mm256_srli_epi32(ra, 16), _mm256_srli_epi32(rb, 16));
+        _mm256_storeu_si256((__m256i *)(dst + i), _mm256_permute4x64_epi64(r, 0xd8));
+    }
+    cn_round_bf16(dst + i, src + i, n - i);
+}
+#endif
+
+#if defined(CN_HAVE_BF16_PACK)
 #include <cpuid.h>
 
-/* 1 once the load-time probe found AVX512-BF16 (and it is not turned off) */
+/* 1 where a block pack runs (AVX2 or the instruction); 1 in cn_bf16_insn
+ * once the load-time probe found AVX512-BF16 (neither turned off) */
 static int cn_bf16_pack_ok = 0;
+static int cn_bf16_insn = 0;
 
 __attribute__((constructor)) static void cn_bf16_pack_probe(void) {
     unsigned a, b, c, d;
-    const char *off = getenv("CYNORM_NO_AVX512BF16");
-    if (off != NULL && off[0] != '\0' && !(off[0] == '0' && off[1] == '\0'))
+    if (cn_env_set("CYNORM_NO_BF16_PACK"))
+        return;
+    cn_bf16_pack_ok = 1;            /* this module runs AVX-512 code: AVX2 at least */
+    if (cn_env_set("CYNORM_NO_AVX512BF16"))
         return;
     /* this module runs AVX-512 code already, so the OS saves ZMM state; the
      * feature bit is CPUID leaf 7, subleaf 1, EAX bit 5 */
@@ -61,7 +115,7 @@ __attribute__((constructor)) static void cn_bf16_pack_probe(void) {
         return;
     __cpuid_count(7, 1, a, b, c, d);
     (void)b; (void)c; (void)d;
-    cn_bf16_pack_ok = (a >> 5) & 1u;
+    cn_bf16_insn = (a >> 5) & 1u;
 }
 
 /* lanes of v that hold a subnormal or a NaN.  VFPCLASSPS (classes QNaN 0x01,
@@ -117,14 +171,34 @@ static inline int cn_daz_now(void) {
  * calling thread's cn_daz_now() */
 __attribute__((target("avx512bf16"), noinline, unused))
 static void cn_pack_bf16(uint16_t *dst, const float *src, ptrdiff_t n, int daz) {
-    if (daz)
+    if (!cn_bf16_insn)
+        cn_pack_bf16_avx2(dst, src, n);
+    else if (daz)
         cn_pack_bf16_loop(dst, src, n, 1);
     else
         cn_pack_bf16_loop(dst, src, n, 0);
 }
+#elif defined(CN_HAVE_AVX2_PACK)
+#define CN_HAVE_BF16_PACK 1
+#define cn_bf16_insn 0
+/* 1 unless CYNORM_NO_BF16_PACK turned the pack off before import */
+static int cn_bf16_pack_ok = 0;
+
+__attribute__((constructor)) static void cn_bf16_pack_probe(void) {
+    cn_bf16_pack_ok = !cn_env_set("CYNORM_NO_BF16_PACK");
+}
+
+#define cn_daz_now() 0              /* integer rounding: exact in any mode */
+
+__attribute__((noinline, unused))
+static void cn_pack_bf16(uint16_t *dst, const float *src, ptrdiff_t n, int daz) {
+    (void)daz;
+    cn_pack_bf16_avx2(dst, src, n);
+}
 #else
 #define CN_HAVE_BF16_PACK 0
 #define cn_bf16_pack_ok 0
+#define cn_bf16_insn 0
 #define cn_daz_now() 0
 #define cn_pack_bf16(dst, src, n, daz) cn_round_bf16(dst, src, n)
 #endif
@@ -138,8 +212,10 @@ static inline void cn_f32_to_bf16_array(uint16_t *dst, const float *src, ptrdiff
 }
 
 static inline const char *cn_bf16_store_path(void) {
-    return cn_bf16_pack_ok ? "AVX512-BF16 (VCVTNE2PS2BF16; subnormals and NaNs: integer)"
-                           : "integer round-to-nearest-even";
+    if (!cn_bf16_pack_ok)
+        return "integer round-to-nearest-even";
+    return cn_bf16_insn ? "AVX512-BF16 (VCVTNE2PS2BF16; subnormals and NaNs: integer)"
+                        : "AVX2 integer blocks (round-to-nearest-even; NaN blocks: per value)";
 }
 
 /* which storage suffixes (cn_rows.h) the packed path serves */
