@@ -167,16 +167,23 @@ static inline int cn_daz_now(void) {
     return (_mm_getcsr() & 0x0040u) != 0;
 }
 
-/* dst[i] = bfloat16(src[i]) for i < n, as cn_f32_to_bf16_bits; daz: the
- * calling thread's cn_daz_now() */
+/* cn_pack_bf16 by the instruction: only where the CPU has it */
 __attribute__((target("avx512bf16"), noinline, unused))
-static void cn_pack_bf16(uint16_t *dst, const float *src, ptrdiff_t n, int daz) {
-    if (!cn_bf16_insn)
-        cn_pack_bf16_avx2(dst, src, n);
-    else if (daz)
+static void cn_pack_bf16_insn(uint16_t *dst, const float *src, ptrdiff_t n, int daz) {
+    if (daz)
         cn_pack_bf16_loop(dst, src, n, 1);
     else
         cn_pack_bf16_loop(dst, src, n, 0);
+}
+
+/* dst[i] = bfloat16(src[i]) for i < n, as cn_f32_to_bf16_bits; daz: the
+ * calling thread's cn_daz_now() */
+__attribute__((noinline, unused))
+static void cn_pack_bf16(uint16_t *dst, const float *src, ptrdiff_t n, int daz) {
+    if (cn_bf16_insn)
+        cn_pack_bf16_insn(dst, src, n, daz);
+    else
+        cn_pack_bf16_avx2(dst, src, n);
 }
 #elif defined(CN_HAVE_AVX2_PACK)
 #define CN_HAVE_BF16_PACK 1
