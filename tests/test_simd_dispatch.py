@@ -65,8 +65,12 @@ def special(a):
     f[7::211] = 3e-39
     f[3::307] = -np.inf
     return f.reshape(a.shape).astype(bf)
-for i, (shape, axis) in enumerate((((4, 3, 37, 41), 1), ((6, 64, 14, 14), 1), ((8, 9, 10, 64), -1),
-                                   ((300, 70), 1), ((5, 1100), 1))):
+from cynorm._kernels import _runtime
+cases = (((4, 3, 37, 41), 1), ((6, 64, 14, 14), 1), ((8, 9, 10, 64), -1), ((300, 70), 1),
+         ((5, 1100), 1))
+# every case again with every output streamed (non-temporal stores)
+for i, (shape, axis) in enumerate(cases + cases):
+    _runtime.set_stream_min_bytes(0 if i >= len(cases) else _runtime.streaming_threshold())
     for tag, x in (("plain", (rng.standard_normal(shape) * 2).astype(bf)),
                    ("special", special(rng.standard_normal(shape)))):
         C = shape[axis]

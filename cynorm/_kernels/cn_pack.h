@@ -23,8 +23,8 @@
  *   the CPU lacks AVX512-BF16.
  *
  * CYNORM_NO_BF16_PACK=1 turns both off (every value rounded on its own), for
- * tests and comparisons.  Streamed (non-temporal) outputs keep the integer
- * path (elementwise.pxi.tp).
+ * tests and comparisons.  Streamed (non-temporal) outputs are packed too
+ * (elementwise.pxi.tp).
  */
 #ifndef CN_PACK_H
 #define CN_PACK_H
