@@ -60,8 +60,7 @@ def row_lengths(x):
     when L = 0)."""
     if x.ndim == 1:
         raise ValueError("the components are 0-d: there is no last dim to reduce over")
-    table = x._derived.get("rows")      # the structure's, computed once (read-only)
-    if table is None:
+    def table():
         last = x.sizes[:, -1]
         rows = np.where(last > 0, x.numels // np.maximum(last, 1), 0)
         lengths = np.repeat(last, rows).astype(np.int64)
@@ -69,5 +68,5 @@ def row_lengths(x):
         np.cumsum(lengths[:-1], out=starts[1:])
         starts.setflags(write=False)
         lengths.setflags(write=False)
-        table = x._derived["rows"] = (starts, lengths)
-    return table
+        return starts, lengths
+    return x._derived_value("rows", table)      # the structure's, computed once (read-only)

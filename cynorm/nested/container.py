@@ -7,7 +7,7 @@ dim d >= 1 is the components' dim d - 1, as in PyTorch's nested tensors.
 """
 from __future__ import annotations
 
-from typing import Any, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 from numpy.typing import NDArray
@@ -74,14 +74,10 @@ class NestedArray:
             # int64 products would wrap
             if np.multiply.reduce(sizes, axis=1, dtype=np.float64).max() >= 2.0**63:
                 raise ValueError("sizes describe a component of 2**63 elements or more")
-        numels = np.multiply.reduce(sizes, axis=1, dtype=np.int64)
-        ends = np.cumsum(numels)
-        _check_count(int(ends[-1]) if len(ends) else 0, buffer)
-        offsets = ends - numels
-        for a in (sizes, numels, offsets):
-            a.setflags(write=False)
-        self._buffer, self._sizes, self._numels, self._offsets = buffer, sizes, numels, offsets
-        self._derived: dict[object, Any] = {}
+        structure = _structure(sizes, np.multiply.reduce(sizes, axis=1, dtype=np.int64))
+        _check_count(_element_count(structure), buffer)
+        self._buffer = buffer
+        self._sizes, self._offsets, self._numels, self._derived = structure
 
     # ------------------------------------------------------------ properties
     @property
@@ -304,28 +300,30 @@ class NestedArray:
         # its arrays are read-only
         return _wrap(buffer, (self._sizes, self._offsets, self._numels, self._derived))
 
+    def _derived_value(self, key: object, compute: Callable[[], Any]) -> Any:
+        """compute(): a value of the structure alone, computed once per
+        structure and kept with it (the arrays like() makes share it)."""
+        try:
+            return self._derived[key]
+        except KeyError:
+            value = self._derived[key] = compute()
+            return value
+
     def _last_dim_as(self, n: Optional[int]) -> _Structure:
         """This structure with every component's last dim set to n (None:
         the last dim dropped), as the ops whose result changes only that
-        dim make it: computed once per (structure, n) and kept with the
-        structure, so repeated calls share it and what is derived from it.
-        Not checked again: a structure derived from a checked one, n the
-        size of an array the caller holds."""
-        key = ("last dim as", n)
-        structure = self._derived.get(key)
-        if structure is None and n is not None and np.all(self._sizes[:, -1] == n):
-            structure = self._derived[key] = (self._sizes, self._offsets, self._numels,
-                                              self._derived)
-        if structure is None:
+        dim make it: computed once per (structure, n), so repeated calls
+        share it and what is derived from it.  Not checked again: a
+        structure derived from a checked one, n the size of an array the
+        caller holds."""
+        def derive() -> _Structure:
+            if n is not None and np.all(self._sizes[:, -1] == n):
+                return self._sizes, self._offsets, self._numels, self._derived
             sizes = self._sizes[:, :-1].copy() if n is None else self._sizes.copy()
             if n is not None:
                 sizes[:, -1] = n
-            numels = np.multiply.reduce(sizes, axis=1, dtype=np.int64)
-            offsets = np.cumsum(numels) - numels
-            for a in (sizes, numels, offsets):
-                a.setflags(write=False)
-            structure = self._derived[key] = (sizes, offsets, numels, {})
-        return structure
+            return _structure(sizes, np.multiply.reduce(sizes, axis=1, dtype=np.int64))
+        return self._derived_value(("last dim as", n), derive)
 
     def same_structure(self, other: object) -> bool:
         """Whether other is a NestedArray of the same component shapes.
@@ -382,12 +380,25 @@ def _wrap(buffer: Array, structure: _Structure) -> NestedArray:
     return new
 
 
+def _structure(sizes: NDArray[np.int64], numels: NDArray[np.int64]) -> _Structure:
+    """The structure of components of shapes `sizes` (numels their element
+    counts), back to back: its arrays made read-only, nothing derived yet."""
+    offsets = np.cumsum(numels) - numels
+    for a in (sizes, numels, offsets):
+        a.setflags(write=False)
+    return sizes, offsets, numels, {}
+
+
+def _element_count(structure: _Structure) -> int:
+    _, offsets, numels, _ = structure
+    return int(offsets[-1] + numels[-1]) if len(numels) else 0
+
+
 def wrap_checked(buffer: Array, structure: _Structure) -> NestedArray:
     """`_wrap` after the cheap checks of buffer: its type, layout, dtype and
-    element count (the structure's sum of numels)."""
+    element count."""
     _check_buffer(buffer)
-    _, offsets, numels, _ = structure
-    _check_count(int(offsets[-1] + numels[-1]) if len(numels) else 0, buffer)
+    _check_count(_element_count(structure), buffer)
     return _wrap(buffer, structure)
 
 
@@ -456,14 +467,11 @@ def nested_array(arrays: Sequence[ArrayLike], dtype: Optional[DTypeLike] = None)
     if dt not in SUPPORTED_DTYPES:
         raise TypeError(f"{what} must be floating ({', '.join(map(str, SUPPORTED_DTYPES))}), got {dt}")
     # the structure of arrays that exist needs none of NestedArray's checks
-    sizes = np.array([c.shape for c in comps], dtype=np.int64).reshape(len(comps), ndim)
-    numels = np.array([c.size for c in comps], dtype=np.int64)
-    offsets = np.cumsum(numels) - numels
-    for a in (sizes, numels, offsets):
-        a.setflags(write=False)
+    structure = _structure(np.array([c.shape for c in comps], dtype=np.int64).reshape(len(comps), ndim),
+                           np.array([c.size for c in comps], dtype=np.int64))
     buffer = (np.concatenate([c.reshape(-1) for c in comps], dtype=dt, casting="unsafe")
               if comps else np.empty(0, dt))
-    return _wrap(buffer, (sizes, offsets, numels, {}))
+    return _wrap(buffer, structure)
 
 
 def from_padded(padded: ArrayLike, sizes: ArrayLike) -> NestedArray:

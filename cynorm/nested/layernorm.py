@@ -17,9 +17,14 @@ from cynorm.nested.container import NestedArray
 
 def _rows(x, normalized_shape, name="x"):
     ns = int_tuple(normalized_shape, "normalized_shape")
-    known = x._derived.get(("layer_norm rows", ns))     # this structure passed the checks
-    if known is not None:
-        return (ns,) + known
+    # once per structure: a structure that passed the checks keeps (M, N)
+    M, N = x._derived_value(("layer_norm rows", ns), lambda: _row_counts(x, ns, name))
+    return ns, M, N
+
+
+def _row_counts(x, ns, name):
+    """(M, N): x's buffer as M rows of N = prod(ns), after checking that every
+    component ends in ns."""
     k = len(ns)
     if not 1 <= k <= x.ndim - 1:
         raise ValueError(f"normalized_shape {ns} must name 1 to {x.ndim - 1} trailing component dims")
@@ -30,8 +35,7 @@ def _rows(x, normalized_shape, name="x"):
                          f"has shape {x.component_shape(bad)}")
     N = int(np.prod(ns))
     M = x.buffer.size // N if N else int(np.sum(np.prod(np.asarray(x.sizes)[:, :x.ndim - 1 - k], axis=1)))
-    x._derived[("layer_norm rows", ns)] = (M, N)
-    return ns, M, N
+    return M, N
 
 
 def layer_norm(x: NestedArray, normalized_shape: Union[int, Sequence[int]],

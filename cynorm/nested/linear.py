@@ -23,9 +23,7 @@ def _uniform_last(x, name):
     """The components' common last dim (they must all have it)."""
     if x.ndim < 2:
         raise ValueError(f"{name}'s components are 0-d: they have no feature dim")
-    k = x._derived.get("uniform last dim", False)      # once per structure
-    if k is False:
-        k = x._derived["uniform last dim"] = x.uniform_size(x.ndim - 2)
+    k = x._derived_value("uniform last dim", lambda: x.uniform_size(x.ndim - 2))
     if k is None:
         raise ValueError(f"{name}'s components must share their last dim (the features), "
                          f"got sizes {sorted(set(int(s) for s in x.sizes[:, -1]))}")
@@ -34,10 +32,8 @@ def _uniform_last(x, name):
 
 def _rows(x, k):
     """x's buffer as (total_rows, k), k its components' last dim."""
-    rows = x._derived.get("rows above the last dim")    # once per structure
-    if rows is None:
-        rows = x._derived["rows above the last dim"] = int(
-            np.prod(np.asarray(x.sizes)[:, :-1], axis=1).sum())
+    rows = x._derived_value("rows above the last dim",
+                            lambda: int(np.prod(np.asarray(x.sizes)[:, :-1], axis=1).sum()))
     return math_buffer(x).reshape(rows, k)
 
 

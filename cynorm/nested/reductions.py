@@ -237,10 +237,7 @@ def sum(x: NestedArray, dims: Dims = None, keepdim: bool = False) -> Union[Neste
 
 def _has_empty_last_dim(x):
     """Whether a component of x has a last dim of size 0 (once per structure)."""
-    empty = x._derived.get("empty last dim")
-    if empty is None:
-        empty = x._derived["empty last dim"] = bool(np.any(x.sizes[:, -1] == 0))
-    return empty
+    return x._derived_value("empty last dim", lambda: bool(np.any(x.sizes[:, -1] == 0)))
 
 
 def _sum_over_batch(x, cd, keepdim, dims):
