@@ -5,7 +5,10 @@ ResNet-like shapes, float32 N,C,H,W and float16 channels-last, with PyTorch
 CUDA tensors as inputs for both (so the same memory and streams).
 
     python benchmarks/bench_cudnn_gpu.py                  # needs a GPU, torch with CUDA
-    python benchmarks/bench_cudnn_gpu.py --calls 200 --json out.json
+    python benchmarks/bench_cudnn_gpu.py --calls 200 --json out.json --markdown table.md
+
+--markdown writes the table alone, under a line naming the GPU and the
+versions, ready to paste into benchmarks/README.md (.ci/gpu_run does).
 
 torch's batch_norm on these inputs is cuDNN's kernel too (PyTorch routes
 4-D CUDA batch norm there), so device times should agree and the host
@@ -19,11 +22,32 @@ import sys
 import time
 
 
+def markdown_table(rows):
+    """The rows as a Markdown table; host and device time side by side with
+    torch's, and cudnn_bind's host time as a multiple of torch's."""
+    lines = ["| shape | dtype | layout | call | cudnn_bind host µs | torch host µs | host ratio | "
+             "cudnn_bind device µs | torch device µs |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        shape = "×".join(str(d) for d in r["shape"])
+        if "error" in r:
+            message = r["error"].replace("|", "/").replace("\n", " ")
+            lines.append(f"| {shape} | {r['dtype']} | {r['layout']} | {r['call']} | failed: "
+                         f"{message} | | | | |")
+            continue
+        lines.append(f"| {shape} | {r['dtype']} | {r['layout']} | {r['call']} | "
+                     f"{r['host_us']:.1f} | {r['torch_host_us']:.1f} | "
+                     f"{r['host_us'] / r['torch_host_us']:.2f} | {r['device_us']:.1f} | "
+                     f"{r['torch_device_us']:.1f} |")
+    return "\n".join(lines)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--calls", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=11)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--markdown", default=None, help="also write the table to this file")
     args = ap.parse_args()
 
     import torch
@@ -33,8 +57,10 @@ def main():
         sys.exit(f"no GPU for this benchmark: {reason or 'torch has no CUDA'}")
     F = torch.nn.functional
     dev = torch.device("cuda")
-    print(f"# {torch.cuda.get_device_name(0)}; cuDNN {cudnn_bind.version()} (cudnn_bind), "
-          f"torch {torch.__version__} with cuDNN {torch.backends.cudnn.version()}")
+    title = (f"{torch.cuda.get_device_name(0)}; cuDNN {cudnn_bind.version()} (cudnn_bind), "
+             f"torch {torch.__version__} with cuDNN {torch.backends.cudnn.version()}; median of "
+             f"{args.repeats} samples of {args.calls} calls")
+    print(f"# {title}")
 
     def timed(fn):
         """(host µs, device µs) per call."""
@@ -90,22 +116,18 @@ def main():
                 h1, d1 = timed(ours)
                 h2, d2 = timed(theirs)
             except Exception as exc:  # noqa: BLE001 - a row says what failed
-                rows.append({"shape": shape, "dtype": str(dtype), "layout": layout, "call": name,
+                rows.append({"shape": shape, "dtype": str(dtype).replace("torch.", ""),
+                             "layout": layout, "call": name,
                              "error": f"{type(exc).__name__}: {exc}"})
                 continue
             rows.append({"shape": shape, "dtype": str(dtype).replace("torch.", ""),
                          "layout": layout, "call": name, "host_us": h1, "device_us": d1,
                          "torch_host_us": h2, "torch_device_us": d2})
-    print("| shape | dtype | layout | call | cudnn_bind host µs | torch host µs | "
-          "cudnn_bind device µs | torch device µs |")
-    print("|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        if "error" in r:
-            print(f"| {r['shape']} | {r['dtype']} | {r['layout']} | {r['call']} | failed: "
-                  f"{r['error']} | | | |")
-            continue
-        print(f"| {r['shape']} | {r['dtype']} | {r['layout']} | {r['call']} | {r['host_us']:.1f} | "
-              f"{r['torch_host_us']:.1f} | {r['device_us']:.1f} | {r['torch_device_us']:.1f} |")
+    table = markdown_table(rows)
+    print(table)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(f"{title}:\n\n{table}\n")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1, default=str)

@@ -131,6 +131,12 @@ CUDART_FUNCTIONS: FunctionTable = {
     "cudaGetLastError": (c_int, []),
 }
 
+# CUDNN_BN_MIN_EPSILON, the smallest eps batch norm takes, by cuDNN major version
+BN_MIN_EPSILON = {
+    8: 0.0,  # cudnn_ops_infer.h of cuDNN 8 (1e-5 was cuDNN 5's and 6's cudnn.h)
+    9: 0.0,  # cudnn_ops.h of cuDNN 9 (tests/test_cudnn_structs.py reads the installed header)
+}
+
 CUDA_MEMCPY_HOST_TO_DEVICE = 1
 CUDA_MEMCPY_DEVICE_TO_HOST = 2
 CUDA_MEMCPY_DEVICE_TO_DEVICE = 3
@@ -260,8 +266,9 @@ class Library:
         self.pool = Pool(self)
         # descriptors and sizes per call signature (batch_norm.py's plans)
         self.plans: dict[tuple[Any, ...], Any] = {}
-        # CUDNN_BN_MIN_EPSILON is 0.0 in the cuDNN 8 and 9 headers (1e-5 was cuDNN 7's)
-        self.min_epsilon = 0.0
+        # the device of each live __cuda_array_interface__ exporter's pointer (memory._cai_device)
+        self.cai_devices: dict[tuple[int, int], Any] = {}
+        self.min_epsilon = BN_MIN_EPSILON[self.major]
 
     # -- errors -----------------------------------------------------------
     def last_error_detail(self) -> str:

@@ -7,10 +7,13 @@ real library dereferences some NULL arguments instead of returning an error.
 
 What depends only on a call's signature (x's shape, strides and dtype, the
 mode asked for, the fused op) is a `_Plan`, built once per library and
-reused: the layout and mode the rules (cudnn_bind.rules) chose, the tensor,
-derived and activation descriptors, and cuDNN's workspace and reserve sizes
-per device.  A repeated call makes only the CUDA and cuDNN calls that do
-work: no descriptor, cudaMalloc or cudaFree on the steady path.
+reused: the layout and mode the rules (cudnn_bind.rules) chose (a call the
+rules refuse gets no plan: UnsupportedError, naming the rule), the tensor,
+derived and activation descriptors, cuDNN's workspace and reserve sizes per
+device, and where the outputs go in a pool block.  A repeated call makes only
+the CUDA and cuDNN calls that do work: no descriptor, cudaMalloc, cudaFree or
+cudaPointerGetAttributes on the steady path, and cuDNN's functions are
+called directly, not looked up by name.
 
 Streams: a call runs on `stream=`, else PyTorch's or CuPy's current stream
 for their arrays, else the stream x was produced on (a DeviceArray's
@@ -30,20 +33,25 @@ from cudnn_bind._typing import DeviceArrayLike, Int, ModeLike, Real, StreamLike
 from cudnn_bind.descriptors import (
     OPS_BN, OPS_BN_ACTIVATION, OPS_BN_ADD_ACTIVATION, PER_ACTIVATION, ActivationDescriptor,
     TensorDescriptor, bn_mode, derive_bn_descriptor)
-from cudnn_bind.errors import CudnnBindError, UnsupportedError
+from cudnn_bind.errors import CudnnBindError
 from cudnn_bind.handles import Handle, cached_handle
-from cudnn_bind.memory import DTYPE_SIZES, as_view, current_device, new_arrays
-from cudnn_bind.rules import layout_of, layout_order, packed, plan_mode
+from cudnn_bind.memory import (
+    DTYPE_SIZES, DeviceArray, as_view, block_layout, current_device, new_arrays)
+from cudnn_bind.rules import (
+    INFERENCE_MAX_BATCH, TRAINING_MAX_BATCH, check_call, layout_of, layout_order, packed,
+    param_dtype, plan_mode)
 
 __all__ = ["batch_norm_forward_training", "batch_norm_forward_inference", "batch_norm_backward",
            "can_use_cudnn", "choose_mode", "TRAINING_MAX_BATCH", "INFERENCE_MAX_BATCH"]
 
-# PyTorch's limits for the cuDNN path (aten/src/ATen/native/Normalization.cpp)
-TRAINING_MAX_BATCH = 880801
-INFERENCE_MAX_BATCH = 65535
 _INT32_MAX = 2 ** 31 - 1
 # plans kept per library (the least recently built goes first)
 MAX_PLANS = 256
+
+# the arrays each call checks, by name, in the order the calls gather them
+_FORWARD_NAMES = ("x", "z", "out", "weight", "bias", "running_mean", "running_var")
+_INFERENCE_NAMES = ("x", "out", "weight", "bias", "running_mean", "running_var")
+_BACKWARD_NAMES = ("x", "dy", "y", "z", "weight", "bias", "save_mean", "save_invstd", "reserve")
 
 # alpha = 1, beta = 0: double for double data, float otherwise
 _ONE_ZERO = {True: (ctypes.byref(ctypes.c_double(1.0)), ctypes.byref(ctypes.c_double(0.0))),
@@ -99,11 +107,6 @@ def _fused(activation, z):
 
 
 _OPS = {None: OPS_BN, "relu": OPS_BN_ACTIVATION, "add_relu": OPS_BN_ADD_ACTIVATION}
-
-
-def _param_dtype(x_dtype):
-    # cuDNN keeps scale/bias/statistics in float for float/half/bfloat16 data
-    return "float64" if x_dtype == "float64" else "float32"
 
 
 def _check_x(x):
@@ -163,6 +166,28 @@ def _same_device(names, views):
                      "reports host or unregistered memory)")
 
 
+def _gather(names, views, stream):
+    """(the device all views are on, the streams other than `stream` that
+    produced them): _same_device's answer and errors, in one pass."""
+    device = None
+    found = mixed = False
+    producers = ()
+    for v in views:
+        if v is None:
+            continue
+        s = v.stream
+        if s is not None and s != stream and s not in producers:
+            producers += (s,)
+        if v.ptr or v.size:  # an empty array may have no memory and so no device
+            if not found:
+                device, found = v.device, True
+            elif v.device != device:
+                mixed = True
+    if mixed or (found and device is None):
+        _same_device(names, views)  # raises, naming the arrays
+    return device, producers
+
+
 def _eps(eps, lib):
     eps = real(eps, "eps")
     if not eps >= lib.min_epsilon:
@@ -207,20 +232,24 @@ def _writable(v, name):
         raise ValueError(f"{name} is read-only (its exporter says so) but batch norm writes it")
 
 
-def _params(plan, named, required, lib, stream):
-    """Views of the parameter vectors (name, array) pairs, checked; None for
-    those not given (an error if `required`)."""
-    views = []
-    for name, obj in named:
-        if obj is None:
-            if name in required:
-                raise ValueError(f"{name} is required (cuDNN batch norm has no default for it)")
-            views.append(None)
-            continue
+def _required(name):
+    return ValueError(f"{name} is required (cuDNN batch norm has no default for it)")
+
+
+def _param(obj, name, plan, lib, stream, required=False):
+    """The checked view of parameter vector `obj` (None when not given, an
+    error if `required`)."""
+    if type(obj) is DeviceArray and obj.ptr:
+        v = obj  # its own view: as_view's answer without the call
+    elif obj is None:
+        if required:
+            raise _required(name)
+        return None
+    else:
         v = as_view(obj, name, lib, stream)
+    if v.dtype != plan.pdtype or v.shape != plan.pshape or v.strides != (1,):
         _check_param(v, name, plan.nparam, plan.pdtype)
-        views.append(v)
-    return views
+    return v
 
 
 def _ptr(v):
@@ -235,16 +264,26 @@ class _Plan:
     def __init__(self, lib, x, mode, fused, training):
         self.lib = lib
         self.layout = layout_of(x.shape, x.strides, "x")
-        self.mode = plan_mode(x.ndim, self.layout, x.dtype, x.shape[1], training, mode, fused,
-                              lib.version)
+        # the mode, and every rule of cudnn_bind.rules, refused here before any descriptor
+        self.mode = check_call(x.shape, self.layout, x.dtype, training, mode, fused, lib.version)
         self.ops = _OPS[fused]
-        self.pdtype = _param_dtype(x.dtype)
+        self.pdtype = param_dtype(x.dtype)
         self.double = x.dtype == "float64"
+        self.one, self.zero = _ONE_ZERO[self.double]
         # cudnnDeriveBNTensorDescriptor's shape: (1, C, 1, ...) or, per
         # activation, (1, C, spatial...)
         self.nparam = x.shape[1] * (math.prod(x.shape[2:]) if self.mode == PER_ACTIVATION else 1)
-        self.param_spec = ((self.nparam,), (1,), self.pdtype)
+        self.pshape = (self.nparam,)
+        self.param_spec = (self.pshape, (1,), self.pdtype)
         self.per_channel = x.size // x.shape[1]
+        # outputs shaped like x, and the parameter gradients: where they go in a pool block
+        self.like_x = [(x.shape, x.strides, x.dtype)]
+        self.like_x_layout = block_layout(self.like_x)
+        self.param_pair = [self.param_spec, self.param_spec]
+        self.param_pair_layout = block_layout(self.param_pair)
+        self.fn_forward = lib.cudnn.cudnnBatchNormalizationForwardTrainingEx
+        self.fn_inference = lib.cudnn.cudnnBatchNormalizationForwardInference
+        self.fn_backward = lib.cudnn.cudnnBatchNormalizationBackwardEx
         self.empty = x.size == 0
         channels_last = self.layout == "channels_last"
         # cuDNN has no empty tensors: an empty x is described with its zero
@@ -291,6 +330,18 @@ class _Plan:
             size = self._sizes[key] = out.value
         return size
 
+    def saved_specs(self, h):
+        """(specs, pool layout, reserve bytes) of the forward's save_mean,
+        save_invstd and reserve on h's device, which share one block (made
+        once per device)."""
+        key = (h.device, "saved")
+        saved = self._sizes.get(key)
+        if saved is None:
+            reserve = self.sizes(h, "reserve")
+            specs = [self.param_spec, self.param_spec, ((reserve,), (1,), "uint8")]
+            saved = self._sizes[key] = (specs, block_layout(specs), reserve)
+        return saved
+
 
 def _plan(lib, call, x, mode, fused):
     """The cached _Plan for this call's signature (built and checked on first use)."""
@@ -327,23 +378,23 @@ def _leave_device(lib, previous):
         lib.cuda("cudaSetDevice", previous)
 
 
-def _start(h, stream, views):
+def _start(h, stream, producers):
     """Point h at `stream` and make it wait for the inputs' producers."""
     h.use_stream(stream)
-    producers = {v.stream for v in views if v is not None} - {None, stream}
     for producer in producers:
         h.wait_for(producer, stream)
 
 
 def _training_x(x, stream, mode, fused, lib):
-    """(stream, x's view, plan) of a training-mode call (forward or backward)."""
+    """(stream, x's view, plan) of a training-mode call (forward or backward);
+    the plan has checked the rules (the batch limit among them)."""
     st, xv = _stream_and_x(stream, x, lib)
-    plan = _plan(lib, "training", xv, mode, fused)
-    if xv.shape[0] > TRAINING_MAX_BATCH:
-        raise ValueError(f"x has a batch of {xv.shape[0]}; cuDNN batch-norm training is limited to "
-                         f"N <= {TRAINING_MAX_BATCH} (PyTorch's limit): split the batch or use "
-                         "cynorm's split-statistics ops")
-    return st, xv, plan
+    return st, xv, _plan(lib, "training", xv, mode, fused)
+
+
+def _check_status(lib, status, function):
+    if status:  # the calls run cuDNN's functions directly; errors as lib.call raises them
+        lib.check(status, function)
 
 
 # ---- forward, training ---------------------------------------------------------
@@ -377,8 +428,8 @@ def batch_norm_forward_training(
         channels-last, fewer than 2**31 - 1 elements: a CuPy array, a
         PyTorch CUDA tensor, a `DeviceArray`, or any object with
         ``__cuda_array_interface__`` or ``__dlpack__`` (or a DLPack
-        capsule).  At most `TRAINING_MAX_BATCH` samples, and more than one
-        value per channel.
+        capsule).  At most `TRAINING_MAX_BATCH` samples (131070 in
+        PER_ACTIVATION mode), and more than one value per channel.
     weight : device array
         The scale: float64 for float64 x, else float32 (cuDNN's rule); C
         elements (C times the spatial sizes in PER_ACTIVATION mode),
@@ -444,13 +495,15 @@ def batch_norm_forward_training(
         has the wrong dtype, or a scalar, mode or handle has the wrong type.
     ValueError
         If a shape, layout, device or size is wrong, x has only one value
-        per channel or a batch over TRAINING_MAX_BATCH, weight or bias is
-        missing, only one running statistic is given, a written array is
-        read-only, eps is below CUDNN_BN_MIN_EPSILON, z comes without
-        activation='relu', or the handle is destroyed or for another device.
+        per channel, weight or bias is missing, only one running statistic
+        is given, a written array is read-only, eps is below
+        CUDNN_BN_MIN_EPSILON, z comes without activation='relu', or the
+        handle is destroyed or for another device.
     UnsupportedError
         A ValueError: cuDNN has no kernel for the fused op (or the mode
-        asked for) with this x; ``.rule`` names the rule.
+        asked for) with this x (``.rule`` "fused_activation"), or cannot
+        train on a batch this large in this mode (over TRAINING_MAX_BATCH,
+        or 131070 in PER_ACTIVATION mode: "batch_limit").
     CudnnUnavailableError
         If no cuDNN library loads.
     CudnnError
@@ -472,37 +525,39 @@ def batch_norm_forward_training(
     if z is not None:
         zv = as_view(z, "z", lib, st)
         _check_like(zv, xv, "z", plan.layout)
-    wv, bv, rmv, rvv = _params(plan, (("weight", weight), ("bias", bias),
-                                      ("running_mean", running_mean),
-                                      ("running_var", running_var)), ("weight", "bias"), lib, st)
+    wv = _param(weight, "weight", plan, lib, st, required=True)
+    bv = _param(bias, "bias", plan, lib, st, required=True)
+    rmv = _param(running_mean, "running_mean", plan, lib, st)
+    rvv = _param(running_var, "running_var", plan, lib, st)
     yv = None
     if out is not None:
         yv = as_view(out, "out", lib, st)
         _check_like(yv, xv, "out", plan.layout)
         _writable(yv, "out")
-    _writable(rmv, "running_mean")  # updated in place
-    _writable(rvv, "running_var")
-    views = (xv, zv, yv, wv, bv, rmv, rvv)
-    device = _same_device(("x", "z", "out", "weight", "bias", "running_mean", "running_var"), views)
+    if rmv is not None:  # updated in place
+        _writable(rmv, "running_mean")
+        _writable(rvv, "running_var")
+    device, producers = _gather(_FORWARD_NAMES, (xv, zv, yv, wv, bv, rmv, rvv), st)
     device, previous = _enter_device(lib, device)
     try:
         h = _handle(handle, device, lib)
-        ws_size, rs_size = plan.sizes(h, "forward"), plan.sizes(h, "reserve")
-        _start(h, st, views)
+        ws_size = plan.sizes(h, "forward")
+        saved, saved_layout, rs_size = plan.saved_specs(h)
+        _start(h, st, producers)
         kind = xv.kind
         if yv is None:  # no out=
-            (out,), (y_ptr,) = new_arrays(kind, device, st, [(xv.shape, xv.strides, xv.dtype)], lib)
+            (out,), (y_ptr,) = new_arrays(kind, device, st, plan.like_x, lib, plan.like_x_layout)
         else:
             y_ptr = yv.ptr
         # saved for backward together: one block
         (save_mean, save_invstd, reserve), (sm, si, rs) = new_arrays(
-            kind, device, st, [plan.param_spec, plan.param_spec, ((rs_size,), (1,), "uint8")], lib)
+            kind, device, st, saved, lib, saved_layout)
         ws = h.workspace(ws_size, kind, st)
-        one, zero = _ONE_ZERO[plan.double]
-        lib.call("cudnnBatchNormalizationForwardTrainingEx", h.ptr, plan.mode, plan.ops, one, zero,
-                 plan.xd, xv.ptr, plan.zd, _ptr(zv), plan.xd, y_ptr, plan.bnd, wv.ptr, bv.ptr,
-                 factor, _ptr(rmv), _ptr(rvv), eps,
-                 sm, si, plan.actdesc, ws or None, ws_size, rs or None, rs_size)
+        _check_status(lib, plan.fn_forward(
+            h.ptr, plan.mode, plan.ops, plan.one, plan.zero, plan.xd, xv.ptr, plan.zd, _ptr(zv),
+            plan.xd, y_ptr, plan.bnd, wv.ptr, bv.ptr, factor, _ptr(rmv), _ptr(rvv), eps,
+            sm, si, plan.actdesc, ws or None, ws_size, rs or None, rs_size),
+            "cudnnBatchNormalizationForwardTrainingEx")
     finally:
         _leave_device(lib, previous)
     return out, save_mean, save_invstd, reserve
@@ -589,38 +644,39 @@ def batch_norm_forward_inference(
     eps = _eps(eps, lib)
     st, xv = _stream_and_x(stream, x, lib)
     plan = _plan(lib, "inference", xv, mode, None)
-    wv, bv, rmv, rvv = _params(plan, (("weight", weight), ("bias", bias),
-                                      ("running_mean", running_mean),
-                                      ("running_var", running_var)),
-                               ("weight", "bias", "running_mean", "running_var"), lib, st)
+    params = []
+    for name, obj in (("weight", weight), ("bias", bias), ("running_mean", running_mean),
+                      ("running_var", running_var)):
+        params.append(_param(obj, name, plan, lib, st, required=True))
+    wv, bv, rmv, rvv = params
     yv = None
     if out is not None:
         yv = as_view(out, "out", lib, st)
         _check_like(yv, xv, "out", plan.layout)
         _writable(yv, "out")
-    views = (xv, yv, wv, bv, rmv, rvv)
-    device = _same_device(("x", "out", "weight", "bias", "running_mean", "running_var"), views)
+    device, producers = _gather(_INFERENCE_NAMES, (xv, yv, wv, bv, rmv, rvv), st)
     device, previous = _enter_device(lib, device)
     try:
         h = _handle(handle, device, lib)
-        _start(h, st, views)
+        _start(h, st, producers)
         if yv is None:  # no out=
-            (out,), (y_ptr,) = new_arrays(xv.kind, device, st, [(xv.shape, xv.strides, xv.dtype)],
-                                          lib)
+            (out,), (y_ptr,) = new_arrays(xv.kind, device, st, plan.like_x, lib,
+                                          plan.like_x_layout)
         else:
             y_ptr = yv.ptr
         if plan.empty:  # an empty batch: nothing for cuDNN to do
             return out
-        one, zero = _ONE_ZERO[plan.double]
+        fn, one, zero = plan.fn_inference, plan.one, plan.zero
         args = (plan.bnd, wv.ptr, bv.ptr, rmv.ptr, rvv.ptr, eps)
         if plan.chunks is None:
-            lib.call("cudnnBatchNormalizationForwardInference", h.ptr, plan.mode, one, zero,
-                     plan.xd, xv.ptr, plan.xd, y_ptr, *args)
+            _check_status(lib, fn(h.ptr, plan.mode, one, zero, plan.xd, xv.ptr, plan.xd, y_ptr,
+                                  *args), "cudnnBatchNormalizationForwardInference")
             return out
         step = xv.strides[0] * DTYPE_SIZES[xv.dtype]
         for n0, desc in plan.chunks:
-            lib.call("cudnnBatchNormalizationForwardInference", h.ptr, plan.mode, one, zero,
-                     desc.value, xv.ptr + n0 * step, desc.value, y_ptr + n0 * step, *args)
+            _check_status(lib, fn(h.ptr, plan.mode, one, zero, desc.value, xv.ptr + n0 * step,
+                                  desc.value, y_ptr + n0 * step, *args),
+                          "cudnnBatchNormalizationForwardInference")
     finally:
         _leave_device(lib, previous)
     return out
@@ -719,13 +775,15 @@ def batch_norm_backward(
         has the wrong dtype, or eps, mode or handle has the wrong type.
     ValueError
         If a shape, layout, device or size is wrong, x has only one value
-        per channel or a batch over TRAINING_MAX_BATCH, a required array is
-        missing, reserve is not contiguous or not of the size cuDNN asks
-        for, eps is below CUDNN_BN_MIN_EPSILON, z comes without
-        activation='relu', or the handle is destroyed or for another device.
+        per channel, a required array is missing, reserve is not contiguous
+        or not of the size cuDNN asks for, eps is below
+        CUDNN_BN_MIN_EPSILON, z comes without activation='relu', or the
+        handle is destroyed or for another device.
     UnsupportedError
         A ValueError: cuDNN has no kernel for the fused op (or the mode
-        asked for) with this x; ``.rule`` names the rule.
+        asked for) with this x (``.rule`` "fused_activation"), or cannot
+        train on a batch this large in this mode (over TRAINING_MAX_BATCH,
+        or 131070 in PER_ACTIVATION mode: "batch_limit").
     CudnnUnavailableError
         If no cuDNN library loads.
     CudnnError
@@ -752,16 +810,16 @@ def batch_norm_backward(
                              "(cuDNN recomputes the activation's input from them)")
         yv = as_view(y, "y", lib, st)
         _check_like(yv, xv, "y", plan.layout)
-    wv, bv, smv, siv = _params(plan, (("weight", weight), ("bias", bias),
-                                      ("save_mean", save_mean), ("save_invstd", save_invstd)),
-                               ("weight", "save_mean", "save_invstd"), lib, st)
+    wv = _param(weight, "weight", plan, lib, st, required=True)
+    bv = _param(bias, "bias", plan, lib, st)
+    smv = _param(save_mean, "save_mean", plan, lib, st, required=True)
+    siv = _param(save_invstd, "save_invstd", plan, lib, st, required=True)
     rv = as_view(reserve, "reserve", lib, st) if reserve is not None else None
-    if rv is not None and not packed(rv.shape, rv.strides, range(rv.ndim - 1, -1, -1)):
+    if (rv is not None and rv.strides != (1,)
+            and not packed(rv.shape, rv.strides, range(rv.ndim - 1, -1, -1))):
         raise ValueError(f"reserve must be contiguous, got strides {rv.strides} (elements): pass "
                          "the reserve batch_norm_forward_training returned")
-    views = (xv, dyv, yv, zv, wv, bv, smv, siv, rv)
-    device = _same_device(("x", "dy", "y", "z", "weight", "bias", "save_mean", "save_invstd",
-                           "reserve"), views)
+    device, producers = _gather(_BACKWARD_NAMES, (xv, dyv, yv, zv, wv, bv, smv, siv, rv), st)
     device, previous = _enter_device(lib, device)
     try:
         h = _handle(handle, device, lib)
@@ -772,23 +830,22 @@ def batch_norm_backward(
                              "mode and activation: pass the reserve returned by the matching "
                              "batch_norm_forward_training call")
         ws_size = plan.sizes(h, "backward")
-        _start(h, st, views)
+        _start(h, st, producers)
         kind = xv.kind
-        like_x = [(xv.shape, xv.strides, xv.dtype)]
-        (dx,), (dx_ptr,) = new_arrays(kind, device, st, like_x, lib)
+        (dx,), (dx_ptr,) = new_arrays(kind, device, st, plan.like_x, lib, plan.like_x_layout)
         dz = dz_ptr = None
         if zv is not None:
-            (dz,), (dz_ptr,) = new_arrays(kind, device, st, like_x, lib)
-        (dweight, dbias), (dw, db) = new_arrays(kind, device, st,
-                                                [plan.param_spec, plan.param_spec], lib)
+            (dz,), (dz_ptr,) = new_arrays(kind, device, st, plan.like_x, lib, plan.like_x_layout)
+        (dweight, dbias), (dw, db) = new_arrays(kind, device, st, plan.param_pair,
+                                                lib, plan.param_pair_layout)
         ws = h.workspace(ws_size, kind, st)
-        one, zero = _ONE_ZERO[plan.double]
-        xd = plan.xd
-        lib.call("cudnnBatchNormalizationBackwardEx", h.ptr, plan.mode, plan.ops, one, zero, one,
-                 zero, xd, xv.ptr, xd if yv is not None else None, _ptr(yv), xd, dyv.ptr,
-                 plan.zd, dz_ptr, xd, dx_ptr, plan.bnd, wv.ptr, _ptr(bv), dw, db,
-                 eps, smv.ptr, siv.ptr, plan.actdesc, ws or None, ws_size,
-                 (rv.ptr or None) if rv is not None else None, expected)
+        one, zero, xd = plan.one, plan.zero, plan.xd
+        _check_status(lib, plan.fn_backward(
+            h.ptr, plan.mode, plan.ops, one, zero, one, zero, xd, xv.ptr,
+            xd if yv is not None else None, _ptr(yv), xd, dyv.ptr, plan.zd, dz_ptr, xd, dx_ptr,
+            plan.bnd, wv.ptr, _ptr(bv), dw, db, eps, smv.ptr, siv.ptr, plan.actdesc, ws or None,
+            ws_size, (rv.ptr or None) if rv is not None else None, expected),
+            "cudnnBatchNormalizationBackwardEx")
     finally:
         _leave_device(lib, previous)
     return (dx, dweight, dbias, dz) if dz is not None else (dx, dweight, dbias)
@@ -805,10 +862,12 @@ def can_use_cudnn(x: DeviceArrayLike, weight: Optional[DeviceArrayLike] = None,
                   z: Optional[DeviceArrayLike] = None) -> tuple[bool, str]:
     """Whether PyTorch would run this batch norm with cuDNN, and cudnn_bind can.
 
-    PyTorch falls back to its own kernels silently; this says why.  A rule
-    of cuDNN's that the calls enforce (`cudnn_bind.rules`) is reported with
-    the same words the call's UnsupportedError has.  Nothing runs on the
-    device, and bad arguments are reported, not raised.
+    PyTorch falls back to its own kernels silently; this says why.  What
+    the call itself would refuse (a rule of `cudnn_bind.rules`, a wrong
+    dtype, shape, eps, missing array...) is reported with the very words of
+    the call's error, checked in the call's order; then PyTorch's own
+    conditions.  Nothing runs on the device, and bad arguments are
+    reported, not raised.
 
     Parameters
     ----------
@@ -817,8 +876,9 @@ def can_use_cudnn(x: DeviceArrayLike, weight: Optional[DeviceArrayLike] = None,
         PyTorch CUDA tensor, a `DeviceArray`, anything with
         ``__cuda_array_interface__`` or DLPack).
     weight : device array, optional
-        The scale (its dtype is checked: float32 for float16 x; no
-        bfloat16).
+        The scale (checked as the call checks it: float64 for float64 x,
+        else float32; C elements, C times the spatial sizes in
+        PER_ACTIVATION mode).
     bias : device array, optional
         The shift.
     running_mean : device array, optional
@@ -843,10 +903,12 @@ def can_use_cudnn(x: DeviceArrayLike, weight: Optional[DeviceArrayLike] = None,
         True when the batch norm would run on cuDNN.
     reason : str
         '' when ok, else the first condition that fails: no cuDNN, x not a
-        CUDA array, a cuDNN rule, bfloat16 data, weight or bias missing,
-        running statistics missing, input with fewer than 3 dimensions
-        (PyTorch's rule), a batch over the limit, eps below
-        CUDNN_BN_MIN_EPSILON.
+        CUDA array, then the call's own error (eps, a fused op in
+        inference, x's dtype, rank or layout, a cuDNN rule, one value per
+        channel, running statistics, z, a missing weight, bias or
+        statistic, a parameter's dtype or size, read-only statistics,
+        devices), then PyTorch's conditions: bfloat16 data, fewer than 3
+        dimensions, a batch over its limit.
     """
     try:
         lib = _lib.get()
@@ -856,41 +918,62 @@ def can_use_cudnn(x: DeviceArrayLike, weight: Optional[DeviceArrayLike] = None,
         xv = as_view(x, "x", lib)
     except (TypeError, ValueError, CudnnBindError) as exc:
         return False, f"x is not a CUDA array: {exc}"
+    training = bool(training)
     try:
-        wd = as_view(weight, "weight", lib).dtype if weight is not None else None
-        for name, obj in (("bias", bias), ("running_mean", running_mean),
-                          ("running_var", running_var), ("z", z)):
-            if obj is not None:
-                as_view(obj, name, lib)
-        fused = _fused(activation, z)
-        _check_x(xv)
-        layout = layout_of(xv.shape, xv.strides, "x")
-        plan_mode(xv.ndim, layout, xv.dtype, xv.shape[1], bool(training), mode, fused,
-                  lib.version)
-    except UnsupportedError as exc:
-        return False, str(exc)
+        wv = _check_forward(lib, xv, weight, bias, running_mean, running_var, training, eps,
+                            mode, activation, z)
     except (TypeError, ValueError, CudnnBindError) as exc:
-        return False, str(exc)
-    if xv.dtype == "bfloat16" or wd == "bfloat16":
+        return False, str(exc)  # the call's own error (an UnsupportedError names its rule)
+    # PyTorch's conditions for its cuDNN path (_select_batch_norm_backend), beyond the call's
+    if xv.dtype == "bfloat16" or wv.dtype == "bfloat16":
         return False, "bfloat16 input or weight: PyTorch uses its own kernels for bfloat16"
-    if xv.dtype == "float16" and wd not in (None, "float32"):
-        return False, f"float16 input needs float32 weight for cuDNN, got {wd}"
-    if weight is None or bias is None:
-        return False, "weight and bias must both be given"
-    if not ((running_mean is not None and running_var is not None)
-            or (running_mean is None and running_var is None and training)):
-        return False, ("running_mean and running_var must both be given (or, in training, both "
-                       "omitted)")
     if xv.ndim < 3:
         return False, (f"input must have at least 3 dimensions, got {xv.ndim} (PyTorch runs 2-D "
                        "batch norm with its own kernels; cudnn_bind runs it as (N, C, 1, 1))")
     limit = TRAINING_MAX_BATCH if training else INFERENCE_MAX_BATCH
     if xv.shape[0] > limit:
         return False, f"batch of {xv.shape[0]} exceeds {limit} ({'training' if training else 'inference'})"
-    try:
-        eps = real(eps, "eps")
-    except (TypeError, ValueError) as exc:
-        return False, str(exc)
-    if eps < lib.min_epsilon:
-        return False, f"eps {eps} is below CUDNN_BN_MIN_EPSILON ({lib.min_epsilon})"
     return True, ""
+
+
+def _check_forward(lib, xv, weight, bias, running_mean, running_var, training, eps, mode,
+                   activation, z):
+    """What batch_norm_forward_training (or, not training, _inference) checks
+    before it touches the device, in its order and with its errors; the
+    weight's view.  can_use_cudnn reports these, so it and the calls agree."""
+    _eps(eps, lib)
+    fused = _fused(activation, z)
+    if fused is not None and not training:
+        raise ValueError("activation and z fuse into training only: "
+                         "cudnnBatchNormalizationForwardInference has no fused ops")
+    _check_x(xv)
+    layout = layout_of(xv.shape, xv.strides, "x")
+    chosen = check_call(xv.shape, layout, xv.dtype, training, mode, fused, lib.version)
+    if training and xv.size // xv.shape[1] <= 1:
+        raise ValueError("Expected more than 1 value per channel when training, got x of "
+                         f"shape {xv.shape}")
+    if training and (running_mean is None) != (running_var is None):
+        raise ValueError("running_mean and running_var must be given together or not at all")
+    zv = None
+    if z is not None:
+        zv = as_view(z, "z", lib)
+        _check_like(zv, xv, "z", layout)
+    nparam = xv.shape[1] * (math.prod(xv.shape[2:]) if chosen == PER_ACTIVATION else 1)
+    pdtype = param_dtype(xv.dtype)
+    named = (("weight", weight), ("bias", bias), ("running_mean", running_mean),
+             ("running_var", running_var))
+    views = [xv, zv]
+    for name, obj in named:
+        if obj is None:
+            if name in ("weight", "bias") or not training:
+                raise _required(name)
+            views.append(None)
+            continue
+        v = as_view(obj, name, lib)
+        _check_param(v, name, nparam, pdtype)
+        views.append(v)
+    if training:
+        _writable(views[4], "running_mean")
+        _writable(views[5], "running_var")
+    _same_device(("x", "z") + _INFERENCE_NAMES[2:], views)
+    return views[2]

@@ -23,6 +23,8 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
+import threading
+import weakref
 from typing import Any, Optional, Sequence, Union
 
 import numpy as np
@@ -83,10 +85,18 @@ def _span(shape: tuple[int, ...], strides: tuple[int, ...]) -> int:
     return 1 + sum((d - 1) * s for d, s in zip(shape, strides))
 
 
+# cudaGetDevice's output, one per thread: made once, not at every call
+_device_out = threading.local()
+
+
 def current_device(lib: _lib.Library) -> int:
-    dev = ctypes.c_int()
-    if lib.cudart.cudaGetDevice(ctypes.byref(dev)):
-        lib.cuda("cudaGetDevice", ctypes.byref(dev))  # raises, with the error's name
+    pair = getattr(_device_out, "pair", None)
+    if pair is None:
+        out = ctypes.c_int()
+        pair = _device_out.pair = (out, ctypes.byref(out))
+    dev, ref = pair
+    if lib.cudart.cudaGetDevice(ref):
+        lib.cuda("cudaGetDevice", ref)  # raises, with the error's name
     return dev.value
 
 
@@ -301,18 +311,6 @@ class DeviceArray:
         return math.prod(self.shape)
 
     @classmethod
-    def _carve(cls, block: Optional[Block], offset: int, shape: tuple[int, ...],
-               strides: tuple[int, ...], dtype: str, nbytes: int, device: int,
-               stream: int) -> DeviceArray:
-        """An array at `offset` bytes into `block` (arguments already checked)."""
-        self = cls.__new__(cls)
-        self.shape, self.strides, self.dtype = shape, strides, dtype
-        self.nbytes, self.device, self.stream = nbytes, device, stream
-        self._owner = block
-        self.ptr = block.ptr + offset if block is not None else 0
-        return self
-
-    @classmethod
     def from_pointer(cls, ptr: Int, shape: Ints, dtype: DTypeLike,
                      strides: Optional[Ints] = None, owner: object = None, *,
                      stream: StreamLike = None) -> DeviceArray:
@@ -491,6 +489,18 @@ class DeviceArray:
                 f"stream={self.stream})")
 
 
+def _carve(block: Optional[Block], offset: int, shape: tuple[int, ...],
+           strides: tuple[int, ...], dtype: str, nbytes: int, device: int,
+           stream: int) -> DeviceArray:
+    """A DeviceArray at `offset` bytes into `block` (arguments already checked)."""
+    self = DeviceArray.__new__(DeviceArray)
+    self.shape, self.strides, self.dtype = shape, strides, dtype
+    self.nbytes, self.device, self.stream = nbytes, device, stream
+    self._owner = block
+    self.ptr = block.ptr + offset if block is not None else 0
+    return self
+
+
 class View:
     """What the binding needs of an array argument.  `stream`: the stream
     its producer queued it on (to wait for), or None."""
@@ -522,12 +532,88 @@ def _pointer_device(lib: _lib.Library, ptr: int) -> Optional[int]:
     return None
 
 
+def _cai_device(lib: _lib.Library, obj: object, ptr: int) -> Optional[int]:
+    """The device of `ptr`, which `obj` exports: asked of CUDA once per
+    (exporter, pointer) while the exporter lives, not at every call.
+
+    Safe because the CUDA Array Interface makes the exporter keep its memory
+    alive for as long as the exporter itself lives: while it does, `ptr`
+    cannot be freed and handed to another allocation, so its device cannot
+    change.  The entry is keyed by the exporter's identity and the pointer,
+    and a weak reference drops it the moment the exporter dies, before its
+    id can be reused; a pointer freed and reused later comes with another
+    exporter, which is asked about afresh.  Exporters that take no weak
+    references are asked at every call."""
+    cache = lib.cai_devices
+    key = (id(obj), ptr)
+    entry = cache.get(key)
+    if entry is not None and entry[0]() is obj:
+        return entry[1]
+    device = _pointer_device(lib, ptr)
+    try:
+        ref = weakref.ref(obj, functools.partial(_forget_device, cache, key))
+    except TypeError:  # no weak references to this exporter: ask every time
+        return device
+    cache[key] = (ref, device)
+    return device
+
+
+def _forget_device(cache: dict[tuple[int, int], Any], key: tuple[int, int],
+                   ref: weakref.ref[Any]) -> None:
+    """The weak reference's callback: the exporter died, its entry goes."""
+    entry = cache.get(key)
+    if entry is not None and entry[0] is ref:  # not a newer exporter's entry
+        cache.pop(key, None)
+
+
 def _is_torch_tensor(obj: object) -> bool:
     return type(obj).__module__.startswith("torch") and hasattr(obj, "data_ptr")
 
 
+# every typestr the interface may give for the dtypes taken (byte-order mark, code)
+_CAI_TYPESTR = {order + code: name for code, name in _TYPESTR.items() for order in "<|="}
+
+
+def _cai_plain(cai: Any) -> Optional[tuple[tuple[int, ...], tuple[int, ...], str, int, bool,
+                                         Optional[int]]]:
+    """(shape, strides in elements, dtype, pointer, read-only, stream) of an
+    interface dict made of plain tuples and ints, as CuPy's and Numba's are,
+    or None: then _from_cai checks it key by key and names what is wrong."""
+    if type(cai) is not dict or cai.get("mask") is not None:
+        return None
+    shape, data, version = cai.get("shape"), cai.get("data"), cai.get("version")
+    typestr, strides, stream = cai.get("typestr"), cai.get("strides"), cai.get("stream")
+    dtype = _CAI_TYPESTR.get(typestr) if type(typestr) is str else None
+    if (dtype is None or type(version) is not int or version < 0 or type(shape) is not tuple
+            or not all(type(d) is int and d >= 0 for d in shape)
+            or type(data) is not tuple or len(data) != 2 or type(data[0]) is not int
+            or not 0 <= data[0] <= UINT64_MAX or type(data[1]) is not bool
+            or not (stream is None or (type(stream) is int and 0 < stream <= UINT64_MAX))):
+        return None
+    size = DTYPE_SIZES[dtype]
+    if strides is None:
+        strides = c_strides(shape)
+    elif (type(strides) is tuple and len(strides) == len(shape)
+          and all(type(st) is int and st % size == 0 for st in strides)):
+        strides = tuple(st // size for st in strides)
+    else:
+        return None
+    # the interface's stream 1 is the legacy default stream, 0 here
+    return shape, strides, dtype, data[0], data[1], (0 if stream == 1 else stream)
+
+
+def _cai_view(obj: Any, lib: _lib.Library, shape: tuple[int, ...], strides: tuple[int, ...],
+              dtype: str, ptr: int, read_only: bool, stream: Optional[int]) -> View:
+    kind = "cupy" if type(obj).__module__.startswith("cupy") else "cai"
+    device = _cai_device(lib, obj, ptr) if ptr else None
+    return View(ptr, shape, strides, dtype, device, kind, obj, read_only, stream)
+
+
 def _from_cai(obj: Any, name: str, lib: _lib.Library) -> View:
     cai = obj.__cuda_array_interface__
+    plain = _cai_plain(cai)
+    if plain is not None:  # the common case, checked in one pass
+        return _cai_view(obj, lib, *plain)
     what = f"{name}.__cuda_array_interface__"
     if not isinstance(cai, dict):
         raise TypeError(f"{what} must be a dict, got {type(cai).__name__}")
@@ -561,10 +647,8 @@ def _from_cai(obj: Any, name: str, lib: _lib.Library) -> View:
             raise ValueError(f"{what}['strides'] {show(strides)} are not multiples of the item "
                              f"size {size}")
         strides = tuple(s // size for s in strides)
-    kind = "cupy" if type(obj).__module__.startswith("cupy") else "cai"
-    device = _pointer_device(lib, ptr) if ptr else None
-    return View(ptr, shape, strides, dtype, device, kind, obj, bool(data[1]),
-                _cai_stream(cai.get("stream"), what))
+    return _cai_view(obj, lib, shape, strides, dtype, ptr, bool(data[1]),
+                     _cai_stream(cai.get("stream"), what))
 
 
 def _cai_stream(value: object, what: str) -> Optional[int]:
@@ -731,35 +815,41 @@ def _external_stream(module: Any, device: int, stream: int) -> Any:
 
 # an array to allocate: (shape, strides in elements, dtype name)
 Spec = tuple[tuple[int, ...], tuple[int, ...], str]
+# an array carved from a block: (offset in bytes, shape, strides, dtype name, bytes)
+Piece = tuple[int, tuple[int, ...], tuple[int, ...], str, int]
+# the arrays of one block: (its bytes, the pieces)
+Layout = tuple[int, tuple[Piece, ...]]
+
+
+def block_layout(specs: Sequence[Spec]) -> Layout:
+    """Where each array of `specs` goes in one block of the pool: each
+    256-byte aligned, as cudaMalloc's.  A caller that allocates the same
+    specs again keeps the result (batch_norm's plans do)."""
+    pieces, total = [], 0
+    for shape, strides, dtype in specs:
+        nbytes = _span(shape, strides) * DTYPE_SIZES[dtype]
+        pieces.append((total, shape, strides, dtype, nbytes))
+        total += -(-nbytes // 256) * 256
+    return total, tuple(pieces)
 
 
 def new_arrays(kind: str, device: int, stream: int, specs: Sequence[Spec],
-               lib: _lib.Library) -> tuple[Sequence[Any], Sequence[int]]:
+               lib: _lib.Library,
+               layout: Optional[Layout] = None) -> tuple[Sequence[Any], Sequence[int]]:
     """New device arrays for use on `stream`, one per (shape, strides, dtype)
     in `specs`: from PyTorch's or CuPy's allocator (kind "torch"/"cupy")
     under that stream, so that freeing them is ordered after the work
     queued there; else DeviceArrays carved from one block of the binding's
-    pool (they share it: it goes back when the last of them goes).
+    pool (they share it: it goes back when the last of them goes), placed
+    as `layout` says (block_layout(specs) when None).
     Returns (arrays, device addresses)."""
     if kind == "torch" or (kind == "cupy" and all(dt != "bfloat16" for _, _, dt in specs)):
         arrays = [_framework_array(kind, device, stream, *spec) for spec in specs]
         return arrays, [data_ptr(a) for a in arrays]
-    if len(specs) == 1:  # the common case, without the lists
-        shape, strides, dtype = specs[0]
-        nbytes = _span(shape, strides) * DTYPE_SIZES[dtype]
-        block = Block(lib.pool, nbytes, device, stream) if nbytes else None
-        array = DeviceArray._carve(block, 0, shape, strides, dtype, nbytes, device, stream)
-        return (array,), (array.ptr,)
-    sizes, offsets, total = [], [], 0
-    for shape, strides, dtype in specs:
-        nbytes = _span(shape, strides) * DTYPE_SIZES[dtype]
-        offsets.append(total)
-        sizes.append(nbytes)
-        total += -(-nbytes // 256) * 256  # each array 256-byte aligned, as cudaMalloc's
+    total, pieces = layout if layout is not None else block_layout(specs)
     block = Block(lib.pool, total, device, stream) if total else None
-    arrays = [DeviceArray._carve(block if nbytes else None, offset, shape, strides, dtype,
-                                 nbytes, device, stream)
-              for (shape, strides, dtype), offset, nbytes in zip(specs, offsets, sizes)]
+    # an empty array holds no memory (ptr 0), as a zero-byte DeviceArray does
+    arrays = [_carve(block if piece[4] else None, *piece, device, stream) for piece in pieces]
     return arrays, [a.ptr for a in arrays]
 
 

@@ -90,9 +90,11 @@ class Block:
             pool.give(self.ptr, self.nbytes, self.device, self.key)
 
     def __del__(self) -> None:
-        try:
-            self.release()
-        except Exception:  # interpreter shutdown: the library may be gone
+        try:  # release(), inlined: every output of a call pays this
+            pool, self._pool = self._pool, None
+            if pool is not None:
+                pool.give(self.ptr, self.nbytes, self.device, self.key)
+        except Exception:  # take() failed in __init__, or interpreter shutdown
             pass
 
 
@@ -114,21 +116,29 @@ class Pool:
     def take(self, size: int, device: int, stream: Hashable) -> int:
         """The address of `size` (a rounded(), > 0) bytes on `device` for
         `stream` (a stream_key()).  The caller has made `device` current."""
+        key = (device, stream, size)  # made outside the lock (see the class docstring)
         with self._lock:
             if self._closed:
                 raise ValueError("this library has been unloaded (cudnn_bind.load or reset): "
                                  "its memory pool is closed")
-            free = self._free.get((device, stream, size))
+            free = self._free.get(key)
             if free:
                 return free.pop()
         return self._cuda_malloc(size)
 
     def give(self, ptr: int, size: int, device: int, stream: Hashable) -> None:
         """Put a block from take() back on the free list of its stream."""
-        spare: list[int] = []
+        key = (device, stream, size)
         with self._lock:
             if not self._closed:
-                self._free.setdefault((device, stream, size), spare).append(ptr)
+                free = self._free.get(key)
+                if free is not None:  # the steady case: that list exists already
+                    free.append(ptr)
+                    return
+        spare: list[int] = []  # made outside the lock (see the class docstring)
+        with self._lock:
+            if not self._closed:
+                self._free.setdefault(key, spare).append(ptr)
                 return
         self._cuda_free(ptr, size)
 

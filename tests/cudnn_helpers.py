@@ -1,11 +1,14 @@
 """Shared pieces of the cudnn_bind tests: finding the NVIDIA wheels' files,
 and skipping (or, in CI, failing) when they are missing."""
+import ctypes
 import os
 import shutil
 import subprocess
 
+import numpy as np
 import pytest
 
+import cudnn_bind
 from cudnn_bind import _lib
 
 # CI sets this: a missing wheel must fail the run, not skip the tests
@@ -55,6 +58,40 @@ def build_standin(directory):
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, f"stand-in does not compile against the real headers:\n{proc.stderr}"
     return out
+
+
+def standin_hooks(path):
+    """The stand-in library at `path`, its test hooks (standin.c's
+    standin_* functions) given their argument and result types."""
+    h = ctypes.CDLL(path)
+    h.standin_calls.restype, h.standin_calls.argtypes = ctypes.c_long, [ctypes.c_char_p]
+    h.standin_live_allocations.restype = ctypes.c_long
+    h.standin_last_size.restype = ctypes.c_size_t
+    h.standin_last_size.argtypes = [ctypes.c_char_p]
+    h.standin_take_log.restype = ctypes.c_size_t
+    h.standin_take_log.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    h.standin_fail_mallocs.argtypes = [ctypes.c_long]
+    h.standin_live_objects.restype = ctypes.c_long
+    h.standin_live_objects.argtypes = [ctypes.c_char_p]
+    return h
+
+
+def to_device(a, layout="contiguous", stream=None):
+    """A DeviceArray holding `a` (N, C, ...) in the given memory layout
+    ("contiguous" or "channels_last")."""
+    if layout == "contiguous":
+        return cudnn_bind.DeviceArray.from_numpy(a, stream=stream)
+    nd = a.ndim
+    host = np.ascontiguousarray(a.transpose((0,) + tuple(range(2, nd)) + (1,)))
+    base = cudnn_bind.DeviceArray.from_numpy(host, stream=stream)
+    st, acc = [0] * nd, a.shape[1]
+    st[1] = 1
+    for i in range(nd - 1, 1, -1):
+        st[i] = acc
+        acc *= a.shape[i]
+    st[0] = acc
+    return cudnn_bind.DeviceArray.from_pointer(base.ptr, a.shape, base.dtype, st, owner=base,
+                                               stream=stream)
 
 
 def run_fused_case(shape, with_z, make, to_device, close):

@@ -4,8 +4,14 @@
 cuDNN has them; DeviceArray, CuPy and PyTorch inputs; a side stream with a
 pending producer (right without the caller synchronizing); two threads; a
 failing cudaMalloc; a second device.  Every test skips, with the reason,
-where there is no GPU (CI has none): `.ci/gpu_run` runs them on one."""
+where there is no GPU (CI has none): `.ci/gpu_run` runs them on one, with
+CUDNN_BIND_REQUIRE_GPU=1, under which "no GPU" fails them instead (a GPU
+run that skipped them all would pass having checked nothing).
+tests/test_cudnn_gpu_switch.py checks that switch on a machine without one."""
+import ctypes
+import os
 import threading
+import time
 
 import ml_dtypes
 import numpy as np
@@ -13,11 +19,12 @@ import pytest
 
 import cudnn_bind
 import cynorm
-from cudnn_helpers import run_fused_case
-
-pytestmark = [pytest.mark.cudnn, pytest.mark.gpu]
+from cudnn_helpers import run_fused_case, to_device
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
+
+# .ci/gpu_run sets this: there a missing GPU or driver fails these tests
+REQUIRE_GPU_VARIABLE = "CUDNN_BIND_REQUIRE_GPU"
 
 
 def _reason():
@@ -27,8 +34,27 @@ def _reason():
         return f"cudnn_bind failed to load: {exc}"
 
 
+def gpu_or_skip(reason, require):
+    """Nothing when `reason` is '' (a GPU is usable); else skip with it, or
+    fail when `require` (the run must have a GPU)."""
+    if not reason:
+        return
+    if require:
+        pytest.fail(f"no usable GPU: {reason} ({REQUIRE_GPU_VARIABLE}=1: this run must have "
+                    "one, so the GPU tests fail instead of skipping)", pytrace=False)
+    pytest.skip(f"no usable GPU: {reason}")
+
+
 REASON = _reason()
-needs_gpu = pytest.mark.skipif(bool(REASON), reason=f"no usable GPU: {REASON}")
+
+
+@pytest.fixture
+def needs_gpu():
+    """Every test here uses it: skip without a GPU, or fail under CUDNN_BIND_REQUIRE_GPU=1."""
+    gpu_or_skip(REASON, os.environ.get(REQUIRE_GPU_VARIABLE) == "1")
+
+
+pytestmark = [pytest.mark.cudnn, pytest.mark.gpu, pytest.mark.usefixtures("needs_gpu")]
 
 # cuDNN's kernels reduce in float32 in their own order: tolerances relative
 # to the largest reference value
@@ -51,29 +77,11 @@ def make(shape, dtype, seed=0):
     return x.astype(BF16 if dtype == "bfloat16" else dtype), w, b
 
 
-def to_device(a, layout="contiguous", stream=None):
-    """A DeviceArray holding `a` (N, C, ...) in the given memory layout."""
-    if layout == "contiguous":
-        return cudnn_bind.DeviceArray.from_numpy(a, stream=stream)
-    nd = a.ndim
-    host = np.ascontiguousarray(a.transpose((0,) + tuple(range(2, nd)) + (1,)))
-    base = cudnn_bind.DeviceArray.from_numpy(host, stream=stream)
-    st, acc = [0] * nd, a.shape[1]
-    st[1] = 1
-    for i in range(nd - 1, 1, -1):
-        st[i] = acc
-        acc *= a.shape[i]
-    st[0] = acc
-    return cudnn_bind.DeviceArray.from_pointer(base.ptr, a.shape, base.dtype, st, owner=base,
-                                               stream=stream)
-
-
 CASES = [((64, 5), "contiguous"), ((4, 3, 10), "contiguous"), ((4, 3, 5, 6), "contiguous"),
          ((4, 3, 5, 6), "channels_last"), ((2, 3, 4, 5, 6), "contiguous"),
          ((2, 3, 4, 5, 6), "channels_last"), ((8, 64, 14, 14), "channels_last")]
 
 
-@needs_gpu
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
 @pytest.mark.parametrize("shape,layout", CASES, ids=[f"{s}-{l}" for s, l in CASES])
 def test_training_inference_backward_match_cynorm(shape, layout, dtype):
@@ -107,7 +115,6 @@ def test_training_inference_backward_match_cynorm(shape, layout, dtype):
           "y (inference)")
 
 
-@needs_gpu
 @pytest.mark.parametrize("shape", [(8, 8, 7, 9), (2, 16, 3, 4, 5), (4, 6, 5, 5)])
 @pytest.mark.parametrize("with_z", [False, True])
 def test_fused_relu_and_add_relu_where_cudnn_has_them(shape, with_z):
@@ -120,7 +127,6 @@ def test_fused_relu_and_add_relu_where_cudnn_has_them(shape, with_z):
     run_fused_case(shape, with_z, make, to_device, close)
 
 
-@needs_gpu
 def test_inference_over_65535_runs_in_chunks():
     shape = (cudnn_bind.INFERENCE_MAX_BATCH + 7, 3, 2, 2)
     x, w, b = make(shape, "float32")
@@ -137,31 +143,76 @@ def _torch_cuda():
     return torch
 
 
-@needs_gpu
+# cudaHostFn_t: void (*)(void *userData), run by the driver in stream order
+HOST_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+STALL_SECONDS = 0.05
+# holds the producer stream back on the host: nothing queued after it starts before it returns
+STALL = HOST_FN(lambda user_data: time.sleep(STALL_SECONDS))
+CUDA_STREAM_NON_BLOCKING = 1
+
+
+def _runtime(lib):
+    """The loaded CUDA runtime with the few calls this test needs declared on
+    function objects of its own (cudnn_bind's declarations stay as they are)."""
+    rt = ctypes.CDLL(lib.cudart_path)
+    vp = ctypes.c_void_p
+    rt.cudaStreamCreateWithFlags.argtypes = [ctypes.POINTER(vp), ctypes.c_uint]
+    rt.cudaStreamDestroy.argtypes = [vp]
+    rt.cudaLaunchHostFunc.argtypes = [vp, HOST_FN, vp]
+    rt.cudaMemsetAsync.argtypes = [vp, ctypes.c_int, ctypes.c_size_t, vp]
+    rt.cudaMemcpyAsync.argtypes = [vp, vp, ctypes.c_size_t, ctypes.c_int, vp]
+    for name in ("cudaStreamCreateWithFlags", "cudaStreamDestroy", "cudaLaunchHostFunc",
+                 "cudaMemsetAsync", "cudaMemcpyAsync"):
+        getattr(rt, name).restype = ctypes.c_int
+    return rt
+
+
+def _ok(code, what):
+    assert code == 0, f"{what} returned cudaError {code}"
+
+
 def test_a_pending_producer_on_a_side_stream_is_waited_for():
     """x is still being written on one stream when the call runs on another;
-    no one synchronizes, and the result is still right."""
-    torch = _torch_cuda()
+    no one synchronizes, and the result is still right.  The producer is the
+    CUDA runtime itself (no PyTorch or CuPy needed, so on a GPU this test
+    cannot skip): x is NaN, then the producer stream stalls on the host for
+    50 ms, then the real data is copied in; the call is queued at once on a
+    second stream and must wait for that copy (an event), not read the NaNs."""
+    lib = cudnn_bind._lib.get()
+    rt = _runtime(lib)
+    streams = []
+    for _ in range(2):
+        s = ctypes.c_void_p()
+        _ok(rt.cudaStreamCreateWithFlags(ctypes.byref(s), CUDA_STREAM_NON_BLOCKING),
+            "cudaStreamCreateWithFlags")
+        streams.append(s.value)
+    producer, consumer = streams
     x, w, b = make((16, 32, 32, 32), "float32")
-    src = torch.from_numpy(x).cuda()
-    torch.cuda.synchronize()
-    producer, consumer = torch.cuda.Stream(), torch.cuda.Stream()
-    for attempt in range(3):  # the sleep makes the race certain, not likely
-        dst = torch.full_like(src, float("nan"))
-        torch.cuda.synchronize()
-        with torch.cuda.stream(producer):
-            torch.cuda._sleep(100_000_000)  # ~50 ms of GPU time before the copy
-            dst.copy_(src)
-        gx = cudnn_bind.DeviceArray.from_pointer(dst.data_ptr(), x.shape, "float32", owner=dst,
-                                                 stream=producer.cuda_stream)
-        gw, gb = to_device(w), to_device(b)
-        y = cudnn_bind.batch_norm_forward_training(gx, gw, gb, stream=consumer.cuda_stream)[0]
-        assert y.stream == consumer.cuda_stream
-        got = y.to_numpy()  # waits for the consumer stream only
-        close(got, cynorm.batch_norm(x, w, b, training=True)[0], "float32", f"y (try {attempt})")
+    ref = cynorm.batch_norm(x, w, b, training=True)[0]
+    src, gw, gb = to_device(x), to_device(w), to_device(b)  # ready: from_numpy waits
+    try:
+        # once with a ready producer: handle, plan, event, workspace and the
+        # consumer's pool blocks exist before anything is timed
+        ready = cudnn_bind.DeviceArray.from_pointer(src.ptr, x.shape, "float32", owner=src,
+                                                    stream=producer)
+        cudnn_bind.batch_norm_forward_training(ready, gw, gb, stream=consumer)[0].to_numpy()
+        for attempt in range(3):
+            dst = cudnn_bind.DeviceArray(x.shape, "float32", stream=producer)
+            _ok(rt.cudaMemsetAsync(dst.ptr, 0xFF, dst.nbytes, producer), "cudaMemsetAsync")
+            _ok(rt.cudaLaunchHostFunc(producer, STALL, None), "cudaLaunchHostFunc")
+            _ok(rt.cudaMemcpyAsync(dst.ptr, src.ptr, dst.nbytes, 3, producer), "cudaMemcpyAsync")
+            queued = time.perf_counter()
+            y = cudnn_bind.batch_norm_forward_training(dst, gw, gb, stream=consumer)[0]
+            # the call itself must not have waited on the host for the producer
+            assert time.perf_counter() - queued < STALL_SECONDS, "the call blocked the host"
+            assert y.stream == consumer
+            close(y.to_numpy(), ref, "float32", f"y (try {attempt})")  # waits for consumer only
+    finally:
+        lib.cuda("cudaDeviceSynchronize")
+        for s in streams:
+            rt.cudaStreamDestroy(s)
 
 
-@needs_gpu
 def test_cupy_inputs_on_a_side_stream_and_their_stream_key():
     cupy = pytest.importorskip("cupy", reason="CuPy is not installed")
     x, w, b = make((4, 3, 5, 6), "float32")
@@ -175,7 +226,6 @@ def test_cupy_inputs_on_a_side_stream_and_their_stream_key():
     close(cupy.asnumpy(y), cynorm.batch_norm(x, w, b, training=True)[0], "float32", "y")
 
 
-@needs_gpu
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_torch_tensors_channels_last_against_torch(dtype):
     torch = _torch_cuda()
@@ -194,7 +244,6 @@ def test_torch_tensors_channels_last_against_torch(dtype):
     close(y2.float().cpu().numpy(), ty.cpu().numpy(), dtype, "y on a side stream")
 
 
-@needs_gpu
 def test_two_threads_each_on_its_per_thread_default_stream():
     """Stream value 2 (cudaStreamPerThread) is a different stream in each
     thread: pooled memory must not move between them."""
@@ -219,7 +268,6 @@ def test_two_threads_each_on_its_per_thread_default_stream():
     assert not errors, errors
 
 
-@needs_gpu
 def test_an_impossible_allocation_is_a_clean_error():
     with pytest.raises(cudnn_bind.CudaError, match="cudaErrorMemoryAllocation"):
         cudnn_bind.DeviceArray((1 << 50,), "uint8")
@@ -228,7 +276,6 @@ def test_an_impossible_allocation_is_a_clean_error():
     close(y.to_numpy(), cynorm.batch_norm(x, w, b, training=True)[0], "float32", "y after")
 
 
-@needs_gpu
 def test_a_second_device_is_made_current_and_restored():
     if cudnn_bind.device_count() < 2:
         pytest.skip("one GPU: no second device to test")

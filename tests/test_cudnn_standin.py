@@ -18,7 +18,7 @@ import pytest
 import cudnn_bind
 import cynorm
 from cudnn_bind import _lib
-from cudnn_helpers import build_standin, run_fused_case
+from cudnn_helpers import build_standin, run_fused_case, standin_hooks
 
 pytestmark = pytest.mark.cudnn
 
@@ -29,17 +29,7 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 def standin(tmp_path_factory):
     out = build_standin(tmp_path_factory.mktemp("standin"))
     lib = cudnn_bind.load(out, cudart=out)
-    hooks = ctypes.CDLL(out)
-    hooks.standin_calls.restype, hooks.standin_calls.argtypes = ctypes.c_long, [ctypes.c_char_p]
-    hooks.standin_live_allocations.restype = ctypes.c_long
-    hooks.standin_last_size.restype = ctypes.c_size_t
-    hooks.standin_last_size.argtypes = [ctypes.c_char_p]
-    hooks.standin_take_log.restype = ctypes.c_size_t
-    hooks.standin_take_log.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
-    hooks.standin_fail_mallocs.argtypes = [ctypes.c_long]
-    hooks.standin_live_objects.restype = ctypes.c_long
-    hooks.standin_live_objects.argtypes = [ctypes.c_char_p]
-    yield lib, hooks, out
+    yield lib, standin_hooks(out), out
     cudnn_bind.reset()
 
 
@@ -435,7 +425,7 @@ def test_can_use_cudnn_names_the_first_failing_condition(standin):
     ok, why = cudnn_bind.can_use_cudnn(dev(x[:, :, 0, 0]), gw, gb)
     assert not ok and "at least 3 dimensions" in why
     ok, why = cudnn_bind.can_use_cudnn(gx, gw, None)
-    assert not ok and "weight and bias" in why
+    assert not ok and why == "bias is required (cuDNN batch norm has no default for it)"
     ok, why = cudnn_bind.can_use_cudnn(gx, gw, gb, training=False)
     assert not ok and "running_mean" in why
     ok, why = cudnn_bind.can_use_cudnn(dev(x.astype(BF16)), gw, gb)
@@ -558,3 +548,38 @@ def test_can_use_cudnn_reports_bad_arguments_instead_of_raising(standin):
     x, w, b = make((4, 3, 5, 6), "float32")
     ok, why = cudnn_bind.can_use_cudnn(dev(x), w, dev(b))
     assert not ok and "weight" in why and "host memory" in why
+
+
+@pytest.mark.parametrize("eps", [0.0, 1e-6])
+def test_eps_down_to_cudnn_9s_floor_is_accepted(standin, eps):
+    """cuDNN 9's CUDNN_BN_MIN_EPSILON is 0.0 (the stand-in is built from its
+    header, and refuses less): eps = 0 and 1e-6 reach cuDNN in all three
+    calls and give the results of that eps (a float64 NumPy reference)."""
+    lib, hooks, _ = standin
+    assert lib.major == 9 and lib.min_epsilon == 0.0
+    x, w, b = make((4, 3, 5, 6), "float32")
+    rm, rv = np.full(3, 0.2, np.float32), np.full(3, 1.3, np.float32)
+    gx, gw, gb, grm, grv = dev(x), dev(w), dev(b), dev(rm), dev(rv)
+    before = calls(hooks, "cudnnBatchNormalizationForwardTrainingEx")
+    y, sm, si, reserve = cudnn_bind.batch_norm_forward_training(gx, gw, gb, grm, grv, 0.1, eps)
+    assert calls(hooks, "cudnnBatchNormalizationForwardTrainingEx") == before + 1
+    # the reference in float64 NumPy: cynorm itself refuses eps = 0 in training
+    xd, per = x.astype(np.float64), (None, slice(None), None, None)
+    mean, var = xd.mean((0, 2, 3)), xd.var((0, 2, 3))
+    invstd = 1 / np.sqrt(var + eps)
+    close(y.to_numpy(), (xd - mean[per]) * (invstd * w)[per] + b[per], "float32", "y")
+    close(si.to_numpy(), invstd, "float32", "save_invstd")
+    n = x.size // 3
+    rm_ref, rv_ref = 0.9 * rm + 0.1 * mean, 0.9 * rv + 0.1 * var * n / (n - 1)
+    close(grv.to_numpy(), rv_ref, "float32", "running_var")
+    dy = make((4, 3, 5, 6), "float32", seed=1)[0]
+    dx = cudnn_bind.batch_norm_backward(gx, dev(dy), gw, sm, si, eps, reserve)[0]
+    ref = cynorm.batch_norm_backward(dy, x, w, None, None, mean.astype(np.float32),
+                                     invstd.astype(np.float32), True)[0]
+    close(dx.to_numpy(), ref, "float32", "dx")
+    ye = cudnn_bind.batch_norm_forward_inference(gx, gw, gb, grm, grv, eps)
+    close(ye.to_numpy(), (xd - rm_ref[per]) / np.sqrt(rv_ref[per] + eps) * w[per] + b[per],
+          "float32", "y (inference)")
+    assert cudnn_bind.can_use_cudnn(gx, gw, gb, grm, grv, eps=eps) == (True, "")
+    with pytest.raises(ValueError, match=r"eps must be >= 0.0 \(CUDNN_BN_MIN_EPSILON of cuDNN 9\)"):
+        cudnn_bind.batch_norm_forward_inference(gx, gw, gb, grm, grv, -1e-12)

@@ -12,7 +12,7 @@ import pytest
 
 import cudnn_bind
 from cudnn_bind import _lib
-from cudnn_helpers import build_standin
+from cudnn_helpers import build_standin, standin_hooks
 
 pytestmark = pytest.mark.cudnn
 
@@ -23,13 +23,7 @@ dev = cudnn_bind.DeviceArray.from_numpy
 def hooks(tmp_path_factory):
     out = build_standin(tmp_path_factory.mktemp("standin"))
     cudnn_bind.load(out, cudart=out)
-    h = ctypes.CDLL(out)
-    h.standin_calls.restype, h.standin_calls.argtypes = ctypes.c_long, [ctypes.c_char_p]
-    h.standin_take_log.restype = ctypes.c_size_t
-    h.standin_take_log.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
-    h.standin_fail_mallocs.argtypes = [ctypes.c_long]
-    h.standin_live_allocations.restype = ctypes.c_long
-    yield h
+    yield standin_hooks(out)
     cudnn_bind.reset()
 
 
@@ -70,10 +64,21 @@ def count_calls(hooks):
     return {n: hooks.standin_calls(n.encode()) for n in names}
 
 
-def test_steady_calls_make_only_the_calls_that_do_work(hooks):
+class Exported:
+    """A foreign array: only __cuda_array_interface__ (as CuPy's or Numba's)."""
+
+    def __init__(self, array):
+        self.__cuda_array_interface__ = array.__cuda_array_interface__
+        self._keep = array
+
+
+@pytest.mark.parametrize("kind", ["DeviceArray", "__cuda_array_interface__"])
+def test_steady_calls_make_only_the_calls_that_do_work(hooks, kind):
     x, w, b = data((2, 4, 1, 1))
     gx, gw, gb, gm, gv = dev(x), dev(w), dev(b), dev(np.zeros(4, np.float32)), dev(np.ones(4, np.float32))
     gdy = dev(x)
+    if kind != "DeviceArray":  # no cudaPointerGetAttributes per array once they are known
+        gx, gw, gb, gm, gv, gdy = (Exported(a) for a in (gx, gw, gb, gm, gv, gdy))
     for _ in range(3):  # warm-up: plans, handle, workspace, pool
         y, sm, si, rs = cudnn_bind.batch_norm_forward_training(gx, gw, gb, gm, gv)
         cudnn_bind.batch_norm_backward(gx, gdy, gw, sm, si, 1e-5, rs)
@@ -92,6 +97,48 @@ def test_steady_calls_make_only_the_calls_that_do_work(hooks):
         made = {n: after[n] - before[n] for n in after if after[n] != before[n]}
         # the batch-norm call and the current-device query, nothing else
         assert made == {expected: 1, "cudaGetDevice": 1}, made
+
+
+def test_exported_pointers_are_asked_about_once_per_live_exporter(hooks):
+    """The device of a __cuda_array_interface__ pointer is cached for as long
+    as its exporter lives (the interface keeps the memory alive that long),
+    and forgotten when it dies: a pointer freed and reused comes with a new
+    exporter, asked about afresh."""
+    lib = _lib.get()
+    x, w, b = data((2, 3, 2, 2))
+    arrays = [dev(x), dev(w), dev(b)]
+
+    def attribute_queries(args):
+        before = hooks.standin_calls(b"cudaPointerGetAttributes")
+        cudnn_bind.batch_norm_forward_training(*args)
+        return hooks.standin_calls(b"cudaPointerGetAttributes") - before
+
+    exported = [Exported(a) for a in arrays]
+    known = len(lib.cai_devices)
+    assert attribute_queries(exported) == 3  # new exporters: asked once each
+    assert attribute_queries(exported) == 0
+    assert len(lib.cai_devices) == known + 3
+    del exported
+    assert len(lib.cai_devices) == known  # each entry went with its exporter
+    assert attribute_queries([Exported(a) for a in arrays]) == 3
+
+    class NoWeakref:  # an exporter that takes no weak references: asked every time
+        __slots__ = ("__cuda_array_interface__", "_keep")
+
+        def __init__(self, array):
+            self.__cuda_array_interface__ = array.__cuda_array_interface__
+            self._keep = array
+
+    plain = [NoWeakref(a) for a in arrays]
+    assert attribute_queries(plain) == 3 and attribute_queries(plain) == 3
+    # host memory behind an exporter is still refused (its device is None, cached or not)
+    host = np.ones(3, np.float32)
+    fake = Exported(cudnn_bind.DeviceArray.from_pointer(host.ctypes.data, (3,), "float32",
+                                                         owner=host))
+    ex, eb = Exported(arrays[0]), Exported(arrays[2])
+    for _ in range(2):
+        with pytest.raises(ValueError, match="weight: not device memory"):
+            cudnn_bind.batch_norm_forward_training(ex, fake, eb)
 
 
 def test_outputs_belong_to_the_calls_stream_and_carry_it(hooks):

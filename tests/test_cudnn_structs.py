@@ -2,7 +2,10 @@
 real headers: cudaPointerAttributes of the CUDA 12 and CUDA 13 runtimes (a
 struct too small for the runtime that fills it is a heap overflow), and
 DLPack's tensor structs.  A tiny C program compiled against the headers
-prints sizeof and offsetof; the ctypes layout must match field for field."""
+prints sizeof and offsetof; the ctypes layout must match field for field.
+Also from the headers: CUDNN_BN_MIN_EPSILON, the eps floor cudnn_bind
+enforces; and from the real runtimes of the wheels: the struct cudnn_bind
+picks for each (cudaRuntimeGetVersion needs no GPU)."""
 import ctypes
 import importlib.util
 import os
@@ -12,12 +15,12 @@ import subprocess
 import pytest
 
 from cudnn_bind import _lib, memory
-from cudnn_helpers import find, missing
+from cudnn_helpers import find, header_dirs, missing
 
 pytestmark = pytest.mark.cudnn
 
 
-def _compile_and_run(tmp_path, source, includes):
+def _compile_and_run(tmp_path, source, includes, parse=int):
     cc = shutil.which("gcc") or shutil.which("cc")
     if cc is None:
         missing("no C compiler to read the headers' struct layouts")
@@ -28,7 +31,7 @@ def _compile_and_run(tmp_path, source, includes):
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
-    return {k: int(v) for k, v in (line.split() for line in out.splitlines())}
+    return {k: parse(v) for k, v in (line.split() for line in out.splitlines())}
 
 
 POINTER_ATTRIBUTES = r"""
@@ -111,3 +114,66 @@ def test_dlpack_structs_match_dlpack_h(tmp_path):
     assert memory._DL_VERSIONED_OFFSET == layout["versioned.dl_tensor"]
     assert memory._DL_VERSIONED_FLAGS_OFFSET == layout["versioned.flags"]
     assert memory._DL_FLAG_READ_ONLY == layout["read_only"]
+
+
+BN_MIN_EPSILON = r"""
+#include <stdio.h>
+#include <cudnn.h>
+int main(void)
+{
+    printf("major %d\n", CUDNN_MAJOR);
+    printf("min_epsilon %.17g\n", (double)CUDNN_BN_MIN_EPSILON);
+    return 0;
+}
+"""
+
+
+def test_the_eps_floor_is_cudnn_bn_min_epsilon_of_the_installed_headers(tmp_path):
+    """_lib's per-version floor against the header of the cuDNN wheel installed
+    here, and the real library of that wheel, loaded, uses it."""
+    includes = header_dirs()
+    if includes is None:
+        missing("the cuDNN/CUDA headers are not installed (pip install --no-deps "
+                "nvidia-cudnn-cu12 nvidia-cuda-runtime-cu12 nvidia-cuda-nvcc-cu12)")
+    header = _compile_and_run(tmp_path, BN_MIN_EPSILON, includes, parse=float)
+    major = int(header["major"])
+    assert _lib.BN_MIN_EPSILON[major] == header["min_epsilon"], header
+    path = find(f"cudnn/lib/libcudnn.so.{major}")
+    if path is None:
+        missing(f"the headers are cuDNN {major}'s but libcudnn.so.{major} is not installed")
+    lib = _lib.Library(path)  # not installed as cudnn_bind's library: nothing else changes
+    assert lib.major == major and lib.min_epsilon == header["min_epsilon"]
+
+
+# (runtime wheel's library under site-packages/nvidia, sizeof(struct cudaPointerAttributes))
+RUNTIME_LIBRARIES = {12: ("cuda_runtime/lib/libcudart.so.12", 24),
+                     13: ("cu13/lib/libcudart.so.13", 88)}
+
+
+@pytest.mark.parametrize("major", sorted(RUNTIME_LIBRARIES))
+def test_each_cuda_runtime_wheel_loads_with_its_pointer_attributes(major, monkeypatch):
+    """The real libcudart of the CUDA 12 and 13 wheels, found and loaded the
+    way cudnn_bind does it (the wheel search; the runtime named by
+    $CUDNN_BIND_CUDART where it is not the one cuDNN was built for): the
+    runtime reports its version without a GPU, and the struct declared for
+    cudaPointerGetAttributes is that runtime's size, 88 bytes for CUDA 13."""
+    wheel_path, size = RUNTIME_LIBRARIES[major]
+    wheel = find(wheel_path)
+    if wheel is None:
+        missing(f"the CUDA {major} runtime wheel is not installed ({RUNTIMES[f'cuda{major}'][2]})")
+    cudnn = find("cudnn/lib/libcudnn.so.9") or find("cudnn/lib/libcudnn.so.8")
+    if cudnn is None:
+        missing("nvidia-cudnn-cu12 is not installed (pip install --no-deps nvidia-cudnn-cu12)")
+    assert _lib.cudart_candidates(major)[0] == wheel  # the wheel comes first in the search
+    monkeypatch.delenv("CUDNN_BIND_LIBRARY", raising=False)
+    monkeypatch.delenv("CUDNN_BIND_CUDART", raising=False)
+    lib = _lib.Library(cudnn)
+    if lib.cudart_version // 1000 != major:  # not cuDNN's own runtime: name it, as a user would
+        monkeypatch.setenv("CUDNN_BIND_CUDART", wheel)
+        lib = _lib.Library(cudnn)
+    assert lib.cudart_path == wheel
+    assert lib.runtime_version // 1000 == major
+    assert lib.PointerAttributes is _lib.pointer_attributes_type(lib.runtime_version)
+    assert ctypes.sizeof(lib.PointerAttributes) == size
+    declared = lib.cudart.cudaPointerGetAttributes.argtypes[0]
+    assert declared._type_ is lib.PointerAttributes  # what the runtime is handed to fill
