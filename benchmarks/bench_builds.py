@@ -10,6 +10,8 @@ portable (dispatching) wheel build vs a -march=native build.
                                    # bench_norms.py and bench_weight_norm.py
     python benchmarks/bench_builds.py --packages A B --torch
                                    # ... and PyTorch's op interleaved with both
+    python benchmarks/bench_builds.py --packages A B --cases cache
+                                   # bench_norms.py's cache-resident cases instead
 
 Without --dirs it installs this checkout twice with `pip install --target`
 (no build isolation): CYNORM_MARCH=none (the wheels' build: baseline,
@@ -183,12 +185,12 @@ def weight_norm_cases(cn, dtype, rng):
     return out
 
 
-def norms_cases(cn, dtype, ops, rng, evict):
+def norms_cases(cn, dtype, ops, rng, evict, which="dram"):
     """(label, size_bytes, cynorm callable, torch callable, before) for
-    bench_norms.py's cases."""
+    bench_norms.py's cases (`which`: its --cases set)."""
     import bench_norms as bn
     out = []
-    for family, shape, layout in bn.CASES:
+    for family, shape, layout in bn.CASE_SETS[which]:
         fops = [op for op in ops if op.startswith(family)]
         if not fops:
             continue
@@ -222,7 +224,8 @@ def packages_child(args):
             cn = mods["cynorm"]
             cases[role] = ((weight_norm_cases(cn, dtype, np.random.default_rng(0))
                             if args.weight_norm else [])
-                           + norms_cases(cn, dtype, args.ops, np.random.default_rng(1), evict))
+                           + norms_cases(cn, dtype, args.ops, np.random.default_rng(1), evict,
+                                         args.cases))
         for ca, cb in zip(cases["A"], cases["B"]):
             label, nbytes, fa, ftorch, before = ca
             fns = {"A": fa, "B": cb[2]}
@@ -264,6 +267,8 @@ def main():
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--ops", default="all", help="comma-separated: wn (weight norm, --packages "
                    "only), ln, bn or bench_norms.py's op names (default all)")
+    p.add_argument("--cases", choices=("dram", "cache", "all"), default="dram",
+                   help="with --packages: bench_norms.py's case set (default dram: its large shapes)")
     p.add_argument("--tolerance", type=float, default=0.10, help="target: A within this of B")
     p.add_argument("--warm", action="store_true", help="time DRAM-bound cases (bench_norms.py) "
                    "without evicting the caches before each call")
@@ -335,7 +340,8 @@ def packages_main(args):
     rows = run_child(__file__, "faultfree",
                      ["--packages", *args.packages, "--repeats", str(args.repeats),
                       "--threads", str(args.threads), "--dtypes", ",".join(args.dtypes),
-                      "--ops", ops_arg(args)] + ["--warm"] * args.warm + ["--torch"] * args.torch,
+                      "--ops", ops_arg(args), "--cases", args.cases] + ["--warm"] * args.warm
+                     + ["--torch"] * args.torch,
                      capture_stderr=False)
     print(f"\nA: {args.packages[0]}\nB: {args.packages[1]}\n{args.threads} threads, fault-free "
           f"allocation; median of {args.repeats} interleaved calls (x4 for inputs under 8 MiB) in "
