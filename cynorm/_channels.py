@@ -78,16 +78,17 @@ def prepare(arrays, axis, outs):
     return views, transposed, kernel_dims(arrays[0].shape, axis, transposed)
 
 
-def moments(kx, dims, policy, eps):
+def moments(kx, dims, policy, eps, passes=1):
     """Per-channel (mean, biased var) in float64 from the kernels' shifted
     sums; eps (what the variance will be added to) tells which channels
-    need float64 squares."""
+    need float64 squares.  passes: the calling op's passes over x (3 for a
+    training forward, which normalizes next), for the kernel's thread count."""
     A, C, B = dims
     if A * B == 0:
         nan = np.full(C, np.nan)
         return nan, nan.copy()
     mean, var = np.empty(C), np.empty(C)
-    _kernel("channel_moments", policy)(_flat(kx), mean, var, A, C, B, eps, _threads())
+    _kernel("channel_moments", policy)(_flat(kx), mean, var, A, C, B, eps, _threads(), passes)
     return mean, var
 
 

@@ -185,7 +185,7 @@ def _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, 
         update_running(rm, rv, mean, var, n, momentum)
         return y, save_mean, save_invstd
     if training:
-        mean, var = moments(kx, dims, policy, eps)
+        mean, var = moments(kx, dims, policy, eps, passes=3)  # then the normalize pass
         kmean[...] = from_float64(mean, policy.stat)
         kinv[...] = from_float64(invstd_of(var, eps), policy.stat)
         # y: the float64 mean (save_mean is its rounding), the saved invstd
