@@ -71,13 +71,12 @@ class build_ext_always(build_ext):
         flags = ["-fno-inline-functions-called-once"]
         # The small fixed-size arrays the row loops zero (LANES float64
         # accumulators) in vector stores: GCC's tunings for AVX2 targets
-        # (x86-64-v3, znver*) zero them with `rep stos`, whose start-up cost
-        # is a fifth of a 256-value row's sum of squares on Zen 3; larger
-        # memsets call the C library's.  x86 GCC only (clang rejects it).
+        # (x86-64-v3, znver*) zero them with `rep stos`, whose start-up
+        # costs more than a short row's loop; larger memsets call the C
+        # library's.  x86 GCC only (clang rejects it).
         flags.append("-mmemset-strategy=vector_loop:1024:noalign,libcall:-1:noalign")
-        # Loops start on a 64-byte line: with GCC's 16, an unrelated change
-        # that moved a hot loop to 16 bytes before a line cost 8-12 % on
-        # bfloat16 weight-norm backward (same instructions, Zen 3)
+        # Loops start on a 64-byte line (GCC's default is 16), so that a hot
+        # loop's speed does not depend on where unrelated code moved it
         flags.append("-falign-loops=64")
         if self.compiler.compiler_type == "unix":
             accepted = [flag for flag in flags if self._accepts(flag)]
