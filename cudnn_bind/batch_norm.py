@@ -202,6 +202,8 @@ def _stream_and_x(stream, x, lib):
     stream, a DeviceArray's stream, the interface's "stream" key, nothing
     for DLPack (the legacy default stream then); for CuPy, its current
     stream."""
+    if stream is None and type(x) is DeviceArray and x.ptr:
+        return x.stream or 0, x  # a live DeviceArray is its own view: as_view's answer at once
     if stream is not None:
         st = stream_value(stream, "stream")
         return st, as_view(x, "x", lib, st)
@@ -250,10 +252,6 @@ def _param(obj, name, plan, lib, stream, required=False):
     if v.dtype != plan.pdtype or v.shape != plan.pshape or v.strides != (1,):
         _check_param(v, name, plan.nparam, plan.pdtype)
     return v
-
-
-def _ptr(v):
-    return v.ptr if v is not None else None
 
 
 # ---- plans -------------------------------------------------------------------------
@@ -329,6 +327,24 @@ class _Plan:
                          self.mode, self.ops, self.actdesc, xd, ctypes.byref(out))
             size = self._sizes[key] = out.value
         return size
+
+    def forward_sizes(self, h):
+        """(workspace bytes, then saved_specs' answer) of the forward on h's
+        device: one lookup per call (made once per device)."""
+        key = (h.device, "forward_all")
+        found = self._sizes.get(key)
+        if found is None:
+            found = self._sizes[key] = (self.sizes(h, "forward"),) + self.saved_specs(h)
+        return found
+
+    def backward_sizes(self, h):
+        """(reserve bytes, workspace bytes) of the backward on h's device:
+        one lookup per call (made once per device)."""
+        key = (h.device, "backward_all")
+        found = self._sizes.get(key)
+        if found is None:
+            found = self._sizes[key] = (self.sizes(h, "reserve"), self.sizes(h, "backward"))
+        return found
 
     def saved_specs(self, h):
         """(specs, pool layout, reserve bytes) of the forward's save_mean,
@@ -514,7 +530,8 @@ def batch_norm_forward_training(
     lib = _lib.get()
     eps = _eps(eps, lib)
     factor = real(exponential_average_factor, "exponential_average_factor")
-    fused = _fused(activation, z)
+    # no fused op (the common case) needs no check
+    fused = None if activation is None and z is None else _fused(activation, z)
     st, xv, plan = _training_x(x, stream, mode, fused, lib)
     if plan.per_channel <= 1:
         raise ValueError("Expected more than 1 value per channel when training, got x of "
@@ -534,16 +551,16 @@ def batch_norm_forward_training(
         yv = as_view(out, "out", lib, st)
         _check_like(yv, xv, "out", plan.layout)
         _writable(yv, "out")
-    if rmv is not None:  # updated in place
+    if rmv is not None and (rmv.read_only or rvv.read_only):  # updated in place
         _writable(rmv, "running_mean")
         _writable(rvv, "running_var")
     device, producers = _gather(_FORWARD_NAMES, (xv, zv, yv, wv, bv, rmv, rvv), st)
     device, previous = _enter_device(lib, device)
     try:
-        h = _handle(handle, device, lib)
-        ws_size = plan.sizes(h, "forward")
-        saved, saved_layout, rs_size = plan.saved_specs(h)
-        _start(h, st, producers)
+        h = cached_handle(device, lib) if handle is None else _handle(handle, device, lib)
+        ws_size, saved, saved_layout, rs_size = plan.forward_sizes(h)
+        if st != h._stream or producers:  # else _start has nothing to do
+            _start(h, st, producers)
         kind = xv.kind
         if yv is None:  # no out=
             (out,), (y_ptr,) = new_arrays(kind, device, st, plan.like_x, lib, plan.like_x_layout)
@@ -553,13 +570,17 @@ def batch_norm_forward_training(
         (save_mean, save_invstd, reserve), (sm, si, rs) = new_arrays(
             kind, device, st, saved, lib, saved_layout)
         ws = h.workspace(ws_size, kind, st)
-        _check_status(lib, plan.fn_forward(
-            h.ptr, plan.mode, plan.ops, plan.one, plan.zero, plan.xd, xv.ptr, plan.zd, _ptr(zv),
-            plan.xd, y_ptr, plan.bnd, wv.ptr, bv.ptr, factor, _ptr(rmv), _ptr(rvv), eps,
-            sm, si, plan.actdesc, ws or None, ws_size, rs or None, rs_size),
-            "cudnnBatchNormalizationForwardTrainingEx")
+        xd = plan.xd
+        status = plan.fn_forward(
+            h.ptr, plan.mode, plan.ops, plan.one, plan.zero, xd, xv.ptr, plan.zd,
+            zv.ptr if zv is not None else None, xd, y_ptr, plan.bnd, wv.ptr, bv.ptr, factor,
+            rmv.ptr if rmv is not None else None, rvv.ptr if rvv is not None else None, eps,
+            sm, si, plan.actdesc, ws or None, ws_size, rs or None, rs_size)
+        if status:
+            lib.check(status, "cudnnBatchNormalizationForwardTrainingEx")
     finally:
-        _leave_device(lib, previous)
+        if previous is not None:
+            _leave_device(lib, previous)
     return out, save_mean, save_invstd, reserve
 
 
@@ -644,11 +665,10 @@ def batch_norm_forward_inference(
     eps = _eps(eps, lib)
     st, xv = _stream_and_x(stream, x, lib)
     plan = _plan(lib, "inference", xv, mode, None)
-    params = []
-    for name, obj in (("weight", weight), ("bias", bias), ("running_mean", running_mean),
-                      ("running_var", running_var)):
-        params.append(_param(obj, name, plan, lib, st, required=True))
-    wv, bv, rmv, rvv = params
+    wv = _param(weight, "weight", plan, lib, st, required=True)
+    bv = _param(bias, "bias", plan, lib, st, required=True)
+    rmv = _param(running_mean, "running_mean", plan, lib, st, required=True)
+    rvv = _param(running_var, "running_var", plan, lib, st, required=True)
     yv = None
     if out is not None:
         yv = as_view(out, "out", lib, st)
@@ -657,8 +677,9 @@ def batch_norm_forward_inference(
     device, producers = _gather(_INFERENCE_NAMES, (xv, yv, wv, bv, rmv, rvv), st)
     device, previous = _enter_device(lib, device)
     try:
-        h = _handle(handle, device, lib)
-        _start(h, st, producers)
+        h = cached_handle(device, lib) if handle is None else _handle(handle, device, lib)
+        if st != h._stream or producers:  # else _start has nothing to do
+            _start(h, st, producers)
         if yv is None:  # no out=
             (out,), (y_ptr,) = new_arrays(xv.kind, device, st, plan.like_x, lib,
                                           plan.like_x_layout)
@@ -667,18 +688,21 @@ def batch_norm_forward_inference(
         if plan.empty:  # an empty batch: nothing for cuDNN to do
             return out
         fn, one, zero = plan.fn_inference, plan.one, plan.zero
-        args = (plan.bnd, wv.ptr, bv.ptr, rmv.ptr, rvv.ptr, eps)
         if plan.chunks is None:
-            _check_status(lib, fn(h.ptr, plan.mode, one, zero, plan.xd, xv.ptr, plan.xd, y_ptr,
-                                  *args), "cudnnBatchNormalizationForwardInference")
+            status = fn(h.ptr, plan.mode, one, zero, plan.xd, xv.ptr, plan.xd, y_ptr, plan.bnd,
+                        wv.ptr, bv.ptr, rmv.ptr, rvv.ptr, eps)
+            if status:
+                lib.check(status, "cudnnBatchNormalizationForwardInference")
             return out
+        args = (plan.bnd, wv.ptr, bv.ptr, rmv.ptr, rvv.ptr, eps)
         step = xv.strides[0] * DTYPE_SIZES[xv.dtype]
         for n0, desc in plan.chunks:
             _check_status(lib, fn(h.ptr, plan.mode, one, zero, desc.value, xv.ptr + n0 * step,
                                   desc.value, y_ptr + n0 * step, *args),
                           "cudnnBatchNormalizationForwardInference")
     finally:
-        _leave_device(lib, previous)
+        if previous is not None:
+            _leave_device(lib, previous)
     return out
 
 
@@ -793,7 +817,8 @@ def batch_norm_backward(
     """
     lib = _lib.get()
     eps = _eps(eps, lib)
-    fused = _fused(activation, z)
+    # no fused op (the common case) needs no check
+    fused = None if activation is None and z is None else _fused(activation, z)
     st, xv, plan = _training_x(x, stream, mode, fused, lib)
     if plan.per_channel <= 1:
         raise ValueError("Expected more than 1 value per channel when training (batch norm "
@@ -811,7 +836,7 @@ def batch_norm_backward(
         yv = as_view(y, "y", lib, st)
         _check_like(yv, xv, "y", plan.layout)
     wv = _param(weight, "weight", plan, lib, st, required=True)
-    bv = _param(bias, "bias", plan, lib, st)
+    bv = _param(bias, "bias", plan, lib, st) if bias is not None else None
     smv = _param(save_mean, "save_mean", plan, lib, st, required=True)
     siv = _param(save_invstd, "save_invstd", plan, lib, st, required=True)
     rv = as_view(reserve, "reserve", lib, st) if reserve is not None else None
@@ -822,15 +847,15 @@ def batch_norm_backward(
     device, producers = _gather(_BACKWARD_NAMES, (xv, dyv, yv, zv, wv, bv, smv, siv, rv), st)
     device, previous = _enter_device(lib, device)
     try:
-        h = _handle(handle, device, lib)
-        expected = plan.sizes(h, "reserve")
+        h = cached_handle(device, lib) if handle is None else _handle(handle, device, lib)
+        expected, ws_size = plan.backward_sizes(h)
         got = 0 if rv is None else rv.size * DTYPE_SIZES[rv.dtype]
         if got != expected:
             raise ValueError(f"reserve has {got} bytes but cuDNN asks for {expected} for this shape, "
                              "mode and activation: pass the reserve returned by the matching "
                              "batch_norm_forward_training call")
-        ws_size = plan.sizes(h, "backward")
-        _start(h, st, producers)
+        if st != h._stream or producers:  # else _start has nothing to do
+            _start(h, st, producers)
         kind = xv.kind
         (dx,), (dx_ptr,) = new_arrays(kind, device, st, plan.like_x, lib, plan.like_x_layout)
         dz = dz_ptr = None
@@ -840,14 +865,17 @@ def batch_norm_backward(
                                                 lib, plan.param_pair_layout)
         ws = h.workspace(ws_size, kind, st)
         one, zero, xd = plan.one, plan.zero, plan.xd
-        _check_status(lib, plan.fn_backward(
+        status = plan.fn_backward(
             h.ptr, plan.mode, plan.ops, one, zero, one, zero, xd, xv.ptr,
-            xd if yv is not None else None, _ptr(yv), xd, dyv.ptr, plan.zd, dz_ptr, xd, dx_ptr,
-            plan.bnd, wv.ptr, _ptr(bv), dw, db, eps, smv.ptr, siv.ptr, plan.actdesc, ws or None,
-            ws_size, (rv.ptr or None) if rv is not None else None, expected),
-            "cudnnBatchNormalizationBackwardEx")
+            xd if yv is not None else None, yv.ptr if yv is not None else None, xd, dyv.ptr,
+            plan.zd, dz_ptr, xd, dx_ptr, plan.bnd, wv.ptr, bv.ptr if bv is not None else None,
+            dw, db, eps, smv.ptr, siv.ptr, plan.actdesc, ws or None,
+            ws_size, (rv.ptr or None) if rv is not None else None, expected)
+        if status:
+            lib.check(status, "cudnnBatchNormalizationBackwardEx")
     finally:
-        _leave_device(lib, previous)
+        if previous is not None:
+            _leave_device(lib, previous)
     return (dx, dweight, dbias, dz) if dz is not None else (dx, dweight, dbias)
 
 

@@ -306,10 +306,11 @@ def handle_for(device: Int, lib: Optional[_lib.Library] = None) -> Handle:
 
 def cached_handle(device: int, lib: _lib.Library) -> Handle:
     """handle_for with checked arguments."""
-    cache = getattr(_local, "handles", None)
-    if cache is None or getattr(_local, "lib", None) is not lib:
-        cache = _local.handles = {}
-        _local.lib = lib
+    # (library, {device: handle}) of this thread: one thread-local lookup per call
+    mine: Optional[tuple[_lib.Library, dict[int, Handle]]] = getattr(_local, "handles", None)
+    if mine is None or mine[0] is not lib:
+        mine = _local.handles = (lib, {})
+    cache = mine[1]
     h = cache.get(device)
     if h is None or not h.alive:
         h = cache[device] = Handle(lib, device)

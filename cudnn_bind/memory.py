@@ -90,11 +90,11 @@ _device_out = threading.local()
 
 
 def current_device(lib: _lib.Library) -> int:
-    pair = getattr(_device_out, "pair", None)
-    if pair is None:
+    try:
+        dev, ref = _device_out.pair
+    except AttributeError:  # this thread's first call
         out = ctypes.c_int()
-        pair = _device_out.pair = (out, ctypes.byref(out))
-    dev, ref = pair
+        dev, ref = _device_out.pair = (out, ctypes.byref(out))
     if lib.cudart.cudaGetDevice(ref):
         lib.cuda("cudaGetDevice", ref)  # raises, with the error's name
     return dev.value
@@ -489,18 +489,6 @@ class DeviceArray:
                 f"stream={self.stream})")
 
 
-def _carve(block: Optional[Block], offset: int, shape: tuple[int, ...],
-           strides: tuple[int, ...], dtype: str, nbytes: int, device: int,
-           stream: int) -> DeviceArray:
-    """A DeviceArray at `offset` bytes into `block` (arguments already checked)."""
-    self = DeviceArray.__new__(DeviceArray)
-    self.shape, self.strides, self.dtype = shape, strides, dtype
-    self.nbytes, self.device, self.stream = nbytes, device, stream
-    self._owner = block
-    self.ptr = block.ptr + offset if block is not None else 0
-    return self
-
-
 class View:
     """What the binding needs of an array argument.  `stream`: the stream
     its producer queued it on (to wait for), or None."""
@@ -848,9 +836,21 @@ def new_arrays(kind: str, device: int, stream: int, specs: Sequence[Spec],
         return arrays, [data_ptr(a) for a in arrays]
     total, pieces = layout if layout is not None else block_layout(specs)
     block = Block(lib.pool, total, device, stream) if total else None
-    # an empty array holds no memory (ptr 0), as a zero-byte DeviceArray does
-    arrays = [_carve(block if piece[4] else None, *piece, device, stream) for piece in pieces]
-    return arrays, [a.ptr for a in arrays]
+    base = block.ptr if block is not None else 0
+    arrays, ptrs = [], []
+    # built here, not by a helper per array (every output of a call pays it)
+    for offset, shape, strides, dtype, nbytes in pieces:
+        a = DeviceArray.__new__(DeviceArray)
+        a.shape, a.strides, a.dtype = shape, strides, dtype
+        a.nbytes, a.device, a.stream = nbytes, device, stream
+        # an empty array holds no memory (ptr 0), as a zero-byte DeviceArray does
+        if nbytes:
+            a._owner, a.ptr = block, base + offset
+        else:
+            a._owner, a.ptr = None, 0
+        arrays.append(a)
+        ptrs.append(a.ptr)
+    return arrays, ptrs
 
 
 def _framework_array(kind: str, device: int, stream: int, shape: tuple[int, ...],

@@ -77,10 +77,10 @@ class Block:
     __slots__ = ("ptr", "nbytes", "device", "key", "_pool")
 
     def __init__(self, pool: Pool, nbytes: int, device: int, stream: int) -> None:
-        self.nbytes = -(-nbytes // ALIGNMENT) * ALIGNMENT  # rounded(nbytes)
+        self.nbytes = size = -(-nbytes // ALIGNMENT) * ALIGNMENT  # rounded(nbytes)
         self.device = device
-        self.key = stream if stream != PER_THREAD_STREAM else stream_key(stream)
-        self.ptr = pool.take(self.nbytes, device, self.key)
+        self.key = key = stream if stream != PER_THREAD_STREAM else stream_key(stream)
+        self.ptr = pool.take(size, device, key)
         self._pool: Optional[Pool] = pool
 
     def release(self) -> None:
