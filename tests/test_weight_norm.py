@@ -244,7 +244,9 @@ def test_dim_none_accepts_scalar_shapes(rng):
 
 
 def test_zero_size_arrays():
-    for shape, dim in [((0, 5), 0), ((0, 5), 1), ((5, 0), 0), ((3, 0, 4), 1), ((0,), None)]:
+    # (8, 0) and (64, 0, 3): enough empty rows for the fused row path
+    for shape, dim in [((0, 5), 0), ((0, 5), 1), ((5, 0), 0), ((3, 0, 4), 1), ((0,), None),
+                       ((8, 0), 0), ((64, 0, 3), 0)]:
         v = np.zeros(shape, np.float32)
         D = 1 if dim is None else shape[dim]
         g = np.ones(D, np.float32)
