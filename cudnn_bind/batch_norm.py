@@ -408,11 +408,6 @@ def _training_x(x, stream, mode, fused, lib):
     return st, xv, _plan(lib, "training", xv, mode, fused)
 
 
-def _check_status(lib, status, function):
-    if status:  # the calls run cuDNN's functions directly; errors as lib.call raises them
-        lib.check(status, function)
-
-
 # ---- forward, training ---------------------------------------------------------
 
 def batch_norm_forward_training(
@@ -697,9 +692,10 @@ def batch_norm_forward_inference(
         args = (plan.bnd, wv.ptr, bv.ptr, rmv.ptr, rvv.ptr, eps)
         step = xv.strides[0] * DTYPE_SIZES[xv.dtype]
         for n0, desc in plan.chunks:
-            _check_status(lib, fn(h.ptr, plan.mode, one, zero, desc.value, xv.ptr + n0 * step,
-                                  desc.value, y_ptr + n0 * step, *args),
-                          "cudnnBatchNormalizationForwardInference")
+            status = fn(h.ptr, plan.mode, one, zero, desc.value, xv.ptr + n0 * step, desc.value,
+                        y_ptr + n0 * step, *args)
+            if status:  # cuDNN's functions are called directly: lib.check raises as lib.call would
+                lib.check(status, "cudnnBatchNormalizationForwardInference")
     finally:
         if previous is not None:
             _leave_device(lib, previous)
