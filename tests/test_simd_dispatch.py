@@ -87,10 +87,12 @@ for i, (shape, axis) in enumerate(cases + cases):
         lg = cynorm.layer_norm_backward(dy, x, N, lm, lr, w[:1].repeat(N))[0]
         v = x.reshape(shape[0], -1)
         wn = cynorm.weight_norm_interface(v, np.ones((shape[0], 1), bf), 0)[0]
+        # over the last dim: the column passes (short contiguous rows share a pack)
+        wnc = cynorm.weight_norm_interface(v, np.ones((1, v.shape[1]), bf), 1)[0]
         # subnormal outputs: a weight of 1e-38 scales the normalized values down
         tiny = np.full(C, 1e-38, np.float32)
         ys = cynorm.batch_norm(x, tiny, None, rm, rv, training=False, axis=axis)[0]
-        for k, a in dict(y=y, ye=ye, gx=gx, gxe=gxe, ly=ly, lg=lg, wn=wn, ys=ys).items():
+        for k, a in dict(y=y, ye=ye, gx=gx, gxe=gxe, ly=ly, lg=lg, wn=wn, wnc=wnc, ys=ys).items():
             out[f"{i}-{tag}-{k}"] = np.asarray(a).view(np.uint8)
 np.savez(sys.argv[1], **out)
 """

@@ -63,31 +63,42 @@ static inline int cn_env_set(const char *name) {
     return v != NULL && v[0] != '\0' && !(v[0] == '0' && v[1] == '\0');
 }
 
-/* dst[i] = bfloat16(src[i]) for i < n, as cn_f32_to_bf16_bits: 16 values a
- * step, (u + 0x7fff + ((u >> 16) & 1)) >> 16 in 32-bit lanes, packed to 16
- * bits (the values fit: no NaN, so u <= 0xff800000); a step holding a NaN
- * (ml_dtypes' canonical quiet NaN) and the tail value by value */
-static inline void cn_pack_bf16_avx2(uint16_t *dst, const float *src, ptrdiff_t n) {
+/* dst[k] = bfloat16(src[k]) for k < 16, as cn_f32_to_bf16_bits:
+ * (u + 0x7fff + ((u >> 16) & 1)) >> 16 in 32-bit lanes, packed to 16 bits
+ * (the values fit: no NaN, so u <= 0xff800000); a step holding a NaN
+ * (ml_dtypes' canonical quiet NaN) value by value */
+static inline void cn_pack16_bf16_avx2(uint16_t *dst, const float *src) {
     const __m256i one = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7fff);
-    ptrdiff_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m256 a = _mm256_loadu_ps(src + i), b = _mm256_loadu_ps(src + i + 8);
-        __m256 nan = _mm256_or_ps(_mm256_cmp_ps(a, a, _CMP_UNORD_Q),
-                                  _mm256_cmp_ps(b, b, _CMP_UNORD_Q));
-        if (!_mm256_testz_ps(nan, nan)) {
-            cn_round_bf16(dst + i, src + i, 16);
-            continue;
-        }
-        __m256i ua = _mm256_castps_si256(a), ub = _mm256_castps_si256(b);
-        __m256i ra = _mm256_add_epi32(_mm256_add_epi32(ua, bias),
-                                      _mm256_and_si256(_mm256_srli_epi32(ua, 16), one));
-        __m256i rb = _mm256_add_epi32(_mm256_add_epi32(ub, bias),
-                                      _mm256_and_si256(_mm256_srli_epi32(ub, 16), one));
-        /* packus interleaves the 128-bit halves: permute them back in order */
-        __m256i r = _mm256_packus_epi32(_mm256_srli_epi32(ra, 16), _mm256_srli_epi32(rb, 16));
-        _mm256_storeu_si256((__m256i *)(dst + i), _mm256_permute4x64_epi64(r, 0xd8));
+    __m256 a = _mm256_loadu_ps(src), b = _mm256_loadu_ps(src + 8);
+    __m256 nan = _mm256_or_ps(_mm256_cmp_ps(a, a, _CMP_UNORD_Q), _mm256_cmp_ps(b, b, _CMP_UNORD_Q));
+    if (!_mm256_testz_ps(nan, nan)) {
+        cn_round_bf16(dst, src, 16);
+        return;
     }
-    cn_round_bf16(dst + i, src + i, n - i);
+    __m256i ua = _mm256_castps_si256(a), ub = _mm256_castps_si256(b);
+    __m256i ra = _mm256_add_epi32(_mm256_add_epi32(ua, bias),
+                                  _mm256_and_si256(_mm256_srli_epi32(ua, 16), one));
+    __m256i rb = _mm256_add_epi32(_mm256_add_epi32(ub, bias),
+                                  _mm256_and_si256(_mm256_srli_epi32(ub, 16), one));
+    /* packus interleaves the 128-bit halves: permute them back in order */
+    __m256i r = _mm256_packus_epi32(_mm256_srli_epi32(ra, 16), _mm256_srli_epi32(rb, 16));
+    _mm256_storeu_si256((__m256i *)dst, _mm256_permute4x64_epi64(r, 0xd8));
+}
+
+/* dst[i] = bfloat16(src[i]) for i < n, 16 values a step; a tail of a run of
+ * 16 or more takes one more step over the last 16 values (src is the float32
+ * block, not dst: storing a value twice stores the same bits), so a 196-value
+ * row pays no value-by-value tail */
+static inline void cn_pack_bf16_avx2(uint16_t *dst, const float *src, ptrdiff_t n) {
+    ptrdiff_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        cn_pack16_bf16_avx2(dst + i, src + i);
+    if (i == n)
+        return;
+    if (n >= 16)
+        cn_pack16_bf16_avx2(dst + n - 16, src + n - 16);
+    else
+        cn_round_bf16(dst, src, n);
 }
 #endif
 
