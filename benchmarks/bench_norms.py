@@ -443,6 +443,10 @@ def run_setting(args):
             import cynorm as cn
         except Exception as e:  # noqa: BLE001 - e.g. half-built in place
             print(f"cynorm not importable, timing torch and NumPy only: {e}", file=sys.stderr)
+    if cn is not None and args.tune and args.threads[0] > 1:
+        tuned = cn.tune_threads(args.threads[0])
+        print(f"tune_threads({args.threads[0]}): "
+              + ", ".join(f"{k} {v >> 10} KiB" for k, v in tuned.items()), file=sys.stderr)
     results = []
     rng = np.random.default_rng(0)
     evictors = {} if args.warm else {t: CacheEvictor(t) for t in args.threads}
@@ -633,6 +637,8 @@ def main():
     p.add_argument("--no-check", action="store_true", help="skip the float64 accuracy checks")
     p.add_argument("--warm", action="store_true", help="time DRAM-bound cases without evicting the "
                    "caches before each call")
+    p.add_argument("--tune", action="store_true", help="cynorm.tune_threads() at each thread "
+                   "count before timing (this machine's thread-team thresholds)")
     p.add_argument("--ln-param-dtype", choices=["float32", "input"], default="float32",
                    help="layer norm weight/bias dtype for bfloat16 inputs (default float32)")
     p.add_argument("--json", default=os.path.join(HERE, "results", "norms_latest.json"))
@@ -678,6 +684,7 @@ def main():
                   "--dtypes", ",".join(args.dtypes), "--ops", ",".join(args.ops),
                   "--ln-param-dtype", args.ln_param_dtype, "--cases", args.cases]
     child_args += ["--no-cynorm"] * args.no_cynorm + ["--no-out"] * args.no_out + ["--warm"] * args.warm
+    child_args += ["--tune"] * args.tune
     all_results, busy = {}, {}
     for i, setting in enumerate(args.settings.split(",")):
         print(f"[{setting}] running ...", file=sys.stderr, flush=True)

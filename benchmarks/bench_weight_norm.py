@@ -44,7 +44,7 @@ def numpy_backward(gw, v, g, norm, dim):
     return a * gw - (a * grad_g / norm) * v, grad_g
 
 
-def run_setting(repeats, threads_list):
+def run_setting(repeats, threads_list, tune=False):
     import ml_dtypes
     import torch
 
@@ -55,6 +55,10 @@ def run_setting(repeats, threads_list):
     for threads in threads_list:
         cynorm.set_num_threads(threads)
         torch.set_num_threads(threads)
+        if tune and threads > 1:
+            tuned = cynorm.tune_threads(threads)
+            print(f"tune_threads({threads}): "
+                  + ", ".join(f"{k} {v >> 10} KiB" for k, v in tuned.items()), file=sys.stderr)
         for shape, dim in CASES:
             gshape = tuple(s if i == dim else 1 for i, s in enumerate(shape))
             v32 = rng.standard_normal(shape).astype(np.float32)
@@ -105,8 +109,9 @@ def run_setting(repeats, threads_list):
 
 # --------------------------------------------------------------------------- #
 # parent: run the settings, print, plot
-def child(setting, repeats, threads_list):
-    return run_child(__file__, setting, ["--repeats", str(repeats), "--threads", ",".join(map(str, threads_list))])
+def child(setting, repeats, threads_list, tune=False):
+    return run_child(__file__, setting, ["--repeats", str(repeats), "--threads",
+                                         ",".join(map(str, threads_list))] + ["--tune"] * tune)
 
 
 def print_table(setting, results, stream):
@@ -159,13 +164,15 @@ def main():
     p.add_argument("--threads", default="1,2")
     p.add_argument("--settings", default="default,faultfree")
     p.add_argument("--quick", action="store_true", help="5 repeats")
+    p.add_argument("--tune", action="store_true", help="cynorm.tune_threads() at each thread "
+                   "count before timing (this machine's thread-team thresholds)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--json", default=os.path.join(HERE, "results", "latest.json"))
     args = p.parse_args()
     threads_list = [int(t) for t in args.threads.split(",")]
     repeats = 5 if args.quick else args.repeats
     if args.child:
-        json.dump(run_setting(repeats, threads_list), sys.stdout)
+        json.dump(run_setting(repeats, threads_list, args.tune), sys.stdout)
         return
 
     import cynorm
@@ -180,7 +187,7 @@ def main():
         print(f"STREAM triad ({how}), {t} thread(s): {gbs:.1f} GB/s")
     all_results = {}
     for setting in args.settings.split(","):
-        all_results[setting] = child(setting, repeats, threads_list)
+        all_results[setting] = child(setting, repeats, threads_list, args.tune)
         print_table(setting, all_results[setting], stream)
     os.makedirs(os.path.dirname(args.json), exist_ok=True)
     with open(args.json, "w") as f:

@@ -22,7 +22,8 @@ Cython + OpenMP kernels behind a NumPy API, with PyTorch's semantics:
   `nll_loss_backward`, `nll_loss2d_backward`, `trace`, `log_sigmoid_forward`
 
 Threads: `set_num_threads` / `get_num_threads` (OMP_NUM_THREADS and
-threadpoolctl work too).  Build facts: `show_config()`.  Large outputs come
+threadpoolctl work too); where a call starts to use them: `tune_threads`,
+`get_thread_thresholds`, `set_thread_thresholds`.  Build facts: `show_config()`.  Large outputs come
 from a small cache of freed blocks: `alloc_cache_info`,
 `set_alloc_cache_limit`, `clear_alloc_cache` (or CYNORM_ALLOC_CACHE=off).
 """
@@ -34,7 +35,9 @@ import pkgutil as _pkgutil
 __path__ = _pkgutil.extend_path(__path__, __name__)
 
 from cynorm._version import __version__  # noqa: E402
-from cynorm._threads import get_num_threads, set_num_threads  # noqa: E402
+from cynorm._threads import (  # noqa: E402
+    get_num_threads, get_thread_thresholds, set_num_threads, set_thread_thresholds, tune_threads,
+)
 from cynorm._config import (  # noqa: E402
     alloc_cache_info, clear_alloc_cache, config, set_alloc_cache_limit, show_config,
 )
@@ -104,14 +107,17 @@ __all__ = [
     "softmax",
     "softmax_backward_data",
     "trace",
+    "tune_threads",
     "clear_alloc_cache",
     "config",
     "get_num_threads",
+    "get_thread_thresholds",
     "layer_norm",
     "layer_norm_backward",
     "norm_except_dim",
     "set_alloc_cache_limit",
     "set_num_threads",
+    "set_thread_thresholds",
     "show_config",
     "weight_norm",
     "weight_norm_backward",

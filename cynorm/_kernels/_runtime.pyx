@@ -115,3 +115,35 @@ def set_parallel_min_bytes(nbytes):
         raise ValueError(f"nbytes must be >= 0 or None, got {nbytes}")
     PARALLEL_MIN_BYTES = -1 if nbytes is None else nbytes
     return old
+
+
+# Each kernel family's memory traffic (bytes read and written over all of a
+# call's passes) from which a second thread pays, in entry.pxd's family
+# order.  The defaults were measured with benchmarks/bench_threads.py on a
+# Sapphire Rapids VM (benchmarks/README.md, "Threads by work"), where the
+# team's wake-up cost 5-10 us; cynorm.tune_threads measures them on the
+# machine at hand and sets them here.
+FAMILIES = ("rows", "elementwise", "channels", "row_grads", "columns", "exp")
+DEFAULT_FAMILY_MIN_BYTES = (512 << 10, 768 << 10, 1 << 20, 3 << 19, 3 << 20, 96 << 10)
+cdef Py_ssize_t FAMILY_MIN_BYTES[6]
+for _i in range(6):
+    FAMILY_MIN_BYTES[_i] = DEFAULT_FAMILY_MIN_BYTES[_i]
+
+
+cdef Py_ssize_t family_min_bytes(int family) noexcept nogil:
+    return FAMILY_MIN_BYTES[family]
+
+
+def get_family_min_bytes():
+    """{family: bytes}: each kernel family's threshold now."""
+    return {name: FAMILY_MIN_BYTES[i] for i, name in enumerate(FAMILIES)}
+
+
+def set_family_min_bytes(Py_ssize_t family, Py_ssize_t nbytes):
+    """Sets family's (an index into FAMILIES) threshold; returns the old one.
+    The caller validates (cynorm.set_thread_thresholds)."""
+    if not 0 <= family < 6 or nbytes < 0:
+        raise ValueError(f"family index 0..5 and nbytes >= 0, got {family}, {nbytes}")
+    old = FAMILY_MIN_BYTES[family]
+    FAMILY_MIN_BYTES[family] = nbytes
+    return old
