@@ -66,8 +66,9 @@ def special(a):
     f[3::307] = -np.inf
     return f.reshape(a.shape).astype(bf)
 from cynorm._kernels import _runtime
+# (6, 21, 9, 11): rows of 99, several to a pack (their channels differing)
 cases = (((4, 3, 37, 41), 1), ((6, 64, 14, 14), 1), ((8, 9, 10, 64), -1), ((300, 70), 1),
-         ((5, 1100), 1))
+         ((5, 1100), 1), ((6, 21, 9, 11), 1))
 # every case again with every output streamed (non-temporal stores)
 for i, (shape, axis) in enumerate(cases + cases):
     _runtime.set_stream_min_bytes(0 if i >= len(cases) else _runtime.streaming_threshold())
