@@ -1,6 +1,7 @@
 """The thread team's threshold per kernel family (cynorm/_kernels/entry.pxd):
 a call below its family's traffic runs on one thread, and the override
-set_parallel_min_bytes changes only where the team starts, never the bits."""
+set_parallel_min_bytes, like each family's own threshold
+(set_thread_thresholds), changes only where the team starts, never the bits."""
 import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy)
 import numpy as np
 import pytest
@@ -23,7 +24,10 @@ def test_override_round_trip_and_bad_values():
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("forced", [0, 1 << 40, None], ids=["team-always", "never", "families"])
-def test_the_threshold_never_changes_the_bits(forced, dtype, restore_threads):
+@pytest.mark.parametrize("how", ["override", "per-family"])
+def test_the_threshold_never_changes_the_bits(forced, how, dtype, restore_threads):
+    # set_parallel_min_bytes for all families at once, or each family's own
+    # threshold (cynorm.set_thread_thresholds, what tune_threads sets)
     rng = np.random.default_rng(0)
     # 262 KiB of float32 (131 KiB of bfloat16, counted at float32's width):
     # around the thresholds
@@ -40,10 +44,18 @@ def test_the_threshold_never_changes_the_bits(forced, dtype, restore_threads):
     cn.set_num_threads(1)
     want = outputs()
     cn.set_num_threads(2)
-    old = _runtime.set_parallel_min_bytes(forced)
-    try:
-        got = outputs()
-    finally:
-        _runtime.set_parallel_min_bytes(old)
+    if how == "override":
+        old = _runtime.set_parallel_min_bytes(forced)
+        try:
+            got = outputs()
+        finally:
+            _runtime.set_parallel_min_bytes(old)
+    else:
+        old = cn.set_thread_thresholds(
+            None if forced is None else dict.fromkeys(cn.get_thread_thresholds(), forced))
+        try:
+            got = outputs()
+        finally:
+            cn.set_thread_thresholds(old)
     for a, b_ in zip(got, want):
         np.testing.assert_array_equal(a.view(np.uint8), b_.view(np.uint8))
