@@ -139,7 +139,8 @@ def tune_threads(threads: Optional[int] = None, *, repeats: int = 15,
     a family whose team never paid within the sweep keeps its default.
     Takes about a second on 2 cores; run it on an otherwise idle machine,
     at the thread count you will use.  On a shared VM the result varies by
-    up to one size step (2x) between runs.
+    up to one size step (2x) between runs.  While it runs, kernel calls from
+    other threads of the process wake the team whatever their size.
 
     Parameters
     ----------
