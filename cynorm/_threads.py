@@ -9,6 +9,7 @@ kernel family: get_thread_thresholds, set_thread_thresholds, tune_threads).
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import Optional
 
@@ -58,13 +59,16 @@ def get_thread_thresholds() -> dict[str, int]:
     more than the second thread saves.  16-bit elements count at float32's
     width.  The families:
 
-    - ``rows``: layer norm's forward, weight norm over rows;
-    - ``elementwise``: batch norm's normalize and input-gradient passes,
-      nll_loss;
-    - ``channels``: batch norm's channel statistics (training);
+    - ``rows``: layer norm's forward, weight norm over rows, the nested
+      (jagged) row sums;
+    - ``elementwise``: batch norm's normalize and input-gradient passes
+      on their own (inference, batch_norm_elemt), nll_loss's backward;
+    - ``channels``: batch norm's channel statistics and the passes that
+      follow them (training forward, backward);
     - ``row_grads``: layer norm's backward;
     - ``columns``: weight norm over columns (the last dim);
-    - ``exp``: softmax, log_softmax, log_sigmoid (exp-bound).
+    - ``exp``: softmax, log_softmax and their backward (nested ones too),
+      log_sigmoid, gelu, silu (exp-bound).
 
     The defaults were measured on one machine (benchmarks/README.md,
     "Threads by work"); `tune_threads` measures them on this one.
@@ -89,8 +93,8 @@ def set_thread_thresholds(thresholds: Optional[Mapping[str, int]]) -> dict[str, 
     ----------
     thresholds : mapping or None
         {family: bytes} for any of `get_thread_thresholds`' families (the
-        others keep theirs); bytes: an int, 0 <= bytes < 2**63 (0: the team
-        from the smallest call up).  None restores every family's default.
+        others keep theirs); bytes: an int, 0 <= bytes <= sys.maxsize (0:
+        the team from the smallest call up).  None restores every family's default.
 
     Returns
     -------
@@ -115,9 +119,9 @@ def set_thread_thresholds(thresholds: Optional[Mapping[str, int]]) -> dict[str, 
                 raise ValueError(f"thresholds: unknown kernel family {family!r}; the "
                                  f"families are {', '.join(_runtime.FAMILIES)}")
             nbytes = check_int(nbytes, f"thresholds[{family!r}]", "an int (a number of bytes)")
-            if not 0 <= nbytes < 2**63:
-                raise ValueError(f"thresholds[{family!r}] must be >= 0 and below 2**63 "
-                                 f"bytes, got {nbytes}")
+            if not 0 <= nbytes <= sys.maxsize:
+                raise ValueError(f"thresholds[{family!r}] must be >= 0 and at most "
+                                 f"{sys.maxsize} bytes, got {nbytes}")
             new[family] = nbytes
     else:
         raise TypeError("thresholds must be a mapping of kernel family to bytes, or None, "
@@ -132,7 +136,7 @@ def tune_threads(threads: Optional[int] = None, *, repeats: int = 15,
     """Measure each kernel family's thread-team threshold on this machine.
 
     For each family (see `get_thread_thresholds`) one of its ops runs on
-    float32 inputs from 2 Ki to 1 Mi elements, timed on one thread and on
+    float32 inputs from 2 Ki (batch norm: 3136) to 1 Mi elements, timed on one thread and on
     `threads` threads in turn (interleaved; the fastest of `repeats` samples).
     A family's threshold becomes the traffic of the smallest size at which
     the team was faster and from which it never fell more than 5 % behind;
@@ -159,7 +163,7 @@ def tune_threads(threads: Optional[int] = None, *, repeats: int = 15,
         {family: bytes}, the measured thresholds.
     """
     from cynorm._tune import measure_thresholds
-    n = get_num_threads() if threads is None else check_threads(threads)
+    n = get_num_threads() if threads is None else check_threads(threads, "threads")
     repeats = check_int(repeats, "repeats", "an int")
     if not 1 <= repeats <= 1000:
         raise ValueError(f"repeats must be in 1..1000, got {repeats}")

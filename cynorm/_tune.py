@@ -9,6 +9,7 @@ passes), the quantity entry.pxd's threads_for compares with the threshold.
 """
 from __future__ import annotations
 
+import threading
 import time
 from typing import Callable
 
@@ -20,6 +21,9 @@ SIZES = [1 << k for k in range(11, 21)]     # input elements: 2 Ki .. 1 Mi
 SAMPLE_BYTES = 8 << 20                      # traffic per timed sample, at least (~1 ms)
 CLEAR_WIN = 1.2                             # two sizes in a row this far ahead: stop
 NOISE = 0.05                                # a dip this far behind, above the crossover: noise
+# one tuning at a time: each forces the process-wide override to 0 and puts
+# back what it found, which a second run in between would have changed
+_TUNING = threading.Lock()
 
 
 def family_call(family: str, n: int, rng: np.random.Generator) -> tuple[int, Callable[[], object]]:
@@ -76,8 +80,8 @@ def team_speedup(call: Callable[[], object], moved: int, threads: int, repeats: 
 def crossover(moved: list[int], speedups: list[float], fallback: int) -> int:
     """The smallest traffic at which the team was ahead and from which it
     never fell more than 5 % behind (a noisy sample may); `fallback` if no
-    size qualifies (the team never paid within the sweep: an odd machine
-    state rather than a threshold beyond 24 MiB)."""
+    size qualifies (the team never paid within the sweep, up to 20 MiB of
+    traffic: an odd machine state rather than a threshold beyond it)."""
     threshold = fallback
     for m, s in zip(reversed(moved), reversed(speedups)):
         if s < 1.0 - NOISE:
@@ -89,6 +93,11 @@ def crossover(moved: list[int], speedups: list[float], fallback: int) -> int:
 
 def measure_thresholds(threads: int, repeats: int) -> dict[str, int]:
     """{family: bytes} measured at `threads` threads (>= 2)."""
+    with _TUNING:
+        return _measure(threads, repeats)
+
+
+def _measure(threads: int, repeats: int) -> dict[str, int]:
     rng = np.random.default_rng(0)
     old_threads = _runtime.get_num_threads()
     old_forced = _runtime.set_parallel_min_bytes(0)        # the team for every call

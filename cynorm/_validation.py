@@ -234,12 +234,12 @@ def split_out(out: OutArrays, names: Sequence[str]) -> tuple[Optional[Array], ..
 MAX_THREADS = 2**31 - 1      # omp_set_num_threads takes a C int
 
 
-def check_threads(n: Any) -> int:
-    n = check_int(n, "n", "a positive int")
+def check_threads(n: Any, name: str = "n") -> int:
+    n = check_int(n, name, "a positive int")
     if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
+        raise ValueError(f"{name} must be >= 1, got {n}")
     if n > MAX_THREADS:
-        raise ValueError(f"n must be at most {MAX_THREADS}, got {n}")
+        raise ValueError(f"{name} must be at most {MAX_THREADS}, got {n}")
     return n
 
 

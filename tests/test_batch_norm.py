@@ -702,3 +702,35 @@ def test_outputs_overlapping_x(shape, rng):
     y, _, _ = cynorm.batch_norm(xx, None, None, rm, np.ones(C), True)
     assert_close(y, want[0], F64, scale=4.0)
     assert_close(rm, want_rm, F64, scale=1.0)
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_bfloat16_short_channel_rows_from_any_channel(training, team_always, restore_threads):
+    # planes of 64-128 values (here 99) go several channels to one bfloat16
+    # pack; at 2 threads the second worker's rows start at channel 3 of 7
+    # (rows 10.., 21 rows): same bits as one thread, and within one
+    # bfloat16 rounding of the float64 reference, forward and backward
+    rng = np.random.default_rng(21)
+    x = (rng.standard_normal((3, 7, 9, 11)) * 2 + 1).astype(BF16)
+    dy = rng.standard_normal(x.shape).astype(BF16)
+    w, b = rng.standard_normal(7).astype(F32), rng.standard_normal(7).astype(F32)
+    rm, rv = rng.standard_normal(7).astype(F32), (rng.random(7) + 0.5).astype(F32)
+
+    def run():
+        y, sm, si = cynorm.batch_norm(x, w, b, rm.copy(), rv.copy(), training)
+        gx = cynorm.batch_norm_backward(dy, x, w, rm, rv, sm, si, training)[0]
+        return y, gx
+
+    cynorm.set_num_threads(1)
+    y1, gx1 = run()
+    cynorm.set_num_threads(2)
+    y2, gx2 = run()
+    np.testing.assert_array_equal(bits(y2), bits(y1))
+    np.testing.assert_array_equal(bits(gx2), bits(gx1))
+    ry, rmean, rinv = ref.batch_norm(x.astype(F64), w, b, rm, rv, training, 0.1, 1e-5)[:3]
+    np.testing.assert_allclose(y1.astype(F64), ry, rtol=2.0**-8, atol=1e-6)
+    if not training:
+        rmean, rinv = rm.astype(F64), 1 / np.sqrt(rv.astype(F64) + 1e-5)
+    rgx = ref.batch_norm_backward(dy.astype(F64), x.astype(F64), w, rm, rv, rmean, rinv,
+                                  training, 1e-5)[0]
+    np.testing.assert_allclose(gx1.astype(F64), rgx, rtol=2.0**-8, atol=1e-3 * np.abs(rgx).max())

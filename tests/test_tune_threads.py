@@ -2,6 +2,7 @@
 kernel family's, get/set_thread_thresholds read and set them (that they
 never change a result's bits: test_threads_by_work.py)."""
 import json
+import sys
 
 import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy)
 import numpy as np
@@ -45,8 +46,9 @@ def test_set_returns_the_old_values_and_none_restores(restore_thresholds):
 @pytest.mark.parametrize("bad, err, match", [
     ({"row": 10}, ValueError, r"unknown kernel family 'row'; the families are rows, "
                               r"elementwise, channels, row_grads, columns, exp"),
-    ({"rows": -1}, ValueError, r"thresholds\['rows'\] must be >= 0 and below 2\*\*63 bytes"),
-    ({"rows": 2**63}, ValueError, r"below 2\*\*63"),
+    ({"rows": -1}, ValueError, r"thresholds\['rows'\] must be >= 0 and at most \d+ bytes, "
+                               r"got -1"),
+    ({"rows": sys.maxsize + 1}, ValueError, r"at most \d+ bytes"),
     ({"rows": 1.5}, TypeError, r"thresholds\['rows'\] must be an int \(a number of bytes\)"),
     ({"rows": True}, TypeError, r"thresholds\['rows'\] must be an int"),
     ([("rows", 10)], TypeError, r"thresholds must be a mapping of kernel family to bytes, "
@@ -61,8 +63,8 @@ def test_bad_thresholds_are_refused_and_nothing_is_set(bad, err, match, restore_
 
 
 @pytest.mark.parametrize("kwargs, err, match", [
-    (dict(threads=0), ValueError, "n must be >= 1"),
-    (dict(threads=2.0), TypeError, "n must be a positive int"),
+    (dict(threads=0), ValueError, "threads must be >= 1, got 0"),
+    (dict(threads=2.0), TypeError, "threads must be a positive int"),
     (dict(repeats=0), ValueError, r"repeats must be in 1\.\.1000, got 0"),
     (dict(repeats="3"), TypeError, "repeats must be an int"),
     (dict(apply=1), TypeError, "apply must be a bool, got int"),
@@ -104,3 +106,28 @@ def test_tune_threads_measures_applies_and_restores(restore_thresholds):
     assert _runtime.set_parallel_min_bytes(old_forced) is None
     applied = cn.tune_threads(2, repeats=1)
     assert cn.get_thread_thresholds() == applied
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_family_threshold_decides_the_team(family, restore_thresholds):
+    # threads_for (entry.pxd) reads the family's own threshold: a call whose
+    # traffic reaches it gets the team, one byte short runs on one thread;
+    # 16-bit elements count at float32's width
+    from cynorm import _kernels
+    team_size = _kernels.load("layer_norm").team_size
+    index = FAMILIES.index(family)
+    old_forced = _runtime.set_parallel_min_bytes(None)
+    try:
+        cn.set_thread_thresholds({family: 3 * 4 * 1000})        # 1000 float32, 3 passes
+        assert team_size(1000, 3, 4, index, 4) == 4
+        assert team_size(999, 3, 4, index, 4) == 1
+        assert team_size(1000, 3, 2, index, 4) == 4             # bfloat16: float32's width
+        other = FAMILIES[(index + 1) % len(FAMILIES)]
+        cn.set_thread_thresholds({other: 0})                     # another family's: no effect
+        assert team_size(999, 3, 4, index, 4) == 1
+        cn.set_thread_thresholds({family: 0})
+        assert team_size(1, 1, 4, index, 3) == 3
+        _runtime.set_parallel_min_bytes(1 << 40)                 # the override wins
+        assert team_size(1000, 3, 4, index, 4) == 1
+    finally:
+        _runtime.set_parallel_min_bytes(old_forced)
