@@ -209,7 +209,8 @@ def test_register_jvp_for_a_user_op(rng):
 # the public functions of cynorm that are not ops on arrays (threads,
 # configuration, the allocation cache, the JVP machinery itself)
 NOT_OPS = {"alloc_cache_info", "clear_alloc_cache", "config", "get_num_threads", "jvp",
-           "register_jvp", "set_alloc_cache_limit", "set_num_threads", "show_config"}
+           "register_jvp", "set_alloc_cache_limit", "set_num_threads", "show_config",
+           "get_thread_thresholds", "set_thread_thresholds", "tune_threads"}
 
 
 def _public_ops():

@@ -3011,6 +3011,79 @@ def gen_get_num_threads(g):
     return c
 
 
+_FAMILIES = ("rows", "elementwise", "channels", "row_grads", "columns", "exp")
+
+
+def _restore_thresholds():
+    old = cynorm.get_thread_thresholds()
+    return lambda: cynorm.set_thread_thresholds(old)
+
+
+def _thresholds_oracle(res):
+    if not isinstance(res, dict) or tuple(res) != _FAMILIES:
+        return [f"returned {res!r}, not the six families' thresholds"]
+    return [f"{k}: {v!r}" for k, v in res.items() if type(v) is not int or v < 0]
+
+
+@target("cynorm.get_thread_thresholds", lambda: cynorm.get_thread_thresholds)
+def gen_get_thread_thresholds(g):
+    c = new("cynorm.get_thread_thresholds", g)
+    c.oracle = lambda s, res, live: _thresholds_oracle(res)
+    return c
+
+
+@target("cynorm.set_thread_thresholds", lambda: cynorm.set_thread_thresholds)
+def gen_set_thread_thresholds(g):
+    c = new("cynorm.set_thread_thresholds", g)
+    v, exp = g.pick([(None, "ok"), ({}, "ok"), ({"rows": 1000}, "ok"), ({"exp": np.int64(0)}, "ok"),
+                     ({"columns": 1 << 40, "channels": 7}, "ok"), ({"bogus": 1}, "error"),
+                     ({"rows": -1}, "error"), ({"rows": 1.5}, "error"), ({"rows": True}, "error"),
+                     ({"rows": 10 ** 400}, "error"), ({"rows": 5, "row": 5}, "error"),
+                     ([("rows", 1)], "error"), (5, "error"), ("rows", "error")])
+    c.add("thresholds", v)
+    c.want(exp)
+    c.after = _restore_thresholds()
+
+    def oracle(s, res, live):
+        problems = _thresholds_oracle(res)
+        now = cynorm.get_thread_thresholds()
+        want = s["thresholds"] or {}
+        problems += [f"{k} is {now[k]}, set {v}" for k, v in want.items() if now[k] != int(v)]
+        return problems
+    c.oracle = oracle
+    return c
+
+
+@target("cynorm.tune_threads", lambda: cynorm.tune_threads)
+def gen_tune_threads(g):
+    # one thread (nothing to measure) or bad arguments: the measurement's
+    # seconds of timing stay in tests/test_tune_threads.py
+    c = new("cynorm.tune_threads", g)
+    bad = False
+    threads, e = g.pick([(1, False), (np.int64(1), False), (0, True), (-2, True), (2.0, True),
+                         ("1", True), (True, True)])
+    c.add("threads", threads)
+    bad |= e
+    if g.p(0.5):
+        repeats, e = g.pick([(1, False), (15, False), (0, True), (1001, True), (2.5, True),
+                             (None, True)])
+        c.add("repeats", repeats, kw=True)
+        bad |= e
+    if g.p(0.5):
+        apply, e = g.pick([(True, False), (False, False), (np.bool_(True), False), (1, True),
+                           ("yes", True), (None, True)])
+        c.add("apply", apply, kw=True)
+        bad |= e
+    c.want("error" if bad else "ok")
+    c.after = _restore_thresholds()
+
+    def oracle(s, res, live):
+        return _thresholds_oracle(res) + (
+            [] if res == cynorm.get_thread_thresholds() else ["one thread changed the thresholds"])
+    c.oracle = oracle
+    return c
+
+
 def _restore_cache():
     info = cynorm.alloc_cache_info()
     limit = info.get("limit") if isinstance(info, dict) else None
