@@ -148,6 +148,15 @@ class CacheEvictor:
 
 # --------------------------------------------------------------------------- #
 # allocation settings: one child process each
+def tune_threads(cn, threads):
+    """cn.tune_threads(threads) (this machine's thread-team thresholds, set
+    for the calls timed next), reported on stderr."""
+    tuned = cn.tune_threads(threads)
+    print(f"tune_threads({threads}): " + ", ".join(f"{k} {v >> 10} KiB" for k, v in tuned.items()),
+          file=sys.stderr)
+    return tuned
+
+
 def child_env(setting):
     """os.environ for a child of allocation setting `setting`."""
     if setting not in SETTINGS:

@@ -44,7 +44,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import peers  # noqa: E402
 from _common import (  # noqa: E402
     HERE, SETTINGS, CacheEvictor, cpu_snapshot, median_ms, other_cpu_share, run_child, setting_heading,
-    stream_triad_gbs, time_interleaved,
+    stream_triad_gbs, time_interleaved, tune_threads,
 )
 
 EPS = 1e-5
@@ -444,9 +444,7 @@ def run_setting(args):
         except Exception as e:  # noqa: BLE001 - e.g. half-built in place
             print(f"cynorm not importable, timing torch and NumPy only: {e}", file=sys.stderr)
     if cn is not None and args.tune and args.threads[0] > 1:
-        tuned = cn.tune_threads(args.threads[0])
-        print(f"tune_threads({args.threads[0]}): "
-              + ", ".join(f"{k} {v >> 10} KiB" for k, v in tuned.items()), file=sys.stderr)
+        tune_threads(cn, args.threads[0])
     results = []
     rng = np.random.default_rng(0)
     evictors = {} if args.warm else {t: CacheEvictor(t) for t in args.threads}

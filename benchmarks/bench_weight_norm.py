@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import (  # noqa: E402
-    HERE, median_ms, run_child, setting_heading, stream_triad_gbs, time_interleaved,
+    HERE, median_ms, run_child, setting_heading, stream_triad_gbs, time_interleaved, tune_threads,
 )
 
 CASES = [((4096, 4096), 0), ((4096, 4096), 1), ((512, 512, 3, 3), 0), ((1024, 64), 1), ((256, 256), 0)]
@@ -56,9 +56,7 @@ def run_setting(repeats, threads_list, tune=False):
         cynorm.set_num_threads(threads)
         torch.set_num_threads(threads)
         if tune and threads > 1:
-            tuned = cynorm.tune_threads(threads)
-            print(f"tune_threads({threads}): "
-                  + ", ".join(f"{k} {v >> 10} KiB" for k, v in tuned.items()), file=sys.stderr)
+            tune_threads(cynorm, threads)
         for shape, dim in CASES:
             gshape = tuple(s if i == dim else 1 for i, s in enumerate(shape))
             v32 = rng.standard_normal(shape).astype(np.float32)

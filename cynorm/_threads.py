@@ -13,10 +13,8 @@ import sys
 from collections.abc import Mapping
 from typing import Optional
 
-import numpy as np
-
 from cynorm._kernels import _runtime
-from cynorm._validation import check_int, check_threads
+from cynorm._validation import check_bool, check_int, check_threads
 
 
 def get_num_threads() -> int:
@@ -167,8 +165,7 @@ def tune_threads(threads: Optional[int] = None, *, repeats: int = 15,
     repeats = check_int(repeats, "repeats", "an int")
     if not 1 <= repeats <= 1000:
         raise ValueError(f"repeats must be in 1..1000, got {repeats}")
-    if not isinstance(apply, (bool, np.bool_)):
-        raise TypeError(f"apply must be a bool, got {type(apply).__name__}")
+    apply = check_bool(apply, "apply")
     if n < 2:
         return get_thread_thresholds()
     found = measure_thresholds(n, repeats)

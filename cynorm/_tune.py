@@ -103,7 +103,7 @@ def _measure(threads: int, repeats: int) -> dict[str, int]:
     old_forced = _runtime.set_parallel_min_bytes(0)        # the team for every call
     found = {}
     try:
-        for family in _runtime.FAMILIES:
+        for family, default in zip(_runtime.FAMILIES, _runtime.DEFAULT_FAMILY_MIN_BYTES):
             moved: list[int] = []
             speedups: list[float] = []
             for n in SIZES:
@@ -114,8 +114,7 @@ def _measure(threads: int, repeats: int) -> dict[str, int]:
                 speedups.append(team_speedup(call, nbytes, threads, repeats))
                 if len(speedups) >= 2 and min(speedups[-2:]) >= CLEAR_WIN:
                     break               # larger sizes only widen the team's lead
-            found[family] = crossover(moved, speedups, _runtime.DEFAULT_FAMILY_MIN_BYTES[
-                _runtime.FAMILIES.index(family)])
+            found[family] = crossover(moved, speedups, default)
     finally:
         _runtime.set_parallel_min_bytes(old_forced)
         _runtime.set_num_threads(old_threads)

@@ -67,7 +67,7 @@ def test_bad_thresholds_are_refused_and_nothing_is_set(bad, err, match, restore_
     (dict(threads=2.0), TypeError, "threads must be a positive int"),
     (dict(repeats=0), ValueError, r"repeats must be in 1\.\.1000, got 0"),
     (dict(repeats="3"), TypeError, "repeats must be an int"),
-    (dict(apply=1), TypeError, "apply must be a bool, got int"),
+    (dict(apply=1), TypeError, "apply must be a bool, got 1"),
 ])
 def test_tune_threads_bad_arguments(kwargs, err, match):
     with pytest.raises(err, match=match):
