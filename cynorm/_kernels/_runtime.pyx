@@ -95,18 +95,14 @@ def set_stream_min_bytes(Py_ssize_t nbytes):
     return old
 
 
-# -1: each kernel family's own threshold (entry.pxd); >= 0: one for all
+# -1: each kernel family's own threshold (FAMILY_MIN_BYTES); >= 0: one for all
 cdef Py_ssize_t PARALLEL_MIN_BYTES = -1
-
-
-cdef Py_ssize_t parallel_min_bytes() noexcept nogil:
-    return PARALLEL_MIN_BYTES
 
 
 def set_parallel_min_bytes(nbytes):
     """Kernel calls that read and write at least nbytes (over all their
     passes) run on the thread team, smaller ones on one thread; None
-    restores each kernel family's measured threshold (entry.pxd).  Returns
+    restores each kernel family's own threshold.  Returns
     the old value (None for the families' own).  For tuning and tests: 0
     wakes the team for every call."""
     global PARALLEL_MIN_BYTES
@@ -118,20 +114,22 @@ def set_parallel_min_bytes(nbytes):
 
 
 # Each kernel family's memory traffic (bytes read and written over all of a
-# call's passes) from which a second thread pays, in entry.pxd's family
+# call's passes) from which a second thread pays, in _runtime.pxd's family
 # order.  The defaults were measured with benchmarks/bench_threads.py on a
 # Sapphire Rapids VM (benchmarks/README.md, "Threads by work"), where the
 # team's wake-up cost 5-10 us; cynorm.tune_threads measures them on the
 # machine at hand and sets them here.
 FAMILIES = ("rows", "elementwise", "channels", "row_grads", "columns", "exp")
 DEFAULT_FAMILY_MIN_BYTES = (512 << 10, 768 << 10, 1 << 20, 3 << 19, 3 << 20, 96 << 10)
-cdef Py_ssize_t FAMILY_MIN_BYTES[6]
-for _i in range(6):
+cdef Py_ssize_t FAMILY_MIN_BYTES[N_FAMILIES]
+for _i in range(N_FAMILIES):
     FAMILY_MIN_BYTES[_i] = DEFAULT_FAMILY_MIN_BYTES[_i]
 
 
-cdef Py_ssize_t family_min_bytes(int family) noexcept nogil:
-    return FAMILY_MIN_BYTES[family]
+cdef Py_ssize_t team_min_bytes(int family) noexcept nogil:
+    """The traffic from which a call of this family wakes the team: the
+    override of set_parallel_min_bytes when one is set, else the family's."""
+    return PARALLEL_MIN_BYTES if PARALLEL_MIN_BYTES >= 0 else FAMILY_MIN_BYTES[family]
 
 
 def get_family_min_bytes():
@@ -142,8 +140,8 @@ def get_family_min_bytes():
 def set_family_min_bytes(Py_ssize_t family, Py_ssize_t nbytes):
     """Sets family's (an index into FAMILIES) threshold; returns the old one.
     The caller validates (cynorm.set_thread_thresholds)."""
-    if not 0 <= family < 6 or nbytes < 0:
-        raise ValueError(f"family index 0..5 and nbytes >= 0, got {family}, {nbytes}")
+    if not 0 <= family < N_FAMILIES or nbytes < 0:
+        raise ValueError(f"family index 0..{N_FAMILIES - 1} and nbytes >= 0, got {family}, {nbytes}")
     old = FAMILY_MIN_BYTES[family]
     FAMILY_MIN_BYTES[family] = nbytes
     return old

@@ -2,21 +2,9 @@
 # call of a given amount of work gets, whether its output goes out with streaming
 # stores, and the size check of an array argument.
 
-from cynorm._kernels._runtime cimport family_min_bytes, parallel_min_bytes, stream_min_bytes
-
-
-cdef enum:
-    # The kernel families, each with its own threshold of memory traffic
-    # (bytes read and written over all of a call's passes) from which a
-    # second thread pays; below it waking the team costs more than it saves.
-    # The thresholds live in _runtime (measured defaults, or
-    # cynorm.tune_threads' values for this machine), in this order.
-    FAMILY_ROWS = 0             # row reductions + a pass: layer norm, weight norm rows
-    FAMILY_ELEMENTWISE = 1      # one elementwise pass: batch norm's normalize, grad input
-    FAMILY_CHANNELS = 2         # batch norm's channel statistics (+ the pass)
-    FAMILY_ROW_GRADS = 3        # layer norm's backward: rows, then column sums
-    FAMILY_COLUMNS = 4          # weight norm's column norms: blocks, merge, pass
-    FAMILY_EXP = 5              # exp-bound: softmax, log_sigmoid, gelu/silu
+from cynorm._kernels._runtime cimport (
+    FAMILY_CHANNELS, FAMILY_COLUMNS, FAMILY_ELEMENTWISE, FAMILY_EXP, FAMILY_ROW_GRADS,
+    FAMILY_ROWS, N_FAMILIES, stream_min_bytes, team_min_bytes)
 
 
 cdef inline int threads_for(Py_ssize_t size, Py_ssize_t passes, Py_ssize_t itemsize,
@@ -28,9 +16,7 @@ cdef inline int threads_for(Py_ssize_t size, Py_ssize_t passes, Py_ssize_t items
     # and back, so it costs what a float32 element costs, and the crossover
     # falls at the same element count (benchmarks/README.md).  The kernels'
     # blocks do not depend on the thread count, so neither do the bits.
-    cdef Py_ssize_t min_bytes = parallel_min_bytes()
-    if min_bytes < 0:
-        min_bytes = family_min_bytes(family)
+    cdef Py_ssize_t min_bytes = team_min_bytes(family)
     if itemsize < 4:
         itemsize = 4
     return 1 if size * passes * itemsize < min_bytes else max(1, n_threads)
