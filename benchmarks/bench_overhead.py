@@ -4,6 +4,11 @@ tiny float32 inputs, in one process, interleaved, at each thread count.
     python benchmarks/bench_overhead.py                 # 1 and 2 threads
     python benchmarks/bench_overhead.py --threads 1 --calls 20000
     python benchmarks/bench_overhead.py --threads 1 --ops nll      # the NLL losses only
+    python benchmarks/bench_overhead.py --dtype bfloat16           # a model cast to bfloat16
+
+--dtype makes every floating input that dtype, the per-channel parameters
+and running statistics too (what `model.to(torch.bfloat16)` gives torch);
+the statistics an op returns keep their own dtype (float32 for 16-bit x).
 
 A sample is the mean of `--inner` back-to-back calls; the median of the
 samples (at least `--calls` calls in all) is reported in µs, with
@@ -27,15 +32,21 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import time_interleaved  # noqa: E402
 
 
-def cases(cn, torch):
-    """(name, cynorm callable, torch callable) on tiny float32 inputs."""
+def cases(cn, torch, dtype=np.float32):
+    """(name, cynorm callable, torch callable) on tiny inputs of dtype."""
     rng = np.random.default_rng(0)
+    dtype = np.dtype(dtype)
 
     def arr(*shape):
-        return rng.standard_normal(shape).astype(np.float32)
+        return rng.standard_normal(shape).astype(dtype)
 
     def t(a):
+        if a.dtype.name == "bfloat16":          # ml_dtypes' type: torch reads its bits
+            return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
         return torch.from_numpy(a.copy())
+
+    arr.dtype = dtype
+    arr.torch_dtype = t(np.zeros(1, dtype)).dtype
 
     # one function per family: each keeps its own inputs for its lambdas
     return [c for family in (weight_norm_cases, layer_norm_cases, batch_norm_cases, softmax_cases,
@@ -46,11 +57,11 @@ def cases(cn, torch):
 def weight_norm_cases(cn, torch, arr, t):
     """v (4, 3), g one per row, dim 0."""
     aten = torch.ops.aten
-    v, g, gw = arr(4, 3), np.abs(arr(4, 1)) + 0.5, arr(4, 3)
+    v, g, gw = arr(4, 3), (np.abs(arr(4, 1)) + 0.5).astype(arr.dtype), arr(4, 3)
     tv, tg, tgw = t(v), t(g), t(gw)
     _, norm = cn.weight_norm_interface(v, g, 0)
     _, tnorm = torch._weight_norm_interface(tv, tg, 0)
-    out, tout = (np.empty_like(v), np.empty_like(g)), (torch.empty_like(tv), torch.empty_like(tg))
+    out, tout = (np.empty_like(v), np.empty_like(norm)), (torch.empty_like(tv), torch.empty_like(tnorm))
     return [
         ("weight_norm_interface", lambda: cn.weight_norm_interface(v, g, 0),
          lambda: torch._weight_norm_interface(tv, tg, 0)),
@@ -87,7 +98,7 @@ def batch_norm_cases(cn, torch, arr, t):
     aten = torch.ops.aten
     x, dy, w, b = arr(2, 4, 1, 1), arr(2, 4, 1, 1), arr(4), arr(4)
     tw, tb = t(w), t(b)
-    rm, rv = arr(4) * 0.1, np.abs(arr(4)) + 0.5
+    rm, rv = (arr(4) * 0.1).astype(arr.dtype), (np.abs(arr(4)) + 0.5).astype(arr.dtype)
     rm2, rv2 = rm.copy(), rv.copy()          # updated in place by the training calls
     tx, tdy, trm, trv = t(x), t(dy), t(rm), t(rv)
     _, sm, si = cn.batch_norm(x, w, b, rm2, rv2, True)
@@ -149,10 +160,10 @@ def softmax_cases(cn, torch, arr, t):
     return [
         ("softmax", lambda: cn.softmax(x, 1), lambda: torch._softmax(tx, 1, False)),
         ("log_softmax", lambda: cn.log_softmax(x, 1), lambda: torch._log_softmax(tx, 1, False)),
-        ("softmax_backward_data", lambda: cn.softmax_backward_data(dy, y, 1, np.float32),
-         lambda: aten._softmax_backward_data(tdy, ty, 1, torch.float32)),
-        ("log_softmax_backward_data", lambda: cn.log_softmax_backward_data(dy, ly, 1, np.float32),
-         lambda: aten._log_softmax_backward_data(tdy, tly, 1, torch.float32)),
+        ("softmax_backward_data", lambda: cn.softmax_backward_data(dy, y, 1, arr.dtype),
+         lambda: aten._softmax_backward_data(tdy, ty, 1, arr.torch_dtype)),
+        ("log_softmax_backward_data", lambda: cn.log_softmax_backward_data(dy, ly, 1, arr.dtype),
+         lambda: aten._log_softmax_backward_data(tdy, tly, 1, arr.torch_dtype)),
         ("log_sigmoid_forward", lambda: cn.log_sigmoid_forward(x), lambda: aten.log_sigmoid_forward(tx)),
         ("trace", lambda: cn.trace(x), lambda: torch.trace(tx)),
     ]
@@ -169,7 +180,8 @@ def nll_cases(cn, torch, arr, t):
     _, tw4 = cn.nll_loss2d_forward(ly4, target4)
     _, ttw = aten.nll_loss_forward(tly, tt, None, 1, -100)
     _, ttw4 = aten.nll_loss2d_forward(tly4, tt4, None, 1, -100)
-    g, tg = np.ones((), np.float32), torch.tensor(1.0)
+    g = np.ones((), arr.dtype)
+    tg = t(g)
     return [
         ("nll_loss", lambda: cn.nll_loss(ly, target), lambda: torch.nn.functional.nll_loss(tly, tt)),
         ("nll_loss_forward", lambda: cn.nll_loss_forward(ly, target),
@@ -191,7 +203,7 @@ def nested_cases(cn, torch, arr, t):
     warnings.filterwarnings("ignore", message=".*nested.*")     # torch's prototype notice
     nn, F = cn.nested, torch.nn.functional
     comps = [arr(3, 4), arr(2, 4)]
-    x, g = nn.nested_array(comps), nn.nested_array([c * 0.5 for c in comps])
+    x, g = nn.nested_array(comps), nn.nested_array([(c * 0.5).astype(c.dtype) for c in comps])
 
     def jagged(cs):
         return torch.nested.nested_tensor([t(c) for c in cs], layout=torch.jagged)
@@ -229,21 +241,26 @@ def main():
     p.add_argument("--threads", default="1,2")
     p.add_argument("--calls", type=int, default=10000, help="calls per op and library (default 10000)")
     p.add_argument("--inner", type=int, default=50, help="calls per sample (default 50)")
+    p.add_argument("--dtype", default="float32", choices=("float32", "float64", "bfloat16", "float16"),
+                   help="the inputs' dtype, parameters included (default float32)")
     p.add_argument("--ops", default="", help="only the ops whose name contains one of these "
                    "comma-separated strings (default: all)")
     args = p.parse_args()
     import torch
 
+    import ml_dtypes
+
     import cynorm as cn
+    dtype = np.dtype(ml_dtypes.bfloat16 if args.dtype == "bfloat16" else args.dtype)
     print(f"cynorm {cn.__version__}, torch {torch.__version__}, numpy {np.__version__}; "
-          f"median of {max(1, args.calls // args.inner)} samples of {args.inner} calls, interleaved\n")
+          f"{dtype.name} inputs; median of {max(1, args.calls // args.inner)} samples of {args.inner} calls, interleaved\n")
     print("| threads | op | cynorm µs | torch µs | torch/cynorm |")
     print("|---|---|---|---|---|")
     ratios = {}
     for threads in (int(s) for s in args.threads.split(",")):
         cn.set_num_threads(threads)
         torch.set_num_threads(threads)
-        for name, fc, ft in cases(cn, torch):
+        for name, fc, ft in cases(cn, torch, dtype):
             if args.ops and not any(o in name for o in args.ops.split(",")):
                 continue
             fns = {"cynorm": fc}

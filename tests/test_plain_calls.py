@@ -25,6 +25,18 @@ def math_dtype(dtype):
     return np.float64 if dtype == np.float64 else np.float32
 
 
+# (x's dtype, the parameters' form): "math", the math type's dtype; for
+# 16-bit x also "own", x's dtype (a model cast to bfloat16), and "mixed",
+# weight in x's dtype and the rest in float32
+DTYPE_PARAMS = [(d, "math") for d in DTYPES] + [
+    (d, form) for d in (ml_dtypes.bfloat16, np.float16) for form in ("own", "mixed")]
+
+
+def param_dtype(dtype, form, first=True):
+    """The dtype of a parameter of x of dtype under form (first: the weight)."""
+    return dtype if form == "own" or (form == "mixed" and first) else math_dtype(dtype)
+
+
 def data(shape, dtype, seed=0, mean=0.5):
     rng = np.random.default_rng(seed)
     return (rng.standard_normal(shape) * 2 + mean).astype(dtype)
@@ -49,14 +61,16 @@ LN_SHAPES = [((2, 4), (4,)), ((3, 5, 7), (5, 7)), ((6, 300), 300), ((1, 1), (1,)
              ((40, 2000), (2000,))]
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype,form", DTYPE_PARAMS)
 @pytest.mark.parametrize("shape,ns", LN_SHAPES)
 @pytest.mark.parametrize("affine", [True, False])
-def test_layer_norm(dtype, shape, ns, affine, threads):
+def test_layer_norm(dtype, form, shape, ns, affine, threads):
+    if form != "math" and not affine:
+        pytest.skip("no parameters to give a dtype")
     x = data(shape, dtype, mean=1e4 if dtype == np.float32 else 0.5)
     nsh = (ns,) if isinstance(ns, int) else ns
-    w = data(nsh, math_dtype(dtype), 1) if affine else None
-    b = data(nsh, math_dtype(dtype), 2) if affine else None
+    w = data(nsh, param_dtype(dtype, form), 1) if affine else None
+    b = data(nsh, param_dtype(dtype, form, False), 2) if affine else None
     assert layernorm._k.forward_plain(x, ns, w, b, 1e-5) is not None
     got = cynorm.layer_norm(x, ns, w, b, 1e-5)
     same_bits(got, cynorm.layer_norm(via_python(x), ns, w, b, 1e-5))
@@ -99,21 +113,21 @@ BN_SHAPES = [((2, 4, 1, 1), 1), ((2, 16, 32, 32), 1), ((3, 5, 200), 1), ((4, 6, 
              ((64, 10), 1), ((5, 9), -1), ((3, 70, 2), 1), ((2, 3, 20, 20), 1)]
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype,form", DTYPE_PARAMS)
 @pytest.mark.parametrize("shape,axis", BN_SHAPES)
 @pytest.mark.parametrize("training", [True, False])
 @pytest.mark.parametrize("params", ["all", "none", "no running"])
-def test_batch_norm(dtype, shape, axis, training, params, threads):
+def test_batch_norm(dtype, form, shape, axis, training, params, threads):
     from cynorm import _channels
     x = data(shape, dtype, mean=1e4 if dtype == np.float32 else 0.5)
     C = shape[axis]
-    md = math_dtype(dtype)
-    w = data(C, md, 1) if params == "all" else None
-    b = data(C, md, 2) if params == "all" else None
+    pw, pd = param_dtype(dtype, form), param_dtype(dtype, form, False)
+    w = data(C, pw, 1) if params == "all" else None
+    b = data(C, pd, 2) if params == "all" else None
     if params == "no running" and not training:
         return
-    rm = data(C, md, 3) * 0.1 if params != "no running" else None
-    rv = np.abs(data(C, md, 4)) + 0.5 if params != "no running" else None
+    rm = (data(C, np.float32, 3) * 0.1).astype(pd) if params != "no running" else None
+    rv = (np.abs(data(C, np.float32, 4)) + 0.5).astype(pd) if params != "no running" else None
 
     def run(xx, plain):
         rm2 = None if rm is None else rm.copy()
@@ -192,19 +206,22 @@ def test_weight_norm_leaves_the_rest_to_python(call):
     assert call(v, g) is None
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype,form", DTYPE_PARAMS)
 @pytest.mark.parametrize("shape,axis", BN_SHAPES)
 @pytest.mark.parametrize("training", [True, False])
 @pytest.mark.parametrize("weighted", [True, False])
-def test_batch_norm_backward(dtype, shape, axis, training, weighted, threads):
+def test_batch_norm_backward(dtype, form, shape, axis, training, weighted, threads):
     from cynorm import _channels
     x = data(shape, dtype, mean=1e4 if dtype == np.float32 else 0.5)
     dy = data(shape, dtype, 5)
     C = shape[axis]
-    md = math_dtype(dtype)
-    w = data(C, md, 1) if weighted else None
-    rm, rv = data(C, md, 3) * 0.1, np.abs(data(C, md, 4)) + 0.5
+    pw, pd = param_dtype(dtype, form), param_dtype(dtype, form, False)
+    w = data(C, pw, 1) if weighted else None
+    rm = (data(C, np.float32, 3) * 0.1).astype(pd)
+    rv = (np.abs(data(C, np.float32, 4)) + 0.5).astype(pd)
     _, sm, si = cynorm.batch_norm(x, w, None, None, None, True, 0.1, 1e-5, axis)
+    if form == "own":       # saved statistics in x's dtype too (any float dtype is taken)
+        sm, si = sm.astype(dtype), si.astype(dtype)
     for mask in [(True, True, True), (True, False, False), (False, True, False),
                  (False, False, True), (False, False, False)]:
         args = (dy, x, w, rm, rv, sm, si, training, 1e-5, mask, axis)

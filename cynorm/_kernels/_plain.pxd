@@ -22,6 +22,9 @@ cdef object out_entry(object out, Py_ssize_t i)
 cdef bint plain_out(object a, int storage, int nd, const cnp.npy_intp* dims) noexcept
 cdef bint written_apart(tuple written, tuple read) noexcept
 cdef bint plain_with_shape(object a, int storage, int nd, const cnp.npy_intp* dims) noexcept
+cdef bint plain_param(object a, int storage, int nd, const cnp.npy_intp* dims) noexcept
+cdef int param_storage(object a, int storage) noexcept
+cdef void* math_values(object a, float* scratch) noexcept
 cdef int trailing_axes(cnp.ndarray x, object shape) noexcept
 cdef void* data(object a) noexcept
 cdef object doubles_as(const double* s, int storage, int nd, const cnp.npy_intp* dims)

@@ -134,6 +134,33 @@ cdef bint plain_with_shape(object a, int storage, int nd, const cnp.npy_intp* di
     return True
 
 
+cdef bint plain_param(object a, int storage, int nd, const cnp.npy_intp* dims) noexcept:
+    """a is None or a plain per-channel (per-column) parameter or statistic
+    for data of `storage`, with shape dims[:nd]: of the math type's storage,
+    or of the data's own when that is 16-bit (the dtype policy's
+    coefficients: a model cast to bfloat16 holds bfloat16 weights)."""
+    return a is None or plain_with_shape(a, math_storage(storage), nd, dims) or (
+        itemsize(storage) == 2 and plain_with_shape(a, storage, nd, dims))
+
+
+cdef int param_storage(object a, int storage) noexcept:
+    """The storage of a plain_param `a`; for None, the math type's (the
+    dtype of a gradient the op returns for a missing parameter)."""
+    return math_storage(storage) if a is None else storage_of(a)
+
+
+cdef void* math_values(object a, float* scratch) noexcept:
+    """A plain_param's values in the math type: its data, or (16-bit) its
+    values widened into scratch, exactly; NULL for None."""
+    if a is None:
+        return NULL
+    cdef int s = storage_of(a)
+    if s == STORAGE_F32 or s == STORAGE_F64:
+        return data(a)
+    floats_from(data(a), s, cnp.PyArray_SIZE(<cnp.ndarray>a), scratch)
+    return scratch
+
+
 cdef int trailing_axes(cnp.ndarray x, object shape) noexcept:
     """How many trailing axes of x `shape` (an int or a tuple of ints) names
     and matches; 0 when it is anything else."""
