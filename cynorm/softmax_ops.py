@@ -5,9 +5,10 @@ _log_softmax_backward_data).
 Cython kernels (_kernels/softmax.pyx.tp) in the math dtype (float64 for
 float64, float32 otherwise): the maximum is subtracted before exp, sums
 accumulate in float64.  16-bit arrays are read as float32 and the result
-rounds once to 16 bits.  A call with a plain float32/float64 array (exact
-ndarray, C-contiguous) goes straight to the kernel's plain entry; any other
-is validated and converted here, then runs the same kernel.
+rounds once to 16 bits.  A call with plain arrays (exact ndarrays,
+C-contiguous, of the four dtypes) goes straight to the kernel's plain entry,
+which widens 16-bit data itself; any other is validated and converted here,
+then runs the same kernel.
 """
 from __future__ import annotations
 

@@ -10,9 +10,13 @@ import pytest
 
 import cynorm
 from cynorm import _channels
-from test_plain_calls import BN_SHAPES, DTYPES, data, math_dtype, same_bits, via_python
+from test_plain_calls import (
+    AFFINE_FORMS, BN_SHAPES, DTYPE_PARAMS, DTYPES, data, param_dtype, same_bits, via_python,
+)
 
 STAT_DTYPES = [np.float64, np.float32, ml_dtypes.bfloat16, np.float16]
+# the ops with one parameter (weight): "mixed" would be "own"
+ONE_PARAM_FORMS = [(d, form) for d, form in DTYPE_PARAMS if form != "mixed"]
 
 
 def statistics(x, axis, stat_dtype=None):
@@ -65,14 +69,13 @@ def test_batch_norm_gather_stats(stat_dtype, count_dtype, running):
     same_bits(run(mean, True), run(via_python(mean), False))
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape,axis", BN_SHAPES)
-@pytest.mark.parametrize("affine", [True, False])
-def test_batch_norm_elemt(dtype, shape, axis, affine, threads):
+@pytest.mark.parametrize("dtype,form,affine", AFFINE_FORMS)
+def test_batch_norm_elemt(dtype, form, shape, axis, affine, threads):
     x = data(shape, dtype, mean=1e4 if dtype == np.float32 else 0.5)
-    C, md = shape[axis], math_dtype(dtype)
-    w = data(C, md, 1) if affine else None
-    b = data(C, md, 2) if affine else None
+    C = shape[axis]
+    w = data(C, param_dtype(dtype, form), 1) if affine else None
+    b = data(C, param_dtype(dtype, form, False), 2) if affine else None
     for stat_dtype in (None, np.float64):       # the statistics as stats returns them, float64
         mean, invstd = statistics(x, axis, stat_dtype)
         args = (w, b, mean, invstd, 1e-5, axis)
@@ -85,18 +88,18 @@ MASKS = [(True, True, True), (True, False, False), (False, True, False), (False,
          (False, False, False)]
 
 
-def backward_inputs(dtype, shape, axis, weighted):
-    """x (far from zero in float32), dy, and weight or None."""
+def backward_inputs(dtype, form, shape, axis, weighted):
+    """x (far from zero in float32), dy, and weight (of form's dtype) or None."""
     x = data(shape, dtype, mean=1e4 if dtype == np.float32 else 0.5)
-    w = data(shape[axis], math_dtype(dtype), 1) if weighted else None
+    w = data(shape[axis], param_dtype(dtype, form), 1) if weighted else None
     return x, data(shape, dtype, 5), w
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype,form", ONE_PARAM_FORMS)
 @pytest.mark.parametrize("shape,axis", BN_SHAPES)
 @pytest.mark.parametrize("weighted", [True, False])
-def test_batch_norm_backward_reduce(dtype, shape, axis, weighted, threads):
-    x, dy, w = backward_inputs(dtype, shape, axis, weighted)
+def test_batch_norm_backward_reduce(dtype, form, shape, axis, weighted, threads):
+    x, dy, w = backward_inputs(dtype, form, shape, axis, weighted)
     mean, invstd = statistics(x, axis, np.float64)
     for mask in MASKS:
         args = (x, mean, invstd, w) + mask + (axis,)
@@ -105,11 +108,11 @@ def test_batch_norm_backward_reduce(dtype, shape, axis, weighted, threads):
                   cynorm.batch_norm_backward_reduce(via_python(dy), *args))
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype,form", ONE_PARAM_FORMS)
 @pytest.mark.parametrize("shape,axis", BN_SHAPES)
 @pytest.mark.parametrize("weighted", [True, False])
-def test_batch_norm_backward_elemt(dtype, shape, axis, weighted, threads):
-    x, dy, w = backward_inputs(dtype, shape, axis, weighted)
+def test_batch_norm_backward_elemt(dtype, form, shape, axis, weighted, threads):
+    x, dy, w = backward_inputs(dtype, form, shape, axis, weighted)
     n = x.size // shape[axis]
     mean, invstd = statistics(x, axis)
     sum_dy, sum_dy_xmu, _, _ = cynorm.batch_norm_backward_reduce(dy, x, mean, invstd, w, axis=axis)

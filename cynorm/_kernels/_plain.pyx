@@ -44,6 +44,20 @@ cdef int storage_of_any_layout(object a) noexcept:
     return storage_of_descr(<cnp.ndarray>a)
 
 
+cdef int storage_of_dtype(object d) noexcept:
+    """The storage of a dtype argument: one of the four dtypes or its scalar
+    type (np.float32, ml_dtypes.bfloat16 ...), else NOT_PLAIN."""
+    if d is F32 or d is np.float32:
+        return STORAGE_F32
+    if d is F64 or d is np.float64:
+        return STORAGE_F64
+    if d is BF16 or d is BF16.type:
+        return STORAGE_BF16
+    if d is F16 or d is np.float16:
+        return STORAGE_F16
+    return NOT_PLAIN
+
+
 cdef int storage_of_descr(cnp.ndarray a) noexcept:
     # NumPy's descriptors of native built-in types are singletons (ml_dtypes'
     # too): an equal but distinct one (unpickled, say) is left to Python
