@@ -110,7 +110,7 @@ def batch_norm_cases(cn, torch, arr, t):
     tcnt32 = torch.tensor([2, 2], dtype=torch.int32)
     reserve, treserve = np.empty(0, np.uint8), torch.empty(0, dtype=torch.uint8)
     out = (np.empty_like(x), np.empty_like(sm), np.empty_like(si))
-    eval_out = (out[0], np.empty(0, np.float32), np.empty(0, np.float32))
+    eval_out = (out[0], np.empty(0, sm.dtype), np.empty(0, sm.dtype))
     tout = (torch.empty_like(tx), torch.empty_like(tsm), torch.empty_like(tsi))
     teval = (torch.empty(0), torch.empty(0))
     return [
