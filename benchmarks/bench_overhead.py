@@ -112,7 +112,7 @@ def batch_norm_cases(cn, torch, arr, t):
     out = (np.empty_like(x), np.empty_like(sm), np.empty_like(si))
     eval_out = (out[0], np.empty(0, sm.dtype), np.empty(0, sm.dtype))
     tout = (torch.empty_like(tx), torch.empty_like(tsm), torch.empty_like(tsi))
-    teval = (torch.empty(0), torch.empty(0))
+    teval = (torch.empty(0, dtype=tsm.dtype), torch.empty(0, dtype=tsm.dtype))
     return [
         ("batch_norm (training)", lambda: cn.batch_norm(x, w, b, rm2, rv2, True),
          lambda: torch.native_batch_norm(tx, tw, tb, trm, trv, True, 0.1, 1e-5)),
