@@ -33,7 +33,7 @@ cdef object doubles_into(const double* s, int storage, object out)
 cdef bint doubles_from(object a, Py_ssize_t n, double* dst) noexcept
 cdef double value_at(const void* p, int storage, Py_ssize_t i) noexcept nogil
 cdef void store_value(void* p, int storage, Py_ssize_t i, double v) noexcept nogil
-cdef void floats_from(const void* p, int storage, Py_ssize_t n, float* dst) noexcept nogil
+cdef float* floats_from(const void* p, int storage, Py_ssize_t n, float* dst) noexcept nogil
 cdef void floats_into(void* p, int storage, Py_ssize_t n, const float* src) noexcept nogil
 cdef bint plain_mask(object mask) noexcept
 cdef bint split_at(cnp.ndarray a, object axis, Py_ssize_t* dims3) noexcept

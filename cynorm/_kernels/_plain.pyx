@@ -171,8 +171,7 @@ cdef void* math_values(object a, float* scratch) noexcept:
     cdef int s = storage_of(a)
     if s == STORAGE_F32 or s == STORAGE_F64:
         return data(a)
-    floats_from(data(a), s, cnp.PyArray_SIZE(<cnp.ndarray>a), scratch)
-    return scratch
+    return floats_from(data(a), s, cnp.PyArray_SIZE(<cnp.ndarray>a), scratch)
 
 
 cdef int trailing_axes(cnp.ndarray x, object shape) noexcept:
@@ -254,8 +253,9 @@ cdef void store_value(void* p, int storage, Py_ssize_t i, double v) noexcept nog
         (<cn_f16*>p)[i] = cn_f32_to_f16(<float>v)
 
 
-cdef void floats_from(const void* p, int storage, Py_ssize_t n, float* dst) noexcept nogil:
-    """dst[:n] = n values of a float32 or 16-bit `storage` buffer (exact)."""
+cdef float* floats_from(const void* p, int storage, Py_ssize_t n, float* dst) noexcept nogil:
+    """dst[:n] = n values of a float32 or 16-bit `storage` buffer (exact);
+    returns dst."""
     cdef Py_ssize_t i
     if storage == STORAGE_F32:
         memcpy(dst, p, n * sizeof(float))
@@ -265,6 +265,7 @@ cdef void floats_from(const void* p, int storage, Py_ssize_t n, float* dst) noex
     else:
         for i in range(n):
             dst[i] = cn_f16_to_f32((<const cn_f16*>p)[i])
+    return dst
 
 
 cdef void floats_into(void* p, int storage, Py_ssize_t n, const float* src) noexcept nogil:
