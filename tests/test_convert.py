@@ -119,8 +119,8 @@ def test_bfloat16_store_path_is_reported_and_can_be_turned_off():
     assert not path_with(CYNORM_NO_AVX512BF16="1").startswith("AVX512-BF16")
     built_for_avx2 = _kernels.SIMD_LEVEL in ("avx2", "avx512") or (
         not _kernels.has_variants() and "AVX2" in cynorm.config()["simd_compiled"])
-    if built_for_avx2:      # every module built for AVX2 carries the AVX2 block pack
-        assert path_with(CYNORM_NO_AVX512BF16="1").startswith("AVX2 integer blocks")
+    if built_for_avx2:      # every module built for AVX2 carries the AVX2 rounding
+        assert path_with(CYNORM_NO_AVX512BF16="1").startswith("AVX2 integer rounding")
 
 
 @pytest.mark.skipif("avx512_bf16" not in _cpu_features() or _kernels.SIMD_LEVEL != "avx512"

@@ -67,8 +67,10 @@ def special(a):
     return f.reshape(a.shape).astype(bf)
 from cynorm._kernels import _runtime
 # (6, 21, 9, 11): rows of 99, several to a pack (their channels differing)
+# (3, 70, 5, 7): a column pass of 8192 columns and one of 2308 (not a
+# multiple of 16); (2, 5, 3, 3): runs shorter than 16
 cases = (((4, 3, 37, 41), 1), ((6, 64, 14, 14), 1), ((8, 9, 10, 64), -1), ((300, 70), 1),
-         ((5, 1100), 1), ((6, 21, 9, 11), 1))
+         ((5, 1100), 1), ((6, 21, 9, 11), 1), ((3, 70, 5, 7), 1), ((2, 5, 3, 3), 1))
 # every case again with every output streamed (non-temporal stores)
 for i, (shape, axis) in enumerate(cases + cases):
     _runtime.set_stream_min_bytes(0 if i >= len(cases) else _runtime.streaming_threshold())
@@ -90,10 +92,24 @@ for i, (shape, axis) in enumerate(cases + cases):
         wn = cynorm.weight_norm_interface(v, np.ones((shape[0], 1), bf), 0)[0]
         # over the last dim: the column passes (short contiguous rows share a pack)
         wnc = cynorm.weight_norm_interface(v, np.ones((1, v.shape[1]), bf), 1)[0]
+        # weight norm's backward passes (rows and columns)
+        gw = rng.standard_normal(v.shape).astype(bf)
+        wb = {}
+        for d in (0, 1):
+            gd = (rng.random(v.shape[d]) + 0.5).astype(bf).reshape((-1, 1) if d == 0 else (1, -1))
+            nd = cynorm.weight_norm_interface(v, gd, d)[1]
+            wb[f"wnb{d}"] = cynorm.weight_norm_backward(gw, v, gd, nd, d)[0]
+        # in place (out is v): each step of 16 reads its values before it stores
+        vi = v.copy()
+        cynorm.weight_norm(vi, np.full((1, 1), 0.5, np.float32), None, out=vi)
+        # the mean's low part (a mean far from zero)
+        lo = cynorm.layer_norm((x.astype(np.float32) + 300).astype(bf), N, w[:1].repeat(N),
+                               b[:1].repeat(N))[0]
         # subnormal outputs: a weight of 1e-38 scales the normalized values down
         tiny = np.full(C, 1e-38, np.float32)
         ys = cynorm.batch_norm(x, tiny, None, rm, rv, training=False, axis=axis)[0]
-        for k, a in dict(y=y, ye=ye, gx=gx, gxe=gxe, ly=ly, lg=lg, wn=wn, wnc=wnc, ys=ys).items():
+        for k, a in dict(y=y, ye=ye, gx=gx, gxe=gxe, ly=ly, lg=lg, wn=wn, wnc=wnc, ys=ys, vi=vi,
+                         lo=lo, **wb).items():
             out[f"{i}-{tag}-{k}"] = np.asarray(a).view(np.uint8)
 np.savez(sys.argv[1], **out)
 """
@@ -138,10 +154,13 @@ STORE_PATH = _kernels.load("_convert").bf16_store_path()
                     reason="the kernels here round bfloat16 value by value (no block pack at "
                     "this SIMD level)")
 def test_bf16_block_packs_give_the_integer_paths_bits(tmp_path):
+    # the packed stores: AVX512-BF16's block pack where the CPU has it, else
+    # (AVX2) the elementwise passes' rounding in registers and the AVX2 block
+    # pack of the other loops
     level = _kernels.SIMD_LEVEL
     packed = _run(level, tmp_path / "packed.npz", BF16_SCRIPT)
     plain = _run(level, tmp_path / "plain.npz", BF16_SCRIPT, CYNORM_NO_BF16_PACK="1")
-    runs = {"the block pack": packed}
+    runs = {"the packed stores": packed}
     if STORE_PATH.startswith("AVX512-BF16"):      # its AVX2 fallback too
         runs["the AVX2 pack"] = _run(level, tmp_path / "avx2.npz", BF16_SCRIPT,
                                      CYNORM_NO_AVX512BF16="1")

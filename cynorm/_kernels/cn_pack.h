@@ -3,7 +3,9 @@
  * The integer round-to-nearest-even of cn_scalar.h, compiled per value, costs
  * about 20 vector operations per 8 values on AVX2 (its NaN select is most of
  * it).  The kernels' bfloat16 passes therefore compute a block of float32
- * values and round the block here, by one of two packs:
+ * values and round the block here, by one of two packs (the elementwise
+ * passes on AVX2 round their values in registers instead, with this file's
+ * cn_round16_bf16_avx2: cn_bf16_regs.h):
  *
  * - AVX512-BF16 (VCVTNE2PS2BF16), one instruction per 32 values.  It agrees
  *   with ml_dtypes on every float32 except two classes: it reads subnormal
@@ -63,18 +65,16 @@ static inline int cn_env_set(const char *name) {
     return v != NULL && v[0] != '\0' && !(v[0] == '0' && v[1] == '\0');
 }
 
-/* dst[k] = bfloat16(src[k]) for k < 16, as cn_f32_to_bf16_bits:
- * (u + 0x7fff + ((u >> 16) & 1)) >> 16 in 32-bit lanes, packed to 16 bits
- * (the values fit: no NaN, so u <= 0xff800000); a step holding a NaN
- * (ml_dtypes' canonical quiet NaN) value by value */
-static inline void cn_pack16_bf16_avx2(uint16_t *dst, const float *src) {
+/* dst[k] = bfloat16 of lane k of a (k < 8) and of b (k >= 8), as
+ * cn_f32_to_bf16_bits: (u + 0x7fff + ((u >> 16) & 1)) >> 16 in 32-bit lanes,
+ * packed to 16 bits (the values fit: no NaN, so u <= 0xff800000).  Returns
+ * 1, storing nothing, where a lane is a NaN (ml_dtypes' canonical quiet NaN:
+ * the caller rounds those 16 value by value), else 0. */
+static inline int cn_round16_bf16_avx2(uint16_t *dst, __m256 a, __m256 b) {
     const __m256i one = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7fff);
-    __m256 a = _mm256_loadu_ps(src), b = _mm256_loadu_ps(src + 8);
     __m256 nan = _mm256_or_ps(_mm256_cmp_ps(a, a, _CMP_UNORD_Q), _mm256_cmp_ps(b, b, _CMP_UNORD_Q));
-    if (!_mm256_testz_ps(nan, nan)) {
-        cn_round_bf16(dst, src, 16);
-        return;
-    }
+    if (!_mm256_testz_ps(nan, nan))
+        return 1;
     __m256i ua = _mm256_castps_si256(a), ub = _mm256_castps_si256(b);
     __m256i ra = _mm256_add_epi32(_mm256_add_epi32(ua, bias),
                                   _mm256_and_si256(_mm256_srli_epi32(ua, 16), one));
@@ -83,6 +83,13 @@ static inline void cn_pack16_bf16_avx2(uint16_t *dst, const float *src) {
     /* packus interleaves the 128-bit halves: permute them back in order */
     __m256i r = _mm256_packus_epi32(_mm256_srli_epi32(ra, 16), _mm256_srli_epi32(rb, 16));
     _mm256_storeu_si256((__m256i *)dst, _mm256_permute4x64_epi64(r, 0xd8));
+    return 0;
+}
+
+/* dst[k] = bfloat16(src[k]) for k < 16 */
+static inline void cn_pack16_bf16_avx2(uint16_t *dst, const float *src) {
+    if (cn_round16_bf16_avx2(dst, _mm256_loadu_ps(src), _mm256_loadu_ps(src + 8)))
+        cn_round_bf16(dst, src, 16);
 }
 
 /* dst[i] = bfloat16(src[i]) for i < n, 16 values a step; a tail of a run of
@@ -233,7 +240,8 @@ static inline const char *cn_bf16_store_path(void) {
     if (!cn_bf16_pack_ok)
         return "integer round-to-nearest-even";
     return cn_bf16_insn ? "AVX512-BF16 (VCVTNE2PS2BF16; subnormals and NaNs: integer)"
-                        : "AVX2 integer blocks (round-to-nearest-even; NaN blocks: per value)";
+                        : "AVX2 integer rounding, in registers or blocks (round-to-nearest-even; "
+                          "NaN steps: per value)";
 }
 
 /* which storage suffixes (cn_rows.h) the packed path serves */
