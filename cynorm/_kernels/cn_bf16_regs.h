@@ -34,6 +34,12 @@ static inline cn_v8f cn_v8_f32(const float *p) {
     return (cn_v8f)_mm256_loadu_ps(p);
 }
 
+/* 1 where the passes round in registers: the packs are on (cn_pack.h) and
+ * the CPU lacks AVX512-BF16, whose block pack stays */
+static inline int cn_bf16_regs_on(void) {
+    return cn_bf16_pack_ok && !cn_bf16_insn;
+}
+
 /* dst[0:16] = bfloat16 of a's lanes, then b's, as cn_f32_to_bf16_bits */
 static inline void cn_store16_bf16(uint16_t *dst, cn_v8f a, cn_v8f b) {
     if (cn_round16_bf16_avx2(dst, (__m256)a, (__m256)b)) {
@@ -45,6 +51,7 @@ static inline void cn_store16_bf16(uint16_t *dst, cn_v8f a, cn_v8f b) {
 }
 #else
 #define CN_HAVE_BF16_REGS 0
+#define cn_bf16_regs_on() 0
 #endif
 
 #endif
