@@ -49,6 +49,19 @@ static inline void cn_store16_bf16(uint16_t *dst, cn_v8f a, cn_v8f b) {
         cn_round_bf16(dst, f, 16);
     }
 }
+
+/* cn_store16_bf16 as one streaming (non-temporal) store, dst 32-byte
+ * aligned: a streamed output goes from the registers to memory, without a
+ * block to copy from */
+static inline void cn_stream16_bf16(uint16_t *dst, cn_v8f a, cn_v8f b) {
+    __m256i r;
+    if (cn_round16_bf16_lanes(&r, (__m256)a, (__m256)b)) {
+        uint16_t h[16];
+        cn_store16_bf16(h, a, b);
+        r = _mm256_loadu_si256((const __m256i *)h);
+    }
+    _mm256_stream_si256((__m256i *)dst, r);
+}
 #else
 #define CN_HAVE_BF16_REGS 0
 #define cn_bf16_regs_on() 0

@@ -5,7 +5,7 @@
  * it).  The kernels' bfloat16 passes therefore compute a block of float32
  * values and round the block here, by one of two packs (the elementwise
  * passes on AVX2 round their values in registers instead, with this file's
- * cn_round16_bf16_avx2: cn_bf16_regs.h):
+ * cn_round16_bf16_lanes: cn_bf16_regs.h):
  *
  * - AVX512-BF16 (VCVTNE2PS2BF16), one instruction per 32 values.  It agrees
  *   with ml_dtypes on every float32 except two classes: it reads subnormal
@@ -65,12 +65,12 @@ static inline int cn_env_set(const char *name) {
     return v != NULL && v[0] != '\0' && !(v[0] == '0' && v[1] == '\0');
 }
 
-/* dst[k] = bfloat16 of lane k of a (k < 8) and of b (k >= 8), as
- * cn_f32_to_bf16_bits: (u + 0x7fff + ((u >> 16) & 1)) >> 16 in 32-bit lanes,
- * packed to 16 bits (the values fit: no NaN, so u <= 0xff800000).  Returns
- * 1, storing nothing, where a lane is a NaN (ml_dtypes' canonical quiet NaN:
- * the caller rounds those 16 value by value), else 0. */
-static inline int cn_round16_bf16_avx2(uint16_t *dst, __m256 a, __m256 b) {
+/* *r = the bfloat16 of a's lanes, then b's, as cn_f32_to_bf16_bits:
+ * (u + 0x7fff + ((u >> 16) & 1)) >> 16 in 32-bit lanes, packed to 16 bits
+ * (the values fit: no NaN, so u <= 0xff800000).  Returns 1, leaving *r
+ * unset, where a lane is a NaN (ml_dtypes' canonical quiet NaN: the caller
+ * rounds those 16 value by value), else 0. */
+static inline int cn_round16_bf16_lanes(__m256i *r, __m256 a, __m256 b) {
     const __m256i one = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7fff);
     __m256 nan = _mm256_or_ps(_mm256_cmp_ps(a, a, _CMP_UNORD_Q), _mm256_cmp_ps(b, b, _CMP_UNORD_Q));
     if (!_mm256_testz_ps(nan, nan))
@@ -81,8 +81,18 @@ static inline int cn_round16_bf16_avx2(uint16_t *dst, __m256 a, __m256 b) {
     __m256i rb = _mm256_add_epi32(_mm256_add_epi32(ub, bias),
                                   _mm256_and_si256(_mm256_srli_epi32(ub, 16), one));
     /* packus interleaves the 128-bit halves: permute them back in order */
-    __m256i r = _mm256_packus_epi32(_mm256_srli_epi32(ra, 16), _mm256_srli_epi32(rb, 16));
-    _mm256_storeu_si256((__m256i *)dst, _mm256_permute4x64_epi64(r, 0xd8));
+    __m256i packed = _mm256_packus_epi32(_mm256_srli_epi32(ra, 16), _mm256_srli_epi32(rb, 16));
+    *r = _mm256_permute4x64_epi64(packed, 0xd8);
+    return 0;
+}
+
+/* dst[k] = bfloat16 of lane k of a (k < 8) and of b (k >= 8); returns 1,
+ * storing nothing, where a lane is a NaN (cn_round16_bf16_lanes), else 0 */
+static inline int cn_round16_bf16_avx2(uint16_t *dst, __m256 a, __m256 b) {
+    __m256i r;
+    if (cn_round16_bf16_lanes(&r, a, b))
+        return 1;
+    _mm256_storeu_si256((__m256i *)dst, r);
     return 0;
 }
 

@@ -1,0 +1,99 @@
+/* bfloat16 column sums in eight AVX2 lanes: weight norm's column reductions.
+ *
+ * weight_norm.pyx.tp's col_block adds, for each column k of a block of rows
+ * C elements apart, the rows a pair at a time: the pair's two terms in
+ * float32, their float32 sum widened and added to acc[k] in float64, pair
+ * after pair.  GCC compiles the Cython loop over eight rows (sixteen row
+ * pointers for a dot product) with spilled pointers and per-value widening;
+ * these do the same operations, in the same order, eight columns a step,
+ * so acc holds the same bits.  A column sum is stored in acc between calls
+ * (float64 to float64, exact), so the rows per call do not change the bits.
+ * Compiled where the register passes are (cn_bf16_regs.h); the kernels call
+ * them where cn_bf16_regs_on().
+ */
+#ifndef CN_BF16_COLS_H
+#define CN_BF16_COLS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include "cn_bf16_regs.h"
+#include "cn_scalar.h"
+
+#if CN_HAVE_BF16_REGS
+typedef double cn_v4d __attribute__((vector_size(32)));
+
+/* lanes 0-3 and 4-7 of a, widened to float64 */
+static inline cn_v4d cn_v4d_low(cn_v8f a) {
+    return (cn_v4d)_mm256_cvtps_pd(_mm256_castps256_ps128((__m256)a));
+}
+
+static inline cn_v4d cn_v4d_high(cn_v8f a) {
+    return (cn_v4d)_mm256_cvtps_pd(_mm256_extractf128_ps((__m256)a, 1));
+}
+#endif
+
+/* acc[k] += x0[k]^2 + x1[k]^2, then x2, x3, ... x6, x7 (rows C apart), each
+ * pair's squares summed in float32, for k < n: eight rows, whose squares fit
+ * the registers with acc loaded and stored once */
+static inline void cn_col_sumsq8_bf16(double *acc, const uint16_t *x, ptrdiff_t C, ptrdiff_t n) {
+    ptrdiff_t k = 0, r;
+#if CN_HAVE_BF16_REGS
+    for (; k + 8 <= n; k += 8) {
+        cn_v4d lo, hi;
+        memcpy(&lo, acc + k, sizeof lo);
+        memcpy(&hi, acc + k + 4, sizeof hi);
+        for (r = 0; r < 8; r += 2) {
+            cn_v8f a = cn_v8_bf16(x + r * C + k), b = cn_v8_bf16(x + (r + 1) * C + k);
+            cn_v8f pair = a * a + b * b;
+            lo += cn_v4d_low(pair);
+            hi += cn_v4d_high(pair);
+        }
+        memcpy(acc + k, &lo, sizeof lo);
+        memcpy(acc + k + 4, &hi, sizeof hi);
+    }
+#endif
+    for (; k < n; k++) {
+        double s = acc[k];
+        for (r = 0; r < 8; r += 2) {
+            float a = cn_bf16_bits_to_f32(x[r * C + k]), b = cn_bf16_bits_to_f32(x[(r + 1) * C + k]);
+            s += (double)(a * a + b * b);
+        }
+        acc[k] = s;
+    }
+}
+
+/* acc[k] += x0[k] * y0[k] + x1[k] * y1[k], then rows 2 and 3 (rows C
+ * apart), each pair's products summed in float32, for k < n: four rows of
+ * each input (eight row pointers: sixteen would not fit the registers) */
+static inline void cn_col_dot4_bf16(double *acc, const uint16_t *x, const uint16_t *y,
+                                    ptrdiff_t C, ptrdiff_t n) {
+    ptrdiff_t k = 0, r;
+#if CN_HAVE_BF16_REGS
+    for (; k + 8 <= n; k += 8) {
+        cn_v4d lo, hi;
+        memcpy(&lo, acc + k, sizeof lo);
+        memcpy(&hi, acc + k + 4, sizeof hi);
+        for (r = 0; r < 4; r += 2) {
+            cn_v8f a = cn_v8_bf16(x + r * C + k) * cn_v8_bf16(y + r * C + k);
+            cn_v8f b = cn_v8_bf16(x + (r + 1) * C + k) * cn_v8_bf16(y + (r + 1) * C + k);
+            cn_v8f pair = a + b;
+            lo += cn_v4d_low(pair);
+            hi += cn_v4d_high(pair);
+        }
+        memcpy(acc + k, &lo, sizeof lo);
+        memcpy(acc + k + 4, &hi, sizeof hi);
+    }
+#endif
+    for (; k < n; k++) {
+        double s = acc[k];
+        for (r = 0; r < 4; r += 2) {
+            float a = cn_bf16_bits_to_f32(x[r * C + k]) * cn_bf16_bits_to_f32(y[r * C + k]);
+            float b = cn_bf16_bits_to_f32(x[(r + 1) * C + k]) * cn_bf16_bits_to_f32(y[(r + 1) * C + k]);
+            s += (double)(a + b);
+        }
+        acc[k] = s;
+    }
+}
+
+#endif
