@@ -3,10 +3,9 @@
  * weight_norm.pyx.tp's col_block adds, for each column k of a block of rows
  * C elements apart, the rows a pair at a time: the pair's two terms in
  * float32, their float32 sum widened and added to acc[k] in float64, pair
- * after pair.  GCC compiles the Cython loop over eight rows (sixteen row
- * pointers for a dot product) with spilled pointers and per-value widening;
- * these do the same operations, in the same order, eight columns a step,
- * so acc holds the same bits.  A column sum is stored in acc between calls
+ * after pair.  GCC compiles the Cython loops (row_loops.pxi.tp) with the
+ * bfloat16 values widened one by one; these do the same operations, in the
+ * same order, eight columns a step, so acc holds the same bits.  A column sum is stored in acc between calls
  * (float64 to float64, exact), so the rows per call do not change the bits.
  * Compiled where the register passes are (cn_bf16_regs.h); the kernels call
  * them where cn_bf16_regs_on().
