@@ -22,13 +22,25 @@
 #if CN_HAVE_BF16_REGS
 typedef double cn_v4d __attribute__((vector_size(32)));
 
-/* lanes 0-3 and 4-7 of a, widened to float64 */
-static inline cn_v4d cn_v4d_low(cn_v8f a) {
-    return (cn_v4d)_mm256_cvtps_pd(_mm256_castps256_ps128((__m256)a));
+/* eight float64 column sums, acc[k..k+8], in two vectors */
+typedef struct { cn_v4d lo, hi; } cn_acc8;
+
+static inline cn_acc8 cn_acc8_load(const double *acc) {
+    cn_acc8 s;
+    memcpy(&s.lo, acc, sizeof s.lo);
+    memcpy(&s.hi, acc + 4, sizeof s.hi);
+    return s;
 }
 
-static inline cn_v4d cn_v4d_high(cn_v8f a) {
-    return (cn_v4d)_mm256_cvtps_pd(_mm256_extractf128_ps((__m256)a, 1));
+static inline void cn_acc8_store(double *acc, cn_acc8 s) {
+    memcpy(acc, &s.lo, sizeof s.lo);
+    memcpy(acc + 4, &s.hi, sizeof s.hi);
+}
+
+/* s += the eight float32 pair sums, widened to float64 */
+static inline void cn_acc8_add(cn_acc8 *s, cn_v8f pairs) {
+    s->lo += (cn_v4d)_mm256_cvtps_pd(_mm256_castps256_ps128((__m256)pairs));
+    s->hi += (cn_v4d)_mm256_cvtps_pd(_mm256_extractf128_ps((__m256)pairs, 1));
 }
 #endif
 
@@ -39,17 +51,12 @@ static inline void cn_col_sumsq8_bf16(double *acc, const uint16_t *x, ptrdiff_t 
     ptrdiff_t k = 0, r;
 #if CN_HAVE_BF16_REGS
     for (; k + 8 <= n; k += 8) {
-        cn_v4d lo, hi;
-        memcpy(&lo, acc + k, sizeof lo);
-        memcpy(&hi, acc + k + 4, sizeof hi);
+        cn_acc8 s = cn_acc8_load(acc + k);
         for (r = 0; r < 8; r += 2) {
             cn_v8f a = cn_v8_bf16(x + r * C + k), b = cn_v8_bf16(x + (r + 1) * C + k);
-            cn_v8f pair = a * a + b * b;
-            lo += cn_v4d_low(pair);
-            hi += cn_v4d_high(pair);
+            cn_acc8_add(&s, a * a + b * b);
         }
-        memcpy(acc + k, &lo, sizeof lo);
-        memcpy(acc + k + 4, &hi, sizeof hi);
+        cn_acc8_store(acc + k, s);
     }
 #endif
     for (; k < n; k++) {
@@ -70,18 +77,13 @@ static inline void cn_col_dot4_bf16(double *acc, const uint16_t *x, const uint16
     ptrdiff_t k = 0, r;
 #if CN_HAVE_BF16_REGS
     for (; k + 8 <= n; k += 8) {
-        cn_v4d lo, hi;
-        memcpy(&lo, acc + k, sizeof lo);
-        memcpy(&hi, acc + k + 4, sizeof hi);
+        cn_acc8 s = cn_acc8_load(acc + k);
         for (r = 0; r < 4; r += 2) {
             cn_v8f a = cn_v8_bf16(x + r * C + k) * cn_v8_bf16(y + r * C + k);
             cn_v8f b = cn_v8_bf16(x + (r + 1) * C + k) * cn_v8_bf16(y + (r + 1) * C + k);
-            cn_v8f pair = a + b;
-            lo += cn_v4d_low(pair);
-            hi += cn_v4d_high(pair);
+            cn_acc8_add(&s, a + b);
         }
-        memcpy(acc + k, &lo, sizeof lo);
-        memcpy(acc + k + 4, &hi, sizeof hi);
+        cn_acc8_store(acc + k, s);
     }
 #endif
     for (; k < n; k++) {
