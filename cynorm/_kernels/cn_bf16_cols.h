@@ -5,10 +5,12 @@
  * float32, their float32 sum widened and added to acc[k] in float64, pair
  * after pair.  GCC compiles the Cython loops (row_loops.pxi.tp) with the
  * bfloat16 values widened one by one; these do the same operations, in the
- * same order, eight columns a step, so acc holds the same bits.  A column sum is stored in acc between calls
- * (float64 to float64, exact), so the rows per call do not change the bits.
- * Compiled where the register passes are (cn_bf16_regs.h); the kernels call
- * them where cn_bf16_regs_on().
+ * same order, eight columns a step, so acc holds the same bits.  They take
+ * the whole steps only and return how many columns that was (0 without
+ * AVX2): the Cython loop does the rest, so the scalar arithmetic is written
+ * once.  A column sum is stored in acc between calls (float64 to float64,
+ * exact), so the rows per call do not change the bits either.  The kernels
+ * call them where cn_bf16_regs_on().
  */
 #ifndef CN_BF16_COLS_H
 #define CN_BF16_COLS_H
@@ -17,7 +19,6 @@
 #include <stdint.h>
 #include <string.h>
 #include "cn_bf16_regs.h"
-#include "cn_scalar.h"
 
 #if CN_HAVE_BF16_REGS
 typedef double cn_v4d __attribute__((vector_size(32)));
@@ -45,56 +46,48 @@ static inline void cn_acc8_add(cn_acc8 *s, cn_v8f pairs) {
 #endif
 
 /* acc[k] += x0[k]^2 + x1[k]^2, then x2, x3, ... x6, x7 (rows C apart), each
- * pair's squares summed in float32, for k < n: eight rows, whose squares fit
- * the registers with acc loaded and stored once */
-static inline void cn_col_sumsq8_bf16(double *acc, const uint16_t *x, ptrdiff_t C, ptrdiff_t n) {
-    ptrdiff_t k = 0, r;
+ * pair's squares summed in float32, for the columns k < n - n % 8; returns
+ * that count.  Eight rows: their squares fit the registers with acc loaded
+ * and stored once */
+static inline ptrdiff_t cn_col_sumsq8_bf16(double *acc, const uint16_t *x, ptrdiff_t C,
+                                           ptrdiff_t n) {
+    ptrdiff_t k = 0;
 #if CN_HAVE_BF16_REGS
     for (; k + 8 <= n; k += 8) {
         cn_acc8 s = cn_acc8_load(acc + k);
-        for (r = 0; r < 8; r += 2) {
+        for (ptrdiff_t r = 0; r < 8; r += 2) {
             cn_v8f a = cn_v8_bf16(x + r * C + k), b = cn_v8_bf16(x + (r + 1) * C + k);
             cn_acc8_add(&s, a * a + b * b);
         }
         cn_acc8_store(acc + k, s);
     }
+#else
+    (void)acc; (void)x; (void)C; (void)n;
 #endif
-    for (; k < n; k++) {
-        double s = acc[k];
-        for (r = 0; r < 8; r += 2) {
-            float a = cn_bf16_bits_to_f32(x[r * C + k]), b = cn_bf16_bits_to_f32(x[(r + 1) * C + k]);
-            s += (double)(a * a + b * b);
-        }
-        acc[k] = s;
-    }
+    return k;
 }
 
 /* acc[k] += x0[k] * y0[k] + x1[k] * y1[k], then rows 2 and 3 (rows C
- * apart), each pair's products summed in float32, for k < n: four rows of
- * each input (eight row pointers: sixteen would not fit the registers) */
-static inline void cn_col_dot4_bf16(double *acc, const uint16_t *x, const uint16_t *y,
-                                    ptrdiff_t C, ptrdiff_t n) {
-    ptrdiff_t k = 0, r;
+ * apart), each pair's products summed in float32, for the columns
+ * k < n - n % 8; returns that count.  Four rows of each input (eight row
+ * pointers: sixteen would not fit the registers) */
+static inline ptrdiff_t cn_col_dot4_bf16(double *acc, const uint16_t *x, const uint16_t *y,
+                                         ptrdiff_t C, ptrdiff_t n) {
+    ptrdiff_t k = 0;
 #if CN_HAVE_BF16_REGS
     for (; k + 8 <= n; k += 8) {
         cn_acc8 s = cn_acc8_load(acc + k);
-        for (r = 0; r < 4; r += 2) {
+        for (ptrdiff_t r = 0; r < 4; r += 2) {
             cn_v8f a = cn_v8_bf16(x + r * C + k) * cn_v8_bf16(y + r * C + k);
             cn_v8f b = cn_v8_bf16(x + (r + 1) * C + k) * cn_v8_bf16(y + (r + 1) * C + k);
             cn_acc8_add(&s, a + b);
         }
         cn_acc8_store(acc + k, s);
     }
+#else
+    (void)acc; (void)x; (void)y; (void)C; (void)n;
 #endif
-    for (; k < n; k++) {
-        double s = acc[k];
-        for (r = 0; r < 4; r += 2) {
-            float a = cn_bf16_bits_to_f32(x[r * C + k]) * cn_bf16_bits_to_f32(y[r * C + k]);
-            float b = cn_bf16_bits_to_f32(x[(r + 1) * C + k]) * cn_bf16_bits_to_f32(y[(r + 1) * C + k]);
-            s += (double)(a + b);
-        }
-        acc[k] = s;
-    }
+    return k;
 }
 
 #endif
