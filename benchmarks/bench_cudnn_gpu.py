@@ -2,7 +2,9 @@
 time (the Python call, nothing waited for) and device time (CUDA events
 around back-to-back calls), for training forward, backward and inference on
 ResNet-like shapes, float32 N,C,H,W and float16 channels-last, with PyTorch
-CUDA tensors as inputs for both (so the same memory and streams).
+CUDA tensors as inputs for both (so the same memory and streams); and
+cudnn_bind's host time again with DeviceArray views of the same memory
+(outputs from the binding's pool instead of PyTorch's allocator).
 
     python benchmarks/bench_cudnn_gpu.py                  # needs a GPU, torch with CUDA
     python benchmarks/bench_cudnn_gpu.py --calls 200 --json out.json --markdown table.md
@@ -26,19 +28,19 @@ def markdown_table(rows):
     """The rows as a Markdown table; host and device time side by side with
     torch's, and cudnn_bind's host time as a multiple of torch's."""
     lines = ["| shape | dtype | layout | call | cudnn_bind host µs | torch host µs | host ratio | "
-             "cudnn_bind device µs | torch device µs |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "cudnn_bind device µs | torch device µs | cudnn_bind host µs, DeviceArray |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         shape = "×".join(str(d) for d in r["shape"])
         if "error" in r:
             message = r["error"].replace("|", "/").replace("\n", " ")
             lines.append(f"| {shape} | {r['dtype']} | {r['layout']} | {r['call']} | failed: "
-                         f"{message} | | | | |")
+                         f"{message} | | | | | |")
             continue
         lines.append(f"| {shape} | {r['dtype']} | {r['layout']} | {r['call']} | "
                      f"{r['host_us']:.1f} | {r['torch_host_us']:.1f} | "
                      f"{r['host_us'] / r['torch_host_us']:.2f} | {r['device_us']:.1f} | "
-                     f"{r['torch_device_us']:.1f} |")
+                     f"{r['torch_device_us']:.1f} | {r['devarr_host_us']:.1f} |")
     return "\n".join(lines)
 
 
@@ -96,25 +98,36 @@ def main():
         rm, rv = torch.zeros(c, device=dev), torch.ones(c, device=dev)
         dy = torch.randn_like(x)
         y, sm, si, reserve = cudnn_bind.batch_norm_forward_training(x, w, b, rm, rv)
+        # the same memory as DeviceArrays, produced on torch's stream
+        cur = torch.cuda.current_stream().cuda_stream
+        dx, ddy, dw, db, drm, drv = (
+            cudnn_bind.DeviceArray.from_pointer(t.data_ptr(), tuple(t.shape), t.dtype,
+                                                t.stride(), t, stream=cur)
+            for t in (x, dy, w, b, rm, rv))
+        _, dsm, dsi, dreserve = cudnn_bind.batch_norm_forward_training(dx, dw, db, drm, drv)
         xt = x.detach().requires_grad_()
         wt, bt = w.detach().requires_grad_(), b.detach().requires_grad_()
         cases = {
             "training forward": (
                 lambda: cudnn_bind.batch_norm_forward_training(x, w, b, rm, rv),
+                lambda: cudnn_bind.batch_norm_forward_training(dx, dw, db, drm, drv),
                 lambda: F.batch_norm(x, rm, rv, w, b, training=True)),
             "backward": (
                 lambda: cudnn_bind.batch_norm_backward(x, dy, w, sm, si, 1e-5, reserve),
+                lambda: cudnn_bind.batch_norm_backward(dx, ddy, dw, dsm, dsi, 1e-5, dreserve),
                 lambda: torch.ops.aten.cudnn_batch_norm_backward(
                     x, dy, w, rm, rv, sm, si, 1e-5, reserve)),
             "inference": (
                 lambda: cudnn_bind.batch_norm_forward_inference(x, w, b, rm, rv),
+                lambda: cudnn_bind.batch_norm_forward_inference(dx, dw, db, drm, drv),
                 lambda: F.batch_norm(x, rm, rv, w, b, training=False)),
         }
         del xt, wt, bt
-        for name, (ours, theirs) in cases.items():
+        for name, (ours, ours_devarr, theirs) in cases.items():
             try:
                 h1, d1 = timed(ours)
                 h2, d2 = timed(theirs)
+                h3, _ = timed(ours_devarr)
             except Exception as exc:  # noqa: BLE001 - a row says what failed
                 rows.append({"shape": shape, "dtype": str(dtype).replace("torch.", ""),
                              "layout": layout, "call": name,
@@ -122,7 +135,7 @@ def main():
                 continue
             rows.append({"shape": shape, "dtype": str(dtype).replace("torch.", ""),
                          "layout": layout, "call": name, "host_us": h1, "device_us": d1,
-                         "torch_host_us": h2, "torch_device_us": d2})
+                         "torch_host_us": h2, "torch_device_us": d2, "devarr_host_us": h3})
     table = markdown_table(rows)
     print(table)
     if args.markdown:

@@ -681,9 +681,49 @@ _capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c
     ("PyCapsule_GetPointer", ctypes.pythonapi))
 
 
-def _torch() -> Any:
-    import torch
-    return torch
+class _Torch:
+    """PyTorch and what the binding asks of it at every call, looked up once.
+
+    The public ways to ask (``torch.cuda.current_stream``, a device given
+    as a string) build Python objects at each call, and a forward call asks
+    nine times."""
+
+    def __init__(self) -> None:
+        import torch
+        self.torch = torch
+        self.dtypes = {"float32": torch.float32, "float64": torch.float64,
+                       "float16": torch.float16, "bfloat16": torch.bfloat16,
+                       "uint8": torch.uint8}
+        self.names = {value: key for key, value in self.dtypes.items()}
+        self._devices: dict[int, Any] = {}
+        # the query PyTorch's own generated code makes (torch._inductor's
+        # get_raw_stream); private, so the public call stands in where it is gone
+        self._raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+    def current_stream(self, device: int) -> int:
+        """PyTorch's current ``cudaStream_t`` on `device` (an index)."""
+        if self._raw_stream is not None:
+            return int(self._raw_stream(device))
+        return int(self.torch.cuda.current_stream(device).cuda_stream)
+
+    def device(self, index: int) -> Any:
+        """The torch.device of CUDA device `index`."""
+        where = self._devices.get(index)
+        if where is None:
+            where = self._devices[index] = self.torch.device("cuda", index)
+        return where
+
+
+_TORCH: Optional[_Torch] = None
+
+
+def _torch() -> _Torch:
+    """The _Torch of the imported PyTorch (made on first use: the binding
+    imports torch only once it meets a tensor)."""
+    global _TORCH
+    if _TORCH is None:
+        _TORCH = _Torch()
+    return _TORCH
 
 
 def _dlpack_capsule(obj: Any, name: str, stream: Optional[int], lib: _lib.Library) -> Any:
@@ -761,10 +801,12 @@ def as_view(obj: DeviceArrayLike, name: str, lib: Optional[_lib.Library] = None,
     if _is_torch_tensor(obj):
         if not obj.is_cuda:
             raise ValueError(f"{name}: expected a CUDA tensor, got one on {obj.device}")
+        t = _torch()
+        device = obj.get_device()
         # PyTorch queues work on its current stream: a call on another waits for it
-        producer = int(_torch().cuda.current_stream(obj.device).cuda_stream)
-        return View(obj.data_ptr(), tuple(obj.shape), tuple(obj.stride()), dtype_name(obj.dtype),
-                    obj.device.index, "torch", obj, False, producer)
+        return View(obj.data_ptr(), tuple(obj.shape), tuple(obj.stride()),
+                    t.names.get(obj.dtype) or dtype_name(obj.dtype), device, "torch", obj, False,
+                    t.current_stream(device))
     if hasattr(obj, "__cuda_array_interface__"):
         return _from_cai(obj, name, lib)
     if isinstance(obj, np.ndarray):
@@ -780,7 +822,6 @@ def as_view(obj: DeviceArrayLike, name: str, lib: Optional[_lib.Library] = None,
                     f"got {type(obj).__name__}")
 
 
-_TORCH_DTYPES: dict[str, Any] = {}
 _EXTERNAL_STREAMS: dict[tuple[str, int, int], Any] = {}
 
 
@@ -856,15 +897,12 @@ def new_arrays(kind: str, device: int, stream: int, specs: Sequence[Spec],
 def _framework_array(kind: str, device: int, stream: int, shape: tuple[int, ...],
                      strides: tuple[int, ...], dtype: str) -> Any:
     if kind == "torch":
-        torch = _torch()
-        if not _TORCH_DTYPES:
-            _TORCH_DTYPES.update(float32=torch.float32, float64=torch.float64,
-                                 float16=torch.float16, bfloat16=torch.bfloat16, uint8=torch.uint8)
-        where = f"cuda:{device}"
-        if torch.cuda.current_stream(device).cuda_stream == stream:
-            return torch.empty_strided(shape, strides, dtype=_TORCH_DTYPES[dtype], device=where)
-        with torch.cuda.stream(_external_stream(torch, device, stream)):
-            return torch.empty_strided(shape, strides, dtype=_TORCH_DTYPES[dtype], device=where)
+        t = _torch()
+        where, torch_dtype = t.device(device), t.dtypes[dtype]
+        if t.current_stream(device) == stream:
+            return t.torch.empty_strided(shape, strides, dtype=torch_dtype, device=where)
+        with t.torch.cuda.stream(_external_stream(t.torch, device, stream)):
+            return t.torch.empty_strided(shape, strides, dtype=torch_dtype, device=where)
     import cupy
     with cupy.cuda.Device(device):
         if cupy.cuda.get_current_stream().ptr == stream:

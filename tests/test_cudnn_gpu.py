@@ -244,6 +244,32 @@ def test_torch_tensors_channels_last_against_torch(dtype):
     close(y2.float().cpu().numpy(), ty.cpu().numpy(), dtype, "y on a side stream")
 
 
+@pytest.mark.parametrize("private_query", [True, False], ids=["raw query", "public API"])
+def test_torch_current_stream_as_the_binding_reads_it(private_query, monkeypatch):
+    """The binding reads PyTorch's current stream with torch._C's raw query
+    where there is one (else torch.cuda.current_stream): both must name the
+    stream torch.cuda.current_stream names, on the default and a side stream,
+    and a call under a side stream must run there."""
+    torch = _torch_cuda()
+    from cudnn_bind import memory
+    t = memory._torch()
+    if not private_query:
+        monkeypatch.setattr(t, "_raw_stream", None)
+    elif t._raw_stream is None:
+        pytest.skip("this PyTorch has no torch._C._cuda_getCurrentRawStream")
+    side = torch.cuda.Stream()
+    x, w, b = make((4, 8, 5, 6), "float32")
+    tx, tw, tb = (torch.from_numpy(a).cuda() for a in (x, w, b))
+    torch.cuda.synchronize()
+    for s in (torch.cuda.default_stream(), side):
+        with torch.cuda.stream(s):
+            assert t.current_stream(0) == s.cuda_stream
+            assert memory.as_view(tx, "x").stream == s.cuda_stream
+            y = cudnn_bind.batch_norm_forward_training(tx, tw, tb)[0]
+        s.synchronize()
+        close(y.cpu().numpy(), cynorm.batch_norm(x, w, b, training=True)[0], "float32", "y")
+
+
 def test_two_threads_each_on_its_per_thread_default_stream():
     """Stream value 2 (cudaStreamPerThread) is a different stream in each
     thread: pooled memory must not move between them."""

@@ -50,22 +50,27 @@ int main(void)
 }
 """
 
-# (include directories from site-packages/nvidia, the header that must exist there)
+# (include directories from site-packages/nvidia, the headers that must exist
+# there: the runtime's and crt/host_defines.h, which it includes and which
+# comes in another wheel; the install that brings them)
 RUNTIMES = {
-    "cuda12": (["cuda_runtime/include", "cuda_nvcc/include"], "cuda_runtime/include/cuda_runtime_api.h",
+    "cuda12": (["cuda_runtime/include", "cuda_nvcc/include"],
+               ["cuda_runtime/include/cuda_runtime_api.h", "cuda_nvcc/include/crt/host_defines.h"],
                "pip install --no-deps nvidia-cuda-runtime-cu12 nvidia-cuda-nvcc-cu12"),
-    "cuda13": (["cu13/include"], "cu13/include/cuda_runtime_api.h",
+    "cuda13": (["cu13/include"],
+               ["cu13/include/cuda_runtime_api.h", "cu13/include/crt/host_defines.h"],
                "pip install --no-deps nvidia-cuda-runtime==13.5.37 nvidia-cuda-crt==13.5.37"),
 }
 
 
 @pytest.mark.parametrize("runtime", sorted(RUNTIMES))
 def test_pointer_attributes_match_the_runtime_headers(runtime, tmp_path):
-    dirs, header, install = RUNTIMES[runtime]
-    found = find(header)
-    if found is None:
-        missing(f"the {runtime} runtime headers are not installed ({install})")
-    base = os.path.dirname(os.path.dirname(os.path.dirname(found)))  # .../nvidia
+    dirs, headers, install = RUNTIMES[runtime]
+    found = [find(h) for h in headers]
+    if None in found:
+        absent = ", ".join(h for h, f in zip(headers, found) if f is None)
+        missing(f"the {runtime} runtime headers are not all installed: no {absent} ({install})")
+    base = os.path.dirname(os.path.dirname(os.path.dirname(found[0])))  # .../nvidia
     layout = _compile_and_run(tmp_path, POINTER_ATTRIBUTES, [os.path.join(base, d) for d in dirs])
     struct = _lib.pointer_attributes_type(layout["version"])
     assert ctypes.sizeof(struct) == layout["size"], (runtime, layout)
