@@ -8,7 +8,6 @@ process on MPI.COMM_SELF (mpi4py initializes MPI as a singleton).
 import json
 import os
 import pathlib
-import shutil
 import subprocess
 import sys
 
@@ -18,6 +17,7 @@ import pytest
 import cynorm
 from cynorm import _sync_records as records
 from cynorm import distributed
+from mpi_helpers import find_mpiexec, launch_env
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -38,11 +38,6 @@ def skip_or_fail(reason):
     pytest.skip(reason)
 
 
-def mpiexec():
-    bin_dir = os.path.dirname(sys.executable)
-    return shutil.which("mpiexec", path=bin_dir + os.pathsep + os.environ.get("PATH", ""))
-
-
 TOL = {"float64": 1e-12, "float32": 1e-5, "bfloat16": 1e-5, "float16": 1e-5}
 
 
@@ -50,14 +45,11 @@ TOL = {"float64": 1e-12, "float32": 1e-5, "bfloat16": 1e-5, "float16": 1e-5}
 def mpi_run(request, tmp_path_factory):
     if MPI is None:
         skip_or_fail("mpi4py is not installed (pip install mpi4py mpich)")
-    launcher = mpiexec()
+    launcher = find_mpiexec()
     if launcher is None:
         skip_or_fail("no mpiexec next to this Python or on PATH (pip install mpi4py mpich)")
     out = tmp_path_factory.mktemp("mpi") / "results.json"
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               # the worker imports the cynorm these tests import
-               PYTHONPATH=os.pathsep.join([str(pathlib.Path(cynorm.__file__).parents[1]),
-                                           os.environ.get("PYTHONPATH", "")]))
+    env = launch_env()  # the worker imports the cynorm these tests import
     cmd = [launcher, "-n", str(request.param), sys.executable,
            str(HERE / "mpi_sync_bn_worker.py"), str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)

@@ -16,13 +16,12 @@ is no README to read: the tests then skip and say so.
 import os
 import pathlib
 import re
-import shutil
 import subprocess
 import sys
 
 import pytest
 
-import cynorm
+from mpi_helpers import find_mpiexec, launch_env
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 REQUIRE_MPI = os.environ.get("CYNORM_REQUIRE_MPI") == "1"   # CI: missing MPI is a failure
@@ -77,13 +76,6 @@ def test_the_readme_has_examples():
     assert len(BLOCKS) >= 5
 
 
-def _env():
-    # a subprocess imports the cynorm these tests import
-    return dict(os.environ, OMP_NUM_THREADS="1",
-                PYTHONPATH=os.pathsep.join([str(pathlib.Path(cynorm.__file__).parents[1]),
-                                            os.environ.get("PYTHONPATH", "")]))
-
-
 def _run_under_mpiexec(code, how, tmp_path):
     try:
         import mpi4py  # noqa: F401
@@ -91,8 +83,7 @@ def _run_under_mpiexec(code, how, tmp_path):
         if REQUIRE_MPI:
             pytest.fail("CYNORM_REQUIRE_MPI=1 but mpi4py is not installed")
         pytest.skip("mpi4py is not installed (pip install mpi4py mpich)")
-    bin_dir = os.path.dirname(sys.executable)
-    launcher = shutil.which("mpiexec", path=bin_dir + os.pathsep + os.environ.get("PATH", ""))
+    launcher = find_mpiexec()
     if launcher is None:
         if REQUIRE_MPI:
             pytest.fail("CYNORM_REQUIRE_MPI=1 but no mpiexec was found")
@@ -101,7 +92,7 @@ def _run_under_mpiexec(code, how, tmp_path):
     script.write_text(code)
     args = how.split()[1:]                 # "mpiexec -n 2" -> ["-n", "2"]
     proc = subprocess.run([launcher, *args, sys.executable, str(script)], capture_output=True,
-                          text=True, timeout=300, env=_env())
+                          text=True, timeout=300, env=launch_env())
     assert proc.returncode == 0, f"the example failed under {how}:\n{proc.stdout}\n{proc.stderr}"
 
 
