@@ -15,23 +15,16 @@
 #define CN_BF16_REGS_H
 
 #include <string.h>
+#include "cn_lanes.h"
 #include "cn_pack.h"
 
 #if defined(CN_HAVE_AVX2_PACK)
 #define CN_HAVE_BF16_REGS 1
 
-/* eight float32 lanes: GCC and clang vector extensions, so the passes'
- * arithmetic reads as it does in the table (a - b * c, scalars broadcast) */
-typedef float cn_v8f __attribute__((vector_size(32)));
-
 /* p[0:8] widened to float32 (a bfloat16 is a float32's upper half) */
 static inline cn_v8f cn_v8_bf16(const uint16_t *p) {
     __m128i h = _mm_loadu_si128((const __m128i *)p);
     return (cn_v8f)_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16);
-}
-
-static inline cn_v8f cn_v8_f32(const float *p) {
-    return (cn_v8f)_mm256_loadu_ps(p);
 }
 
 /* 1 where the passes round in registers: the packs are on (cn_pack.h) and
