@@ -21,15 +21,11 @@
 #include "cn_bf16_regs.h"
 
 #if CN_HAVE_BF16_REGS
-typedef double cn_v4d __attribute__((vector_size(32)));
-
 /* eight float64 column sums, acc[k..k+8], in two vectors */
 typedef struct { cn_v4d lo, hi; } cn_acc8;
 
 static inline cn_acc8 cn_acc8_load(const double *acc) {
-    cn_acc8 s;
-    memcpy(&s.lo, acc, sizeof s.lo);
-    memcpy(&s.hi, acc + 4, sizeof s.hi);
+    cn_acc8 s = {cn_v4_f64(acc), cn_v4_f64(acc + 4)};
     return s;
 }
 
