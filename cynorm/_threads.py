@@ -68,8 +68,9 @@ def get_thread_thresholds() -> dict[str, int]:
     - ``exp``: softmax, log_softmax and their backward (nested ones too),
       log_sigmoid, gelu, silu (exp-bound).
 
-    The defaults were measured on one machine (benchmarks/README.md,
-    "Threads by work"); `tune_threads` measures them on this one.
+    The defaults were measured on a Sapphire Rapids VM (benchmarks/README.md,
+    "Threads by work"), row_grads and columns on two AMD EPYC VMs;
+    `tune_threads` measures them on this machine.
 
     Returns
     -------

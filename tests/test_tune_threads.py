@@ -14,7 +14,7 @@ from cynorm._kernels import _runtime
 
 FAMILIES = ("rows", "elementwise", "channels", "row_grads", "columns", "exp")
 DEFAULTS = {"rows": 512 << 10, "elementwise": 768 << 10, "channels": 1 << 20,
-            "row_grads": 3 << 19, "columns": 3 << 20, "exp": 96 << 10}
+            "row_grads": 640 << 10, "columns": 768 << 10, "exp": 96 << 10}
 
 
 @pytest.fixture

@@ -117,10 +117,13 @@ def set_parallel_min_bytes(nbytes):
 # call's passes) from which a second thread pays, in _runtime.pxd's family
 # order.  The defaults were measured with benchmarks/bench_threads.py on a
 # Sapphire Rapids VM (benchmarks/README.md, "Threads by work"), where the
-# team's wake-up cost 5-10 us; cynorm.tune_threads measures them on the
-# machine at hand and sets them here.
+# team's wake-up cost 5-10 us, but for row_grads and columns: there the
+# AMD EPYC VMs' (Zen 3 and Zen 4, cynorm.tune_threads: 320-640 KiB and
+# 768-1536 KiB on both), under which no call measured slower (session 21).
+# cynorm.tune_threads measures them on the machine at hand and sets them
+# here.
 FAMILIES = ("rows", "elementwise", "channels", "row_grads", "columns", "exp")
-DEFAULT_FAMILY_MIN_BYTES = (512 << 10, 768 << 10, 1 << 20, 3 << 19, 3 << 20, 96 << 10)
+DEFAULT_FAMILY_MIN_BYTES = (512 << 10, 768 << 10, 1 << 20, 640 << 10, 768 << 10, 96 << 10)
 cdef Py_ssize_t FAMILY_MIN_BYTES[N_FAMILIES]
 for _i in range(N_FAMILIES):
     FAMILY_MIN_BYTES[_i] = DEFAULT_FAMILY_MIN_BYTES[_i]
