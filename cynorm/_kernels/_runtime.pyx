@@ -117,9 +117,8 @@ def set_parallel_min_bytes(nbytes):
 # call's passes) from which a second thread pays, in _runtime.pxd's family
 # order.  The defaults were measured with benchmarks/bench_threads.py on a
 # Sapphire Rapids VM (benchmarks/README.md, "Threads by work"), where the
-# team's wake-up cost 5-10 us, but for row_grads and columns: there the
-# AMD EPYC VMs' (Zen 3 and Zen 4, cynorm.tune_threads: 320-640 KiB and
-# 768-1536 KiB on both), under which no call measured slower (session 21).
+# team's wake-up cost 5-10 us; row_grads and columns are the AMD EPYC VMs'
+# (Zen 3 and Zen 4: benchmarks/README.md, "Zen 4, session 21").
 # cynorm.tune_threads measures them on the machine at hand and sets them
 # here.
 FAMILIES = ("rows", "elementwise", "channels", "row_grads", "columns", "exp")
