@@ -638,7 +638,7 @@ STREAM_CASES = ["wn rows fused (301, 1031) dim 0", "wn columns (1031, 301) dim 1
 def test_thread_counts_1_to_4_bitwise_streaming(case, dtype, rng, restore_threads, team_always,
                                                 streaming_everywhere):
     """As above with streaming stores forced on (the path large outputs
-    take: 32 MiB and up for weight/batch norm, 256 MiB for layer norm), where
+    take: from half the last-level cache, 16 MiB at least), where
     each thread's stores start and end at its own task boundaries."""
     _all_counts_agree(THREAD_CASES[case](rng, dtype), case + " streaming")
 
