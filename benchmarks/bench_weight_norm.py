@@ -7,9 +7,12 @@ Each allocation setting runs in its own child process:
   (a) default   - both libraries allocate as they normally do;
   (b) faultfree - MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736, so
                   freed memory is reused and fresh outputs cost no page faults.
-Per case and thread count it prints the median ms of cynorm (fresh outputs and
-out=), torch and NumPy, the ratio torch/cynorm, and the % of STREAM triad
-bandwidth reached (nominal bytes: read v and write w forward; read grad_w and
+Cases that move more than 16 MiB (as bench_norms.py counts DRAM-bound ones)
+are timed with cold caches: a _common.CacheEvictor pass before every call, so
+that no callable finds the input left in the last-level cache by the one
+before it.  Per case and thread count it prints the median ms of cynorm
+(fresh outputs and out=), torch and NumPy, the ratio torch/cynorm, and the %
+of STREAM triad bandwidth reached (nominal bytes: read v and write w forward; read grad_w and
 v and write grad_v backward).  A PNG plot goes next to this script.
 """
 import argparse
@@ -21,9 +24,11 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import (  # noqa: E402
-    HERE, median_ms, run_child, setting_heading, stream_triad_gbs, time_interleaved, tune_threads,
+    HERE, CacheEvictor, median_ms, run_child, setting_heading, stream_triad_gbs, time_interleaved,
+    tune_threads,
 )
 
+DRAM_BYTES = 16 << 20          # more than this moved: timed with cold caches
 CASES = [((4096, 4096), 0), ((4096, 4096), 1), ((512, 512, 3, 3), 0), ((1024, 64), 1), ((256, 256), 0)]
 DTYPES = ["float32", "bfloat16"]
 OPS = ["forward", "backward"]
@@ -57,6 +62,7 @@ def run_setting(repeats, threads_list, tune=False):
         torch.set_num_threads(threads)
         if tune and threads > 1:
             tune_threads(cynorm, threads)
+        evict = CacheEvictor(threads)
         for shape, dim in CASES:
             gshape = tuple(s if i == dim else 1 for i, s in enumerate(shape))
             v32 = rng.standard_normal(shape).astype(np.float32)
@@ -93,8 +99,11 @@ def run_setting(repeats, threads_list, tune=False):
                     small = v.nbytes < (8 << 20)
                     reps = repeats * (8 if small else 1)
                     inner = 20 if v.nbytes < (1 << 20) else 1
-                    samples = time_interleaved(fns, reps, inner)
                     nominal = (2 if op == "forward" else 3) * v.nbytes
+                    # the evictor dirties the share of the call's bytes it writes
+                    share = v.nbytes / nominal
+                    before = (lambda: evict(dirty=share)) if nominal > DRAM_BYTES else None
+                    samples = time_interleaved(fns, reps, inner, before=before)
                     results.append({
                         "threads": threads, "shape": list(shape), "dim": dim, "dtype": dtype, "op": op,
                         "bytes": nominal,
