@@ -22,8 +22,9 @@ CASES = [
     ((2, 4, 6, 5, 3), 2), ((2, 4, 6, 5, 3), -1), ((3, 10000), 0), ((2, 1, 100003), 1),
     ((100003, 3), 1), ((3, 3, 50000), 1), ((2, 3, 4, 5), -3), ((700, 37), -1),
     # channel by channel ("fused" training passes): C >= 16, rows >= 128 elements and 1 KiB,
-    # a channel <= 1 MiB (float32; (1, 20, 40000) for every dtype)
-    ((4, 32, 300), 1), ((1, 20, 40000), 1),
+    # a channel <= 1 MiB (float32; (1, 20, 40000) for every dtype); rows of 128 elements
+    # under 1 KiB in an input of at most 4 MiB (12x12 planes)
+    ((4, 32, 300), 1), ((1, 20, 40000), 1), ((3, 16, 12, 12), 1),
     # short rows of 64 or more elements (below 128 or 1 KiB) reduced as segments: one block of
     # the batch, channels split over tasks; several blocks; a tail after the lanes
     ((2, 40, 70), 1), ((40, 5, 100), 1), ((5, 6, 14, 14), 1), ((3, 4, 64), 1), ((3, 4, 63), 1),

@@ -582,13 +582,15 @@ THREAD_CASES = {
     "ln (4099, 33)": ln_case((4099, 33), 1),
     "ln (37, 29, 71) over 2 axes": ln_case((37, 29, 71), 2),
     "ln F-order (1031, 67)": ln_case((1031, 67), 1, "F"),
-    # batch norm: fused per-channel path (C >= 16), rows (C < 16), channels
-    # last and 2-D (columns), short rows (segments), rows past ROW_CHUNK, F order
+    # batch norm: fused per-channel path (C >= 16; rows of 128+ elements
+    # under 1 KiB too, in a small input), rows (C < 16), channels last and
+    # 2-D (columns), short rows (segments), rows past ROW_CHUNK, F order
     "bn fused (6, 37, 1031)": bn_case((6, 37, 1031)),
+    "bn fused short rows (9, 67, 129)": bn_case((9, 67, 129)),
     "bn rows (40, 3, 2003)": bn_case((40, 3, 2003)),
     "bn channels-last (6, 1031, 37)": bn_case((6, 1031, 37), -1),
     "bn 2-D (4099, 33)": bn_case((4099, 33)),
-    "bn segments (9, 67, 129)": bn_case((9, 67, 129)),
+    "bn segments (9, 67, 100)": bn_case((9, 67, 100)),
     "bn long rows (3, 5, 40003)": bn_case((3, 5, 40003)),
     "bn F-order (7, 19, 23, 31)": bn_case((7, 19, 23, 31), 1, "F"),
     "nested (17, 3, 250) x 1031": nested_case((17, 3, 250), 1031),
