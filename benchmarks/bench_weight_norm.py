@@ -12,8 +12,9 @@ are timed with cold caches: a _common.CacheEvictor pass before every call, so
 that no callable finds the input left in the last-level cache by the one
 before it.  Per case and thread count it prints the median ms of cynorm
 (fresh outputs and out=), torch and NumPy, the ratio torch/cynorm, and the %
-of STREAM triad bandwidth reached (nominal bytes: read v and write w forward; read grad_w and
-v and write grad_v backward).  A PNG plot goes next to this script.
+of STREAM triad bandwidth reached (nominal bytes: read v and write w
+forward; read grad_w and v and write grad_v backward).  A PNG plot goes next
+to this script.
 """
 import argparse
 import json
