@@ -26,7 +26,8 @@
  *
  * CYNORM_NO_BF16_PACK=1 turns both off (every value rounded on its own), for
  * tests and comparisons.  Streamed (non-temporal) outputs are packed too
- * (elementwise.pxi.tp).
+ * (elementwise.pxi.tp); cn_pack_bf16_stream packs straight into streamed
+ * lines by the instruction.
  */
 #ifndef CN_PACK_H
 #define CN_PACK_H
@@ -204,12 +205,47 @@ static void cn_pack_bf16_insn(uint16_t *dst, const float *src, ptrdiff_t n, int 
         cn_pack_bf16_loop(dst, src, n, 0);
 }
 
+/* cn_pack_bf16_loop into streamed (non-temporal) 64-byte lines: dst 64-byte
+ * aligned, n a multiple of 32.  A vector the instruction would round
+ * differently is rounded value by value through the cache, as there. */
+__attribute__((target("avx512bf16"), always_inline, unused))
+static inline void cn_pack_bf16_stream_loop(uint16_t *dst, const float *src, ptrdiff_t n,
+                                            int daz) {
+    for (ptrdiff_t i = 0; i < n; i += 32) {
+        __m512 lo = _mm512_loadu_ps(src + i), hi = _mm512_loadu_ps(src + i + 16);
+        if (cn_pack_odd(lo, daz) | cn_pack_odd(hi, daz)) {
+            cn_round_bf16(dst + i, src + i, 32);
+            continue;
+        }
+        _mm512_stream_si512((void *)(dst + i), (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+    }
+}
+
+__attribute__((target("avx512bf16"), noinline, unused))
+static void cn_pack_bf16_stream_insn(uint16_t *dst, const float *src, ptrdiff_t n, int daz) {
+    if (daz)
+        cn_pack_bf16_stream_loop(dst, src, n, 1);
+    else
+        cn_pack_bf16_stream_loop(dst, src, n, 0);
+}
+
 /* dst[i] = bfloat16(src[i]) for i < n, as cn_f32_to_bf16_bits; daz: the
  * calling thread's cn_daz_now() */
 __attribute__((noinline, unused))
 static void cn_pack_bf16(uint16_t *dst, const float *src, ptrdiff_t n, int daz) {
     if (cn_bf16_insn)
         cn_pack_bf16_insn(dst, src, n, daz);
+    else
+        cn_pack_bf16_avx2(dst, src, n);
+}
+
+/* cn_pack_bf16 with streamed stores where the instruction packs (dst 64-byte
+ * aligned, n a multiple of 32); through the cache otherwise.  The streamed
+ * lines wait on the caller's cn_stream_fence. */
+__attribute__((noinline, unused))
+static void cn_pack_bf16_stream(uint16_t *dst, const float *src, ptrdiff_t n, int daz) {
+    if (cn_bf16_insn)
+        cn_pack_bf16_stream_insn(dst, src, n, daz);
     else
         cn_pack_bf16_avx2(dst, src, n);
 }
@@ -230,12 +266,14 @@ static void cn_pack_bf16(uint16_t *dst, const float *src, ptrdiff_t n, int daz) 
     (void)daz;
     cn_pack_bf16_avx2(dst, src, n);
 }
+#define cn_pack_bf16_stream(dst, src, n, daz) cn_pack_bf16(dst, src, n, daz)
 #else
 #define CN_HAVE_BF16_PACK 0
 #define cn_bf16_pack_ok 0
 #define cn_bf16_insn 0
 #define cn_daz_now() 0
 #define cn_pack_bf16(dst, src, n, daz) cn_round_bf16(dst, src, n)
+#define cn_pack_bf16_stream(dst, src, n, daz) cn_round_bf16(dst, src, n)
 #endif
 
 /* dst[i] = bfloat16(src[i]) on whichever path this module and CPU run */
