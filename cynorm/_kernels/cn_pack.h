@@ -164,9 +164,14 @@ static inline __mmask16 cn_pack_odd(__m512 v, int daz) {
 }
 
 /* dst[i] = bfloat16(src[i]) for i < n, as cn_f32_to_bf16_bits; one copy of
- * the loop per DAZ state, so the class test is fixed inside it */
+ * the loop per DAZ state, so the class test is fixed inside it.  stream:
+ * each 32 values go out as streamed (non-temporal) stores, two 32-byte stores
+ * to the 64-byte line (one 64-byte store measured no faster on Zen 4); dst
+ * is then 64-byte aligned and n a multiple of 32.  A vector the instruction
+ * would round differently is rounded value by value through the cache. */
 __attribute__((target("avx512bf16"), always_inline, unused))
-static inline void cn_pack_bf16_loop(uint16_t *dst, const float *src, ptrdiff_t n, int daz) {
+static inline void cn_pack_bf16_loop(uint16_t *dst, const float *src, ptrdiff_t n, int daz,
+                                     int stream) {
     ptrdiff_t i = 0;
     for (; i + 32 <= n; i += 32) {
         __m512 lo = _mm512_loadu_ps(src + i), hi = _mm512_loadu_ps(src + i + 16);
@@ -174,8 +179,13 @@ static inline void cn_pack_bf16_loop(uint16_t *dst, const float *src, ptrdiff_t 
             cn_round_bf16(dst + i, src + i, 32);
             continue;
         }
-        __m512bh r = _mm512_cvtne2ps_pbh(hi, lo);
-        _mm512_storeu_si512((void *)(dst + i), (__m512i)r);
+        __m512i r = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+        if (stream) {
+            _mm256_stream_si256((__m256i *)(dst + i), _mm512_castsi512_si256(r));
+            _mm256_stream_si256((__m256i *)(dst + i + 16), _mm512_extracti64x4_epi64(r, 1));
+        } else {
+            _mm512_storeu_si512((void *)(dst + i), r);
+        }
     }
     for (; i < n; i += 16) {
         __mmask16 m = (__mmask16)(n - i >= 16 ? 0xffffu : (1u << (n - i)) - 1u);
@@ -196,41 +206,19 @@ static inline int cn_daz_now(void) {
     return (_mm_getcsr() & 0x0040u) != 0;
 }
 
-/* cn_pack_bf16 by the instruction: only where the CPU has it */
+/* cn_pack_bf16 by the instruction: only where the CPU has it (stream: as
+ * cn_pack_bf16_loop) */
 __attribute__((target("avx512bf16"), noinline, unused))
-static void cn_pack_bf16_insn(uint16_t *dst, const float *src, ptrdiff_t n, int daz) {
-    if (daz)
-        cn_pack_bf16_loop(dst, src, n, 1);
+static void cn_pack_bf16_insn(uint16_t *dst, const float *src, ptrdiff_t n, int daz,
+                              int stream) {
+    if (stream && daz)
+        cn_pack_bf16_loop(dst, src, n, 1, 1);
+    else if (stream)
+        cn_pack_bf16_loop(dst, src, n, 0, 1);
+    else if (daz)
+        cn_pack_bf16_loop(dst, src, n, 1, 0);
     else
-        cn_pack_bf16_loop(dst, src, n, 0);
-}
-
-/* cn_pack_bf16_loop into streamed (non-temporal) 64-byte lines: dst 64-byte
- * aligned, n a multiple of 32.  A vector the instruction would round
- * differently is rounded value by value through the cache, as there.  Each
- * line goes out as two 32-byte stores (one 64-byte store measured no faster
- * on Zen 4). */
-__attribute__((target("avx512bf16"), always_inline, unused))
-static inline void cn_pack_bf16_stream_loop(uint16_t *dst, const float *src, ptrdiff_t n,
-                                            int daz) {
-    for (ptrdiff_t i = 0; i < n; i += 32) {
-        __m512 lo = _mm512_loadu_ps(src + i), hi = _mm512_loadu_ps(src + i + 16);
-        if (cn_pack_odd(lo, daz) | cn_pack_odd(hi, daz)) {
-            cn_round_bf16(dst + i, src + i, 32);
-            continue;
-        }
-        __m512i r = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
-        _mm256_stream_si256((__m256i *)(dst + i), _mm512_castsi512_si256(r));
-        _mm256_stream_si256((__m256i *)(dst + i + 16), _mm512_extracti64x4_epi64(r, 1));
-    }
-}
-
-__attribute__((target("avx512bf16"), noinline, unused))
-static void cn_pack_bf16_stream_insn(uint16_t *dst, const float *src, ptrdiff_t n, int daz) {
-    if (daz)
-        cn_pack_bf16_stream_loop(dst, src, n, 1);
-    else
-        cn_pack_bf16_stream_loop(dst, src, n, 0);
+        cn_pack_bf16_loop(dst, src, n, 0, 0);
 }
 
 /* dst[i] = bfloat16(src[i]) for i < n, as cn_f32_to_bf16_bits; daz: the
@@ -238,7 +226,7 @@ static void cn_pack_bf16_stream_insn(uint16_t *dst, const float *src, ptrdiff_t 
 __attribute__((noinline, unused))
 static void cn_pack_bf16(uint16_t *dst, const float *src, ptrdiff_t n, int daz) {
     if (cn_bf16_insn)
-        cn_pack_bf16_insn(dst, src, n, daz);
+        cn_pack_bf16_insn(dst, src, n, daz, 0);
     else
         cn_pack_bf16_avx2(dst, src, n);
 }
@@ -249,7 +237,7 @@ static void cn_pack_bf16(uint16_t *dst, const float *src, ptrdiff_t n, int daz) 
 __attribute__((noinline, unused))
 static void cn_pack_bf16_stream(uint16_t *dst, const float *src, ptrdiff_t n, int daz) {
     if (cn_bf16_insn)
-        cn_pack_bf16_stream_insn(dst, src, n, daz);
+        cn_pack_bf16_insn(dst, src, n, daz, 1);
     else
         cn_pack_bf16_avx2(dst, src, n);
 }
