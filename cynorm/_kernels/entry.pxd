@@ -5,6 +5,7 @@
 from cynorm._kernels._runtime cimport (
     FAMILY_CHANNELS, FAMILY_COLUMNS, FAMILY_ELEMENTWISE, FAMILY_EXP, FAMILY_ROW_GRADS,
     FAMILY_ROWS, N_FAMILIES, stream_min_bytes, team_min_bytes)
+from cynorm._kernels.storage cimport STREAM_OFF
 
 
 cdef inline int threads_for(Py_ssize_t size, Py_ssize_t passes, Py_ssize_t itemsize,
@@ -34,3 +35,9 @@ cdef inline bint streamed(Py_ssize_t output_bytes) noexcept nogil:
     # an output this large would not stay in cache: streaming stores save
     # reading every line before writing it
     return output_bytes >= stream_min_bytes()
+
+
+cdef inline int stream_mode(Py_ssize_t output_bytes, int mode) noexcept nogil:
+    # a row pass's `stream` for an output of output_bytes: mode (STREAM_ROW
+    # or STREAM_RUN, storage.pxd) where it is streamed, else STREAM_OFF
+    return mode if streamed(output_bytes) else STREAM_OFF
