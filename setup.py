@@ -80,23 +80,42 @@ class build_ext_always(build_ext):
         flags.append("-falign-loops=64")
         if self.compiler.compiler_type == "unix":
             accepted = [flag for flag in flags if self._accepts(flag)]
+            # Thread teams that give way under load (cn_team.h): GCC's fork
+            # of each parallel region, GOMP_parallel, is wrapped by the
+            # linker so that it can be timed.  GCC with OpenMP on Linux only
+            # (clang forks through libomp's entry points instead).
+            wrap = self._accepts(*self.extensions[0].extra_compile_args, source=TEAM_WRAP_PROBE)
             for ext in self.extensions:
                 ext.extra_compile_args = list(ext.extra_compile_args) + accepted
+                if wrap:
+                    ext.define_macros = list(ext.define_macros) + [("CN_TEAM_WRAP", "1")]
+                    ext.extra_link_args = list(ext.extra_link_args) + ["-Wl,--wrap=GOMP_parallel"]
         super().build_extensions()
 
-    def _accepts(self, flag):
-        """Whether the C compiler takes `flag` without a warning."""
+    def _accepts(self, *flags, source="int main(void) { return 0; }\n"):
+        """Whether the C compiler takes `flags` (and `source`) without a warning."""
         import tempfile
         from setuptools.errors import CompileError
         with tempfile.TemporaryDirectory() as tmp:
             src = os.path.join(tmp, "flag.c")
             with open(src, "w") as f:
-                f.write("int main(void) { return 0; }\n")
+                f.write(source)
             try:
-                self.compiler.compile([src], output_dir=tmp, extra_postargs=[flag, "-Werror"])
+                self.compiler.compile([src], output_dir=tmp, extra_postargs=[*flags, "-Werror"])
             except CompileError:
                 return False
         return True
+
+
+# cn_team.h's wrap of GOMP_parallel needs GCC (not clang, which also
+# defines __GNUC__), Linux's linker and an OpenMP build: the probe compiles,
+# with the kernels' flags, only where all three hold.
+TEAM_WRAP_PROBE = """
+#if !defined(__GNUC__) || defined(__clang__) || !defined(__linux__) || !defined(_OPENMP)
+#error no GOMP_parallel to wrap
+#endif
+int main(void) { return 0; }
+"""
 
 KERNELS = "cynorm/_kernels"
 

@@ -23,7 +23,9 @@ Cython + OpenMP kernels behind a NumPy API, with PyTorch's semantics:
 
 Threads: `set_num_threads` / `get_num_threads` (OMP_NUM_THREADS and
 threadpoolctl work too); where a call starts to use them: `tune_threads`,
-`get_thread_thresholds`, `set_thread_thresholds`.  Build facts: `show_config()`.  Large outputs come
+`get_thread_thresholds`, `set_thread_thresholds`; how the team gives way
+when other work holds the cores: `get_team_policy`, `set_team_policy`,
+`thread_team_info`.  Build facts: `show_config()`.  Large outputs come
 from a small cache of freed blocks: `alloc_cache_info`,
 `set_alloc_cache_limit`, `clear_alloc_cache` (or CYNORM_ALLOC_CACHE=off).
 """
@@ -36,7 +38,8 @@ __path__ = _pkgutil.extend_path(__path__, __name__)
 
 from cynorm._version import __version__  # noqa: E402
 from cynorm._threads import (  # noqa: E402
-    get_num_threads, get_thread_thresholds, set_num_threads, set_thread_thresholds, tune_threads,
+    get_num_threads, get_team_policy, get_thread_thresholds, set_num_threads, set_team_policy,
+    set_thread_thresholds, thread_team_info, tune_threads,
 )
 from cynorm._config import (  # noqa: E402
     alloc_cache_info, clear_alloc_cache, config, set_alloc_cache_limit, show_config,
@@ -108,6 +111,9 @@ __all__ = [
     "softmax_backward_data",
     "trace",
     "tune_threads",
+    "get_team_policy",
+    "set_team_policy",
+    "thread_team_info",
     "clear_alloc_cache",
     "config",
     "get_num_threads",

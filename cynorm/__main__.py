@@ -7,6 +7,7 @@ Exit status 1 if any check fails.  Options: --quick (a few layers),
 --dtypes float32,bfloat16, --threads N.
 """
 import argparse
+import os
 import sys
 import statistics
 import time
@@ -182,6 +183,48 @@ def run_norms(dtype, activations, rng, progress):
     return results
 
 
+# a note under the table when other processes used more than this share of
+# the machine's CPU time while the job ran
+BUSY_SHARE = 0.25
+
+
+def cpu_busy_seconds():
+    """(seconds all CPUs spent busy, as /proc/stat counts them, steal
+    included; this process's CPU seconds), or None where /proc/stat is
+    missing."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)     # idle + iowait
+    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    own = os.times()
+    return (sum(fields[:8]) - idle) / hz, own.user + own.system
+
+
+def others_share(before, after, wall, cpus):
+    """The share of the machine's CPU time (wall * cpus) that other processes
+    used between two cpu_busy_seconds() readings, or None without them;
+    elsewhere than Linux, the load average beyond this process over the
+    CPUs."""
+    if before is None or after is None:
+        if not hasattr(os, "getloadavg"):
+            return None
+        return max(0.0, (os.getloadavg()[0] - 1.0) / cpus)
+    others = (after[0] - before[0]) - (after[1] - before[1])
+    return max(0.0, others / (wall * cpus)) if wall > 0 else None
+
+
+def busy_note(share):
+    """The line the job prints when other processes held the CPUs, or None."""
+    if share is None or share <= BUSY_SHARE:
+        return None
+    return (f"note: other processes used {share:.0%} of this machine's CPU time during the run, "
+            "so the times above are not to be trusted; for clean numbers rerun on an idle "
+            "machine (--threads 1 shows one core's speed)")
+
+
 def print_cudnn():
     """cudnn_bind's view of the GPU side in one line (the configuration's
     cudnn entry above says which library and, when unavailable, why)."""
@@ -222,6 +265,8 @@ def main(argv=None):
           f"N,C,H,W and channels-last\n"
           f"  layer norm of {len(LAYER_NORM_SHAPES)} ViT-B activations")
     rng = np.random.default_rng(0)
+    cpus = os.cpu_count() or 1
+    started, busy_before = time.perf_counter(), cpu_busy_seconds()
     progress = Progress((len(layers) + len(activations) + len(LAYER_NORM_SHAPES)) * len(names))
     rows = []
     for n in names:
@@ -241,6 +286,10 @@ def main(argv=None):
           f"\nNumPy reference; times: summed over layers, each layer's the median of {TIMED_CALLS} calls"
           "\nafter a warm-up (fresh outputs, from the block cache; a busy machine still moves them);"
           "\nGB/s: the main input's bytes over that time.")
+    note = busy_note(others_share(busy_before, cpu_busy_seconds(),
+                                  time.perf_counter() - started, cpus))
+    if note:
+        print("\n" + note)
     if failed:
         print(f"\n{failed} check(s) FAILED", file=sys.stderr)
         return 1

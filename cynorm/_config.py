@@ -13,6 +13,7 @@ from cynorm._dtypes import SUPPORTED_DTYPES
 from cynorm import _kernels
 from cynorm._kernels import _alloc
 from cynorm._kernels._runtime import build_info, get_num_threads
+from cynorm._threads import get_team_policy, thread_team_info
 from cynorm._validation import check_byte_count
 from cynorm._version import __version__
 
@@ -52,6 +53,12 @@ def _dispatch(compiled):
             "CYNORM_SIMD forces a lower one)")
 
 
+def _team_policy():
+    if thread_team_info()["available"]:
+        return f"{get_team_policy()} (teams give way under load)"
+    return f"{get_team_policy()} (this build cannot time its teams)"
+
+
 def config() -> dict[str, Any]:
     """The build configuration and what this machine offers it.
 
@@ -59,7 +66,9 @@ def config() -> dict[str, Any]:
     -------
     dict
         Keys: version, python, numpy, platform, compiler, openmp,
-        openmp_runtime, threads (the next call's thread count), cpus,
+        openmp_runtime, threads (the next call's thread count),
+        team_policy (get_team_policy, and whether the build can time its
+        teams), cpus,
         simd_compiled, simd_dispatch (the SIMD level the kernels run at),
         cpu_features, float16_conversion, bfloat16_stores, dtypes and cudnn
         (cudnn_bind.describe()).  Values are str or int.
@@ -81,6 +90,7 @@ def config() -> dict[str, Any]:
         "openmp": (f"yes (_OPENMP={omp})" if omp else "no (serial build)"),
         "openmp_runtime": _openmp_runtime() or ("libgomp/libomp (threadpoolctl not installed)" if omp else "none"),
         "threads": get_num_threads(),
+        "team_policy": _team_policy(),
         "cpus": info["num_procs"],
         "simd_compiled": info["simd"],
         "simd_dispatch": _dispatch(info["simd"]),

@@ -9,12 +9,20 @@ kernel family: get_thread_thresholds, set_thread_thresholds, tune_threads).
 """
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Mapping
 from typing import Optional
 
 from cynorm._kernels import _runtime
 from cynorm._validation import check_bool, check_int, check_threads
+
+# Whether the user chose a thread count (OMP_NUM_THREADS, set_num_threads),
+# and the count cynorm.distributed set itself (rank_share), if any: ranks
+# on one node share its cores only where nobody chose.
+_DEFAULT_THREADS = _runtime.get_num_threads()
+_chosen = bool(os.environ.get("OMP_NUM_THREADS", "").strip())
+_rank_share: Optional[int] = None
 
 
 def get_num_threads() -> int:
@@ -45,7 +53,9 @@ def set_num_threads(n: int) -> None:
     ValueError
         If n is out of range.
     """
+    global _chosen
     _runtime.set_num_threads(check_threads(n))
+    _chosen = True
 
 
 def get_thread_thresholds() -> dict[str, int]:
@@ -173,3 +183,98 @@ def tune_threads(threads: Optional[int] = None, *, repeats: int = 15,
     if apply:
         set_thread_thresholds(found)
     return found
+
+
+def get_team_policy() -> str:
+    """How kernel calls size their thread team when other work holds the cores.
+
+    Returns
+    -------
+    str
+        ``"adaptive"`` (the default where the build supports it): every
+        parallel region is timed, and when a worker thread starts later than
+        the region's work after it (the OS had not scheduled it: other
+        processes hold the cores), the team is halved for a while (10 ms,
+        doubled by each further late region up to 1.28 s), then one call
+        tries the next size up.  A call then never waits long for a thread
+        the OS is not running, and returns to the full team once the cores
+        are free.  ``"fixed"``: every call gets the team it asks for
+        (`get_num_threads`, above its family's threshold), as plain OpenMP
+        does; the default where the build cannot time its regions (builds
+        other than GCC with OpenMP on Linux), or when the environment sets
+        ``CYNORM_TEAM_POLICY=fixed`` at import.  Either way the bits are
+        the same.
+    """
+    return _runtime.get_team_policy()
+
+
+def set_team_policy(policy: str) -> str:
+    """Set the thread-team policy for the whole process (`get_team_policy`).
+
+    Parameters
+    ----------
+    policy : {"adaptive", "fixed"}
+        The team cap and its hold start afresh either way.
+
+    Returns
+    -------
+    str
+        The policy before the call.
+
+    Raises
+    ------
+    TypeError
+        If policy is not a str.
+    ValueError
+        If policy is not one of the two, or is "adaptive" in a build that
+        cannot time its parallel regions (`thread_team_info`'s "available").
+    """
+    if not isinstance(policy, str):
+        raise TypeError(f"policy must be a str ('adaptive' or 'fixed'), got {type(policy).__name__}")
+    if policy not in _runtime.TEAM_POLICIES:
+        raise ValueError(f"policy must be 'adaptive' or 'fixed', got {policy!r}")
+    if policy == "adaptive" and not _runtime.team_adaptive_available():
+        raise ValueError("policy 'adaptive' needs a build that times its parallel regions "
+                         "(GCC with OpenMP on Linux); this build's teams are always fixed")
+    return _runtime.set_team_policy(policy)
+
+
+def thread_team_info() -> dict[str, object]:
+    """What the thread-team policy sees and does now.
+
+    Returns
+    -------
+    dict
+        ``policy``: `get_team_policy`; ``available``: whether this build can
+        time its parallel regions (the adaptive policy needs it); ``cap``:
+        the most threads a team gets now (0: no cap); ``held_for_s``: how
+        much longer the cap holds before a call tries a larger team;
+        ``regions``: parallel regions timed since import; ``late_regions``:
+        of those, how many had a worker start late (a sign that other work
+        held the cores).
+    """
+    info: dict[str, object] = dict(_runtime.team_info())
+    info["available"] = _runtime.team_adaptive_available()
+    return info
+
+
+def share_node_cores(ranks_on_node: int) -> None:
+    """Give this process its share of the node's cores, as one of
+    `ranks_on_node` MPI ranks there (cynorm.distributed, at a communicator's
+    first use): cores // ranks_on_node threads, at least 1, for kernel calls
+    from the calling thread.  Nothing changes where the user chose a count
+    (OMP_NUM_THREADS, set_num_threads, a threadpoolctl limit in force) or
+    where the launcher already bound this process to fewer cores than the
+    node has; a second communicator never raises the share."""
+    global _rank_share
+    current = _runtime.get_num_threads()
+    ours = _rank_share if _rank_share is not None else _DEFAULT_THREADS
+    if ranks_on_node <= 1 or _chosen or current != ours:
+        return
+    cores = os.cpu_count() or 1
+    if hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) < cores:
+        return
+    share = max(1, cores // ranks_on_node)
+    if share < current:
+        _runtime.set_num_threads(share)
+        _rank_share = share

@@ -41,6 +41,17 @@ running_mean, ...) still takes part in the collective, marked, and then
 every rank raises ValueError; so do ranks whose x dtypes disagree.  Errors in x itself, axis,
 training or comm are raised before the collective, on that rank only.
 
+Ranks on one node share its cores: at a communicator's first collective
+use here (training, or a backward that communicates), each rank
+counts the communicator's ranks on its node (``comm.Split_type`` with
+``MPI.COMM_TYPE_SHARED``, a collective of that first call) and, unless the
+user chose a thread count (``OMP_NUM_THREADS``, ``cynorm.set_num_threads``
+or a threadpoolctl limit), runs cynorm's kernels on cores // ranks threads
+(at least one) from then on, for calls from the calling thread.  Otherwise
+every rank would start a team as wide as the node, and the teams would wait
+on each other's threads.  Where the launcher binds each rank to cores of its
+own (fewer than the node has), the count it gives is kept.
+
 mpi4py is imported on first use (cynorm itself never needs it); install it
 with ``pip install mpi4py mpich`` (``pip install '.[mpi]'`` from a cynorm
 checkout installs the same) and start the processes with
@@ -58,6 +69,7 @@ from cynorm._channels import (
     grad_sums, invstd_of, moments, normalize_into, prepare, update_running,
 )
 from cynorm._dtypes import from_float64
+from cynorm._threads import share_node_cores
 from cynorm._typing import Array, ArrayLike, Axis, OutputMask, Real
 from cynorm._validation import as_float_array, check_bool, check_int, check_mask, check_same
 from cynorm.batchnorm import batch_norm
@@ -79,19 +91,45 @@ def _mpi():
     return MPI
 
 
-def _communicator(comm):
-    """(MPI module, the intracommunicator to use)."""
+def _communicator(comm, collective=True):
+    """(MPI module, the intracommunicator to use).  collective: the caller
+    is about to communicate on it, so at its first use here this rank takes
+    its share of the node's cores (_share_cores); False only validates (the
+    local paths, which communicate nothing)."""
     MPI = _mpi()
     if comm is None:
-        return MPI, MPI.COMM_WORLD
-    if not isinstance(comm, MPI.Comm):
+        comm = MPI.COMM_WORLD
+    elif not isinstance(comm, MPI.Comm):
         raise TypeError("comm must be an mpi4py intracommunicator (such as MPI.COMM_WORLD "
                         f"or one made by comm.Split), got {type(comm).__name__}")
-    if comm == MPI.COMM_NULL:
+    elif comm == MPI.COMM_NULL:
         raise ValueError("comm is MPI.COMM_NULL: this process is not in the group")
-    if comm.Is_inter():
+    elif comm.Is_inter():
         raise TypeError("comm must be an intracommunicator, got an intercommunicator")
+    if collective:
+        _share_cores(MPI, comm)
     return MPI, comm
+
+
+_RANKS_ON_NODE_KEY = None    # the MPI attribute caching a communicator's ranks on this node
+
+
+def _share_cores(MPI, comm):
+    """At comm's first use by this module (every rank of comm is then in the
+    same collective call): count comm's ranks on this node with the
+    shared-memory split, cache the count on comm (an MPI attribute, freed
+    with comm), and give this rank its share of the node's cores, unless the
+    user chose a thread count (cynorm._threads.share_node_cores)."""
+    global _RANKS_ON_NODE_KEY
+    if _RANKS_ON_NODE_KEY is None:
+        _RANKS_ON_NODE_KEY = MPI.Comm.Create_keyval()
+    if comm.Get_attr(_RANKS_ON_NODE_KEY) is not None:
+        return
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    ranks = node.Get_size()
+    node.Free()
+    comm.Set_attr(_RANKS_ON_NODE_KEY, ranks)
+    share_node_cores(ranks)
 
 
 # ---- the two collectives -------------------------------------------------------
@@ -288,7 +326,7 @@ def _inference(x, weight, bias, running_mean, running_var, momentum, eps, axis, 
     y, _, _ = batch_norm(x, weight, bias, running_mean, running_var, False, momentum, eps,
                          axis=axis)
     if comm is not None:
-        _communicator(comm)
+        _communicator(comm, collective=False)
     return (y, from_float64(np.asarray(running_mean, np.float64), stat),
             from_float64(invstd_of(np.asarray(running_var, np.float64), eps), stat), None)
 
@@ -402,7 +440,7 @@ def _sync_backward(grad_out, x, weight, save_mean, save_invstd, count, axis, com
     if communicate:
         MPI, comm = _communicator(comm)
     elif comm is not None:
-        _communicator(comm)
+        _communicator(comm, collective=False)
     stat = np.dtype(policy.stat)
     try:
         grad_out, _ = as_float_array(grad_out, "grad_out")

@@ -29,7 +29,7 @@ def pytest_configure(config):
 def pytest_report_header(config):
     cfg = cynorm.config()
     return [f"cynorm {cfg['version']}: {cfg['simd_compiled']}, openmp {cfg['openmp']}, "
-            f"threads {cfg['threads']}"]
+            f"threads {cfg['threads']}, team policy {cynorm.get_team_policy()}"]
 
 
 @pytest.fixture
@@ -48,11 +48,14 @@ def restore_threads():
 def team_always():
     """Every kernel call wakes the thread team, whatever its size (the
     families' thresholds below which one thread runs are set aside), so
-    small inputs exercise the parallel loops too."""
+    small inputs exercise the parallel loops too; the team is never capped
+    (the fixed team policy), even when other work holds the cores."""
     from cynorm._kernels import _runtime
     _runtime.set_parallel_min_bytes(0)
+    policy = cynorm.set_team_policy("fixed")
     yield
     _runtime.set_parallel_min_bytes(None)
+    cynorm.set_team_policy(policy)
 
 
 @pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])

@@ -5,6 +5,7 @@ tests/mpi_sync_bn_worker.py, which compare each rank's results with
 single-process cynorm.batch_norm on the whole batch.  The rest runs in this
 process on MPI.COMM_SELF (mpi4py initializes MPI as a singleton).
 """
+import ast
 import json
 import os
 import pathlib
@@ -186,6 +187,57 @@ def test_eval_uses_running_stats_without_communicating(mpi_run):
     assert r["error"] == 0.0 and r["count"] is None and r["calls"] == 0
     # reduce_param_grads needs the one backward Allreduce, even in inference
     assert r["reduced_error"] <= 1e-12 and r["reduced_calls"] == [(1 + 2 * 4) * 8]
+
+
+SHARE_SCRIPT = """
+import os, sys
+import numpy as np
+from mpi4py import MPI
+import cynorm
+from cynorm.distributed import sync_batch_norm
+before = cynorm.get_num_threads()
+x = np.ones((2, 3, 4), np.float32)
+x[0] = 0.0
+sync_batch_norm(x)                     # the first collective use of COMM_WORLD
+after = cynorm.get_num_threads()
+sync_batch_norm(x)                     # cached: no second split, no change
+rows = MPI.COMM_WORLD.gather((before, after, cynorm.get_num_threads()))
+if MPI.COMM_WORLD.Get_rank() == 0:
+    print(rows)
+"""
+
+
+def _launch_share(n, omp_num_threads):
+    if MPI is None:
+        skip_or_fail("mpi4py is not installed (pip install mpi4py mpich)")
+    launcher = find_mpiexec()
+    if launcher is None:
+        skip_or_fail("no mpiexec next to this Python or on PATH (pip install mpi4py mpich)")
+    env = launch_env()
+    env.pop("OMP_NUM_THREADS")
+    if omp_num_threads is not None:
+        env["OMP_NUM_THREADS"] = str(omp_num_threads)
+    cmd = [launcher, "-n", str(n), sys.executable, "-c", SHARE_SCRIPT]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}"
+    return ast.literal_eval(proc.stdout.strip().splitlines()[-1])
+
+
+def test_ranks_on_one_node_share_its_cores():
+    """Two ranks on this machine: each runs on cores // 2 threads (at least
+    one) after its first training call, unless the launcher bound it to
+    fewer cores already."""
+    cores = os.cpu_count()
+    bound = hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) < cores
+    rows = _launch_share(2, None)
+    for before, after, later in rows:
+        want = before if bound else min(before, max(1, cores // 2))
+        assert (after, later) == (want, want), rows
+
+
+def test_a_chosen_thread_count_is_kept():
+    rows = _launch_share(2, 3)
+    assert rows == [(3, 3, 3)] * 2, rows
 
 
 # ---- in this process, on MPI.COMM_SELF -----------------------------------------

@@ -21,3 +21,25 @@ cdef enum:
 cdef Py_ssize_t stream_min_bytes() noexcept nogil
 cdef Py_ssize_t team_min_bytes(int family) noexcept nogil
 cdef int max_threads() noexcept nogil
+
+from libc.stdint cimport int64_t
+
+cdef extern from "cn_team.h":
+    # Thread teams that give way under load: the process's state, which
+    # every kernel module binds to at import (entry.pxd's bind_team)
+    ctypedef struct cn_team_state:
+        int64_t held_until
+        int64_t hold_ns
+        int64_t worker_delay_ns
+        int64_t regions
+        int64_t late_regions
+        int64_t last_late
+        int cap
+        int probe_woke
+        int adaptive
+    int64_t CN_TEAM_HOLD_MIN_NS
+    void cn_team_bind(cn_team_state* state) noexcept nogil
+    int cn_team_threads(int n) noexcept nogil
+    int cn_team_wrapped() noexcept nogil
+
+cdef cn_team_state* team_state() noexcept nogil

@@ -4,6 +4,7 @@ every kernel module reads, and the facts of this build (compiler, SIMD,
 OpenMP)."""
 import glob
 import os
+import time
 
 cdef extern from *:
     """
@@ -147,3 +148,68 @@ def set_family_min_bytes(Py_ssize_t family, Py_ssize_t nbytes):
     old = FAMILY_MIN_BYTES[family]
     FAMILY_MIN_BYTES[family] = nbytes
     return old
+
+
+# The thread-team state every kernel module binds to (cn_team.h): adaptive
+# by default where the build can time its regions, unless
+# CYNORM_TEAM_POLICY=fixed.
+cdef cn_team_state TEAM
+TEAM.held_until = 0
+TEAM.hold_ns = CN_TEAM_HOLD_MIN_NS
+TEAM.worker_delay_ns = 0
+TEAM.regions = 0
+TEAM.late_regions = 0
+TEAM.last_late = 0
+TEAM.cap = 0
+TEAM.probe_woke = 0
+TEAM.adaptive = cn_team_wrapped() and os.environ.get("CYNORM_TEAM_POLICY", "") != "fixed"
+cn_team_bind(&TEAM)
+
+TEAM_POLICIES = ("adaptive", "fixed")
+
+
+cdef cn_team_state* team_state() noexcept nogil:
+    return &TEAM
+
+
+def team_adaptive_available():
+    """Whether this build times its parallel regions (cn_team.h)."""
+    return bool(cn_team_wrapped())
+
+
+def get_team_policy():
+    return "adaptive" if TEAM.adaptive else "fixed"
+
+
+def set_team_policy(str policy):
+    """'adaptive' or 'fixed' (validated by the caller); returns the old
+    policy.  Either way the cap and hold start afresh."""
+    old = get_team_policy()
+    TEAM.adaptive = policy == "adaptive"
+    reset_team()
+    return old
+
+
+def reset_team():
+    """No cap, no hold, the shortest hold next; the counters stay."""
+    TEAM.cap = 0
+    TEAM.probe_woke = 0
+    TEAM.held_until = 0
+    TEAM.last_late = 0
+    TEAM.hold_ns = CN_TEAM_HOLD_MIN_NS
+
+
+def team_info():
+    """The team state now (the caller documents it)."""
+    held = max(0, TEAM.held_until - time.monotonic_ns()) if TEAM.cap else 0
+    return {"policy": get_team_policy(), "cap": TEAM.cap, "held_for_s": held / 1e9,
+            "regions": TEAM.regions, "late_regions": TEAM.late_regions}
+
+
+def set_worker_delay_ns(int64_t ns):
+    """Tests: each worker of a timed region sleeps ns before its share (a
+    worker the OS scheduled late); returns the old value."""
+    old = TEAM.worker_delay_ns
+    TEAM.worker_delay_ns = ns
+    return old
+

@@ -4,7 +4,8 @@
 
 from cynorm._kernels._runtime cimport (
     FAMILY_CHANNELS, FAMILY_COLUMNS, FAMILY_ELEMENTWISE, FAMILY_EXP, FAMILY_ROW_GRADS,
-    FAMILY_ROWS, N_FAMILIES, stream_min_bytes, team_min_bytes)
+    FAMILY_ROWS, N_FAMILIES, cn_team_bind, cn_team_threads, stream_min_bytes, team_min_bytes,
+    team_state)
 from cynorm._kernels.storage cimport STREAM_OFF
 
 
@@ -17,10 +18,18 @@ cdef inline int threads_for(Py_ssize_t size, Py_ssize_t passes, Py_ssize_t items
     # and back, so it costs what a float32 element costs, and the crossover
     # falls at the same element count (benchmarks/README.md).  The kernels'
     # blocks do not depend on the thread count, so neither do the bits.
+    # Above it, the team is what cn_team.h allows now: capped while other
+    # work holds the cores.
     cdef Py_ssize_t min_bytes = team_min_bytes(family)
     if itemsize < 4:
         itemsize = 4
-    return 1 if size * passes * itemsize < min_bytes else max(1, n_threads)
+    return 1 if size * passes * itemsize < min_bytes else cn_team_threads(max(1, n_threads))
+
+
+cdef inline void bind_team() noexcept:
+    # at a kernel module's import: its parallel regions report to, and its
+    # threads_for reads, the process's team state (cn_team.h)
+    cn_team_bind(team_state())
 
 
 cdef inline int check_size(Py_ssize_t size, Py_ssize_t expected, str name) except -1:
