@@ -42,13 +42,19 @@ def skip_or_fail(reason):
 TOL = {"float64": 1e-12, "float32": 1e-5, "bfloat16": 1e-5, "float16": 1e-5}
 
 
-@pytest.fixture(scope="module", params=[2, 3], ids=["np2", "np3"])
-def mpi_run(request, tmp_path_factory):
+def launcher_or_skip():
+    """mpiexec, after checking that mpi4py imports (skip, or fail in CI, without)."""
     if MPI is None:
         skip_or_fail("mpi4py is not installed (pip install mpi4py mpich)")
     launcher = find_mpiexec()
     if launcher is None:
         skip_or_fail("no mpiexec next to this Python or on PATH (pip install mpi4py mpich)")
+    return launcher
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["np2", "np3"])
+def mpi_run(request, tmp_path_factory):
+    launcher = launcher_or_skip()
     out = tmp_path_factory.mktemp("mpi") / "results.json"
     env = launch_env()  # the worker imports the cynorm these tests import
     cmd = [launcher, "-n", str(request.param), sys.executable,
@@ -208,11 +214,9 @@ if MPI.COMM_WORLD.Get_rank() == 0:
 
 
 def _launch_share(n, omp_num_threads):
-    if MPI is None:
-        skip_or_fail("mpi4py is not installed (pip install mpi4py mpich)")
-    launcher = find_mpiexec()
-    if launcher is None:
-        skip_or_fail("no mpiexec next to this Python or on PATH (pip install mpi4py mpich)")
+    """Each rank's (threads before, after the first training call, after the
+    second), from SHARE_SCRIPT under mpiexec -n n."""
+    launcher = launcher_or_skip()
     env = launch_env()
     env.pop("OMP_NUM_THREADS")
     if omp_num_threads is not None:
