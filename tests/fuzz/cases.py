@@ -3084,6 +3084,52 @@ def gen_tune_threads(g):
     return c
 
 
+_TEAM_INFO_KEYS = {"policy", "available", "cap", "held_for_s", "regions", "late_regions"}
+
+
+def _restore_team_policy():
+    old = cynorm.get_team_policy()
+    return lambda: cynorm.set_team_policy(old)
+
+
+@target("cynorm.get_team_policy", lambda: cynorm.get_team_policy)
+def gen_get_team_policy(g):
+    c = new("cynorm.get_team_policy", g)
+    c.oracle = lambda s, res, live: [] if res in ("adaptive", "fixed") else [f"returned {res!r}"]
+    return c
+
+
+@target("cynorm.set_team_policy", lambda: cynorm.set_team_policy)
+def gen_set_team_policy(g):
+    c = new("cynorm.set_team_policy", g)
+    adaptive = "ok" if cynorm.thread_team_info()["available"] else "error"
+    v, exp = g.pick([("fixed", "ok"), ("adaptive", adaptive), ("Fixed", "error"), ("", "error"),
+                     (None, "error"), (1, "error"), (b"fixed", "error"), (["fixed"], "error")])
+    c.add("policy", v)
+    c.want(exp)
+    c.after = _restore_team_policy()
+
+    def oracle(s, res, live):
+        now = cynorm.get_team_policy()
+        return [] if res in ("adaptive", "fixed") and now == s["policy"] else [
+            f"returned {res!r}; get_team_policy() = {now!r}"]
+    c.oracle = oracle
+    return c
+
+
+@target("cynorm.thread_team_info", lambda: cynorm.thread_team_info)
+def gen_thread_team_info(g):
+    c = new("cynorm.thread_team_info", g)
+
+    def oracle(s, res, live):
+        if not isinstance(res, dict) or set(res) != _TEAM_INFO_KEYS:
+            return [f"returned {res!r}"]
+        return [f"{k}: {res[k]!r}" for k in ("cap", "regions", "late_regions")
+                if type(res[k]) is not int or res[k] < 0]
+    c.oracle = oracle
+    return c
+
+
 def _restore_cache():
     info = cynorm.alloc_cache_info()
     limit = info.get("limit") if isinstance(info, dict) else None
