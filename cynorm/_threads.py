@@ -18,8 +18,8 @@ from cynorm._kernels import _runtime
 from cynorm._validation import check_bool, check_int, check_threads
 
 # Whether the user chose a thread count (OMP_NUM_THREADS, set_num_threads),
-# and the count cynorm.distributed set itself (rank_share), if any: ranks
-# on one node share its cores only where nobody chose.
+# and the count cynorm.distributed set itself (share_node_cores), if any:
+# ranks on one node share its cores only where nobody chose.
 _DEFAULT_THREADS = _runtime.get_num_threads()
 _chosen = bool(os.environ.get("OMP_NUM_THREADS", "").strip())
 _rank_share: Optional[int] = None
@@ -192,11 +192,13 @@ def get_team_policy() -> str:
     -------
     str
         ``"adaptive"`` (the default where the build supports it): every
-        parallel region is timed, and when a worker thread starts later than
-        the region's work after it (the OS had not scheduled it: other
-        processes hold the cores), the team is halved for a while (10 ms,
-        doubled by each further late region up to 1.28 s), then one call
-        tries the next size up.  A call then never waits long for a thread
+        parallel region is timed, and when a worker thread starts more than
+        100 µs after the fork and more than an eighth of the region's time
+        after it (the OS had not scheduled it: other processes hold the
+        cores, or its idle vCPU had to be woken first), the team is halved
+        for a while (10 ms, doubled by each further late region up to
+        1.28 s), then calls try the next size up.  A call then never waits
+        long for a thread
         the OS is not running, and returns to the full team once the cores
         are free.  ``"fixed"``: every call gets the team it asks for
         (`get_num_threads`, above its family's threshold), as plain OpenMP

@@ -210,7 +210,8 @@ def test_register_jvp_for_a_user_op(rng):
 # configuration, the allocation cache, the JVP machinery itself)
 NOT_OPS = {"alloc_cache_info", "clear_alloc_cache", "config", "get_num_threads", "jvp",
            "register_jvp", "set_alloc_cache_limit", "set_num_threads", "show_config",
-           "get_thread_thresholds", "set_thread_thresholds", "tune_threads"}
+           "get_thread_thresholds", "set_thread_thresholds", "tune_threads",
+           "get_team_policy", "set_team_policy", "thread_team_info"}
 
 
 def _public_ops():

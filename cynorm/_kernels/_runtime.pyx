@@ -212,4 +212,3 @@ def set_worker_delay_ns(int64_t ns):
     old = TEAM.worker_delay_ns
     TEAM.worker_delay_ns = ns
     return old
-

@@ -178,8 +178,8 @@ void __wrap_GOMP_parallel(void (*fn)(void*), void* data, unsigned nthreads, unsi
     r.start = cn_now_ns();
     __real_GOMP_parallel(cn_region_body, &r, (unsigned)nt, flags);
     end = cn_now_ns();
-    /* the caller's own share ends in the loop's barrier, so the latest
-     * worker's share is what the region took after it started */
+    /* late: a worker not running when the fork woke it (more than
+     * LATE_MIN_NS), and long enough to cost the region an eighth of its time */
     cn_team_observe(s, nt, r.latest > CN_TEAM_LATE_MIN_NS && 8 * r.latest > end - r.start,
                     end);
 }
