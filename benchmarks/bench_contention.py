@@ -2,6 +2,7 @@
 
     python benchmarks/bench_contention.py                  # k = 0 .. ncpu, all cases
     python benchmarks/bench_contention.py --loads 0,2 --sizes cache
+    python benchmarks/bench_contention.py --cases softmax,"batch norm inference"
     python benchmarks/bench_contention.py --seconds 0.2 --no-torch
     python benchmarks/bench_contention.py --policy fixed   # cynorm's teams as asked
 
@@ -198,8 +199,11 @@ def main():
                     help="no busy loop lives longer than this")
     ap.add_argument("--policy", choices=("adaptive", "fixed"), default=None,
                     help="cynorm's team policy (default: the library's default)")
+    ap.add_argument("--cases", default="",
+                    help="comma-separated parts of case names to run (default: all)")
     ap.add_argument("--no-torch", action="store_true")
     args = ap.parse_args()
+    wanted = [c.strip() for c in args.cases.split(",") if c.strip()]
 
     torch = None
     if not args.no_torch:
@@ -236,6 +240,8 @@ def main():
         try:
             for size in sizes:
                 for name, shape, calls, arrays in cases(size):
+                    if wanted and not any(w in name for w in wanted):
+                        continue
                     fns = {"default": calls["cynorm"], "one": one_thread(calls["cynorm"])}
                     has_torch = torch is not None and calls["torch"] is not None
                     if has_torch:
