@@ -179,3 +179,98 @@ def test_slow_path_rows_are_thread_private(restore_threads):
         np.testing.assert_array_equal(norm, results[0][1])
     w_ref, _ = R.weight_norm(v, g, 0)
     close(results[0][0], w_ref, np.float32, "w", rtol=1e-5)
+
+
+# ---------------------------------------------------------------- backward sums
+#
+# The backward reductions form their terms (dy, dy * (x - mean), dy * xhat) in
+# float32 and add a few of them in float32 before each float64 add.  With
+# |grad_out| near float32's largest value a term or a partial sum overflows
+# although the float64 sum need not: the channel, row or column whose sums
+# came out inf or NaN is recomputed with float64 terms (common.pxd:
+# float32_sums_finite).  A sum whose exact value is beyond float32's range
+# is +-inf in a float32 output, as rounding it would give.
+
+GRAD_SCALES = [1e37, 1e38, 3e38]
+# batch-norm shapes that take each reduction: columns, fused channels,
+# columns with many channels, rows, segments
+BN_SHAPES = [(4, 3, 5, 7), (2, 16, 130), (3, 70, 40), (2, 4, 2000), (8, 4, 100)]
+LN_SHAPES = [(5, 35), (8, 130), (3, 2000), (4, 3, 64)]
+
+
+def close_sum(got, want, terms, what):
+    """got (any float dtype) against the float64 sums want of terms whose
+    magnitudes sum to terms: within float32's partial sums (2^-21 of the
+    terms) and the output's own rounding, or +-inf where want is beyond the
+    output's range."""
+    got = np.asarray(got)
+    fmax = float(ml_dtypes.finfo(got.dtype).max)
+    eps = float(ml_dtypes.finfo(got.dtype).eps)
+    got = got.astype(np.float64)
+    want = np.asarray(want, np.float64).reshape(got.shape)
+    terms = np.broadcast_to(np.asarray(terms, np.float64), got.shape)
+    beyond = np.abs(want) > fmax * (1 + eps)
+    assert np.array_equal(got[beyond], np.sign(want[beyond]) * np.inf), what
+    inside = ~beyond & (np.abs(want) < fmax * (1 - eps))
+    assert np.all(np.isfinite(got[inside])), f"{what}: inf or NaN where the exact sum is finite"
+    err = np.abs(got[inside] - want[inside])
+    tol = 2.0 ** -21 * terms[inside] + eps * np.abs(want[inside])
+    assert np.all(err <= tol), f"{what}: off by {np.max(err - tol):.3g} beyond the bound"
+
+
+def huge_grad(shape, scale, dtype, seed):
+    return (np.random.default_rng(seed).uniform(-1, 1, shape) * scale).astype(dtype)
+
+
+@pytest.mark.parametrize("scale", GRAD_SCALES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", BN_SHAPES, ids=str)
+def test_batch_norm_backward_sums_keep_float64_range(shape, dtype, scale):
+    x = data(shape, 1.0, dtype, seed=3) + np.asarray(0.5, dtype)
+    dy = huge_grad(shape, scale, dtype, seed=4)
+    C = shape[1]
+    w = np.random.default_rng(5).uniform(0.5, 1.5, C).astype(np.float32)
+    mean, invstd = cynorm.batch_norm_stats(x, 1e-5)
+    rows = np.moveaxis(x.astype(np.float64), 1, 0).reshape(C, -1)
+    g = np.moveaxis(dy.astype(np.float64), 1, 0).reshape(C, -1)
+    xmu = rows - np.asarray(mean, np.float64)[:, None]
+    inv = np.asarray(invstd, np.float64)
+    sum_dy, sum_dy_xmu = g.sum(1), (g * xmu).sum(1)
+    abs_dy, abs_dy_xmu = np.abs(g).sum(1), np.abs(g * xmu).sum(1)
+
+    got = cynorm.batch_norm_backward_reduce(dy, x, mean, invstd, w)
+    close_sum(got[0], sum_dy, abs_dy, "backward_reduce sum_dy")
+    close_sum(got[1], sum_dy_xmu, abs_dy_xmu, "backward_reduce sum_dy_xmu")
+    close_sum(got[2], sum_dy_xmu * inv, abs_dy_xmu * inv, "backward_reduce grad_weight")
+    close_sum(got[3], sum_dy, abs_dy, "backward_reduce grad_bias")
+    # the fused training backward (and the adapters over it): grad_weight, grad_bias
+    for name, (gw, gb) in {
+        "batch_norm_backward": cynorm.batch_norm_backward(
+            dy, x, w, None, None, mean, invstd, True, 1e-5, (False, True, True))[1:],
+        "aten.batch_norm_backward": cynorm.aten.batch_norm_backward(
+            dy, x, w, None, None, mean, invstd, True, 1e-5, (False, True, True))[1:],
+        "miopen_batch_norm_backward": cynorm.miopen_batch_norm_backward(
+            x, dy, w, None, None, mean, invstd, 1e-5)[1:],
+        "cudnn_batch_norm_backward": cynorm.cudnn_batch_norm_backward(
+            x, dy, w, None, None, mean, invstd, 1e-5, np.empty(0, np.uint8))[1:],
+    }.items():
+        close_sum(gw, sum_dy_xmu * inv, abs_dy_xmu * inv, f"{name} grad_weight")
+        close_sum(gb, sum_dy, abs_dy, f"{name} grad_bias")
+
+
+@pytest.mark.parametrize("scale", GRAD_SCALES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", LN_SHAPES, ids=str)
+def test_layer_norm_backward_sums_keep_float64_range(shape, dtype, scale):
+    N = shape[-1]
+    x = data(shape, 1.0, dtype, seed=6)
+    dy = huge_grad(shape, scale, dtype, seed=7)
+    w = np.random.default_rng(8).uniform(0.5, 1.5, N).astype(np.float32)
+    _, mean, rstd = cynorm.layer_norm(x, N, w)
+    xhat = ((x.astype(np.float64).reshape(-1, N) - np.asarray(mean, np.float64).reshape(-1, 1))
+            * np.asarray(rstd, np.float64).reshape(-1, 1))
+    g = dy.astype(np.float64).reshape(-1, N)
+    for mask in [(True, True, True), (False, True, True)]:
+        _, gw, gb = cynorm.layer_norm_backward(dy, x, N, mean, rstd, w, None, mask)
+        close_sum(gw, (g * xhat).sum(0), np.abs(g * xhat).sum(0), f"grad_weight {mask}")
+        close_sum(gb, g.sum(0), np.abs(g).sum(0), f"grad_bias {mask}")

@@ -40,6 +40,15 @@ cdef inline bint float32_squares_ok(double mean_square) noexcept nogil:
     return float32_sum_of_squares_ok(mean_square, 1)
 
 
+cdef inline bint float32_sums_finite(double a, double b) noexcept nogil:
+    """Whether two float64 sums of terms formed in float32 (a backward's sum
+    of dy and sum of dy * (x - mean)) are finite.  An inf or NaN there, from
+    finite data, means a float32 term or partial sum overflowed although the
+    float64 sum need not: the row or channel is recomputed with float64
+    terms (from data that held inf or NaN, with the same result)."""
+    return (a - a == 0.0) & (b - b == 0.0)
+
+
 cdef inline bint float32_sum_of_squares_ok(double s, Py_ssize_t n) noexcept nogil:
     # float32_squares_ok(s / n) for a sum s of n squares (or products), n > 0
     # (`&`, not `and`: no branch, so loops over rows or columns vectorize)
