@@ -274,3 +274,48 @@ def test_layer_norm_backward_sums_keep_float64_range(shape, dtype, scale):
         _, gw, gb = cynorm.layer_norm_backward(dy, x, N, mean, rstd, w, None, mask)
         close_sum(gw, (g * xhat).sum(0), np.abs(g * xhat).sum(0), f"grad_weight {mask}")
         close_sum(gb, g.sum(0), np.abs(g).sum(0), f"grad_bias {mask}")
+
+
+@pytest.mark.parametrize("scale", [3e38, 1e38])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", LN_SHAPES, ids=str)
+def test_layer_norm_grad_x_where_dy_times_weight_leaves_float32(shape, dtype, scale):
+    # g = dy * w beyond float32's largest value, grad_x = rstd (g - mean g -
+    # xhat mean(g xhat)) inside it: the row is recomputed in float64
+    N = shape[-1]
+    x = data(shape, 1.0, dtype, seed=9)
+    dy = huge_grad(shape, scale, dtype, seed=10)
+    w = np.random.default_rng(11).uniform(0.5, 1.5, N).astype(np.float32)
+    _, mean, rstd = cynorm.layer_norm(x, N, w)
+    want = R.layer_norm_backward(dy, x, N, mean, rstd, w)[0]
+    g = np.abs(dy.astype(np.float64).reshape(-1, N) * w.astype(np.float64))
+    terms = (3 * g.max(axis=1, keepdims=True) * np.asarray(rstd, np.float64).reshape(-1, 1))
+    for mask in [(True, True, True), (True, False, False)]:
+        gx = cynorm.layer_norm_backward(dy, x, N, mean, rstd, w, None, mask)[0]
+        close_sum(gx.reshape(-1, N), want.reshape(-1, N), np.broadcast_to(terms, g.shape),
+                  f"grad_x {mask}")
+
+
+@pytest.mark.parametrize("scale", [1e-30, 1e-38, 1e-42])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", LN_SHAPES + [(3, 5, 7)], ids=str)
+def test_layer_norm_of_tiny_data_is_as_precise_as_of_normal_data(shape, dtype, scale):
+    # data near or below float32's normal range: a mean below 2**-100 does
+    # not split into float32 parts (its low part would flush to zero), so
+    # the row is normalized in float64.  y is then as close to the float64
+    # result as for data of ordinary magnitude: a few roundings of the row's
+    # scale (the largest |y|), plus a subnormal step where y is subnormal
+    N = shape[-1]
+    x = (data(shape, scale, np.float64, seed=12) + 0.3 * scale).astype(dtype)
+    w = np.random.default_rng(13).uniform(0.5, 1.5, N).astype(np.float32)
+    b = np.random.default_rng(14).uniform(-1, 1, N).astype(np.float32) * np.float32(scale)
+    for wb in [(None, None), (w, None), (w, b)]:
+        y, mean, rstd = cynorm.layer_norm(x, N, *wb)
+        want = R.layer_norm(x, N, *wb)[0]
+        eps = float(ml_dtypes.finfo(y.dtype).eps)
+        tiny = float(ml_dtypes.finfo(y.dtype).smallest_subnormal)
+        err = np.abs(y.astype(np.float64) - want).reshape(-1, N)
+        rows = np.max(np.abs(want).reshape(-1, N), axis=1, keepdims=True)
+        assert np.all(err <= 4 * eps * rows + tiny), (
+            f"y off by up to {np.max(err / (rows + tiny)):.3g} of its row's scale, "
+            f"affine {wb[0] is not None}")

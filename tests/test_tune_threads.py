@@ -117,6 +117,9 @@ def test_each_family_threshold_decides_the_team(family, restore_thresholds):
     team_size = _kernels.load("layer_norm").team_size
     index = FAMILIES.index(family)
     old_forced = _runtime.set_parallel_min_bytes(None)
+    # the fixed team policy: on a loaded machine the adaptive one may cap
+    # the team, which is not what this test is about
+    policy = cn.set_team_policy("fixed")
     try:
         cn.set_thread_thresholds({family: 3 * 4 * 1000})        # 1000 float32, 3 passes
         assert team_size(1000, 3, 4, index, 4) == 4
@@ -131,3 +134,4 @@ def test_each_family_threshold_decides_the_team(family, restore_thresholds):
         assert team_size(1000, 3, 4, index, 4) == 1
     finally:
         _runtime.set_parallel_min_bytes(old_forced)
+        cn.set_team_policy(policy)

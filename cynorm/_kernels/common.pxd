@@ -49,6 +49,21 @@ cdef inline bint float32_sums_finite(double a, double b) noexcept nogil:
     return (a - a == 0.0) & (b - b == 0.0)
 
 
+cdef inline bint float32_tiny_scale(double first, double mean, double var, double s1,
+                                    double s2) noexcept nogil:
+    """Whether a row's (or channel's) values all lie far below float32's
+    normal range, judged by its first value, its mean and variance (and the
+    shifted sums s1, s2 they came from): all under 2**-100 in magnitude (var
+    under 2**-190).  float32 differences and products of such data (and the
+    mean's low part) fall under 2**-126, where float32 keeps fewer bits, so
+    the row is normalized in float64 (in float32, y of subnormal data was up
+    to 15% off).  A row of zeros is not tiny: float32 gives it exactly."""
+    return ((first < 7.888609052210118e-31) & (first > -7.888609052210118e-31)
+            & (mean < 7.888609052210118e-31) & (mean > -7.888609052210118e-31)
+            & (var < 6.372367644529809e-58)
+            & ((first != 0.0) | (s1 != 0.0) | (s2 != 0.0)))      # 2**-100, 2**-190
+
+
 cdef inline bint float32_sum_of_squares_ok(double s, Py_ssize_t n) noexcept nogil:
     # float32_squares_ok(s / n) for a sum s of n squares (or products), n > 0
     # (`&`, not `and`: no branch, so loops over rows or columns vectorize)
