@@ -319,3 +319,49 @@ def test_layer_norm_of_tiny_data_is_as_precise_as_of_normal_data(shape, dtype, s
         assert np.all(err <= 4 * eps * rows + tiny), (
             f"y off by up to {np.max(err / (rows + tiny)):.3g} of its row's scale, "
             f"affine {wb[0] is not None}")
+
+
+def close_to_output(got, want, what, rows=None):
+    """got within a few roundings of its storage type of want, relative to
+    the scale of its row or channel (rows: an axis layout (-1, n) to take
+    the scale over, or None for the whole output), plus one subnormal step
+    where got is itself subnormal."""
+    got = np.asarray(got)
+    eps = float(ml_dtypes.finfo(got.dtype).eps)
+    tiny = float(ml_dtypes.finfo(got.dtype).smallest_subnormal)
+    g = got.astype(np.float64)
+    want = np.asarray(want, np.float64).reshape(g.shape)
+    err = np.abs(g - want)
+    if rows is None:
+        scale = np.max(np.abs(want))
+    else:
+        scale = np.max(np.abs(want).reshape(rows), axis=1, keepdims=True)
+        err = err.reshape(rows)
+    assert np.all(err <= 4 * eps * scale + tiny), (
+        f"{what}: off by up to {np.max(err / (scale + tiny)):.3g} of its scale")
+
+
+@pytest.mark.parametrize("scale", [1e-30, 1e-38, 1e-42])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", BN_SHAPES, ids=str)
+def test_batch_norm_of_tiny_data_is_as_precise_as_of_normal_data(shape, dtype, scale):
+    # the training forward (fused channels and the statistics-then-normalize
+    # form), and the backward sums of dy * (x - mean), whose float32
+    # products fall under float32's normal range: float64 for such channels
+    C = shape[1]
+    x = (data(shape, scale, np.float64, seed=15) + 0.3 * scale).astype(dtype)
+    dy = data(shape, 1.0, dtype, seed=16)
+    w = np.random.default_rng(17).uniform(0.5, 1.5, C).astype(np.float32)
+    b = (np.random.default_rng(18).uniform(-1, 1, C) * scale).astype(np.float32)
+    chan = (C, -1)
+    for wb in [(None, None), (w, b)]:
+        y = cynorm.batch_norm(x, *wb, None, None, True, 0.1, 1e-5)[0]
+        want = R.batch_norm(x, *wb, None, None, True, 0.1, 1e-5)[0]
+        close_to_output(np.moveaxis(y, 1, 0), np.moveaxis(want, 1, 0), "y", chan)
+    mean, invstd = cynorm.batch_norm_stats(x, 1e-5)
+    got = cynorm.batch_norm_backward_reduce(dy, x, mean, invstd, w)
+    want = R.batch_norm_backward_reduce(dy, x, mean, invstd, w)
+    for name, g, r in zip(("sum_dy", "sum_dy_xmu", "grad_weight", "grad_bias"), got, want):
+        close_to_output(g, r, name)
+    gw = cynorm.batch_norm_backward(dy, x, w, None, None, mean, invstd, True, 1e-5)[1]
+    close_to_output(gw, want[2], "batch_norm_backward grad_weight")

@@ -44,24 +44,58 @@ cdef inline bint float32_sums_finite(double a, double b) noexcept nogil:
     """Whether two float64 sums of terms formed in float32 (a backward's sum
     of dy and sum of dy * (x - mean)) are finite.  An inf or NaN there, from
     finite data, means a float32 term or partial sum overflowed although the
-    float64 sum need not: the row or channel is recomputed with float64
-    terms (from data that held inf or NaN, with the same result)."""
+    float64 sum need not."""
     return (a - a == 0.0) & (b - b == 0.0)
 
 
-cdef inline bint float32_tiny_scale(double first, double mean, double var, double s1,
-                                    double s2) noexcept nogil:
-    """Whether a row's (or channel's) values all lie far below float32's
-    normal range, judged by its first value, its mean and variance (and the
-    shifted sums s1, s2 they came from): all under 2**-100 in magnitude (var
-    under 2**-190).  float32 differences and products of such data (and the
-    mean's low part) fall under 2**-126, where float32 keeps fewer bits, so
-    the row is normalized in float64 (in float32, y of subnormal data was up
-    to 15% off).  A row of zeros is not tiny: float32 gives it exactly."""
-    return ((first < 7.888609052210118e-31) & (first > -7.888609052210118e-31)
-            & (mean < 7.888609052210118e-31) & (mean > -7.888609052210118e-31)
-            & (var < 6.372367644529809e-58)
-            & ((first != 0.0) | (s1 != 0.0) | (s2 != 0.0)))      # 2**-100, 2**-190
+cdef inline bint float32_products_tiny(double a, double b, Py_ssize_t n) noexcept nogil:
+    """Whether b, a float64 sum of n products formed in float32 (dy * (x -
+    mean)), is so small (under n * 2**-100) that products under float32's
+    normal range, which keep fewer bits, may make up much of it (tiny data or
+    tiny gradients).  Not when b is 0: zero gradients, or x equal to its
+    mean (a row of one, a constant channel), whose products are exact."""
+    return (b != 0.0) & (b < n * 7.888609052210118e-31) & (b > n * -7.888609052210118e-31)
+
+
+cdef inline bint float32_sums_ok(double a, double b, Py_ssize_t n) noexcept nogil:
+    """Whether a backward's float64 sums a (of dy) and b (of n products dy *
+    (x - mean)), formed from float32 terms, are as accurate as float64 terms
+    would make them: finite, and b not float32_products_tiny.  A row or
+    channel that fails is recomputed with float64 terms (exact_centered_dot,
+    exact_sums), and from data that held inf or NaN gives the same."""
+    return float32_sums_finite(a, b) & (not float32_products_tiny(a, b, n))
+
+
+cdef inline void exact_sums(double* s, const double* e, Py_ssize_t n) noexcept nogil:
+    """Into the fast sums s (of dy, of dy * (x - mean)) the float64-term sums e
+    where the fast ones fell short: s[0] only where it is not finite (a NaN
+    in x leaves the sum of dy's bits: batch norm returns it), s[1] where it
+    is not finite or tiny."""
+    if not (s[0] - s[0] == 0.0):
+        s[0] = e[0]
+    if not (s[1] - s[1] == 0.0) or float32_products_tiny(s[0], s[1], n):
+        s[1] = e[1]
+
+
+cdef inline bint float32_tiny_scale(double mean, double var) noexcept nogil:
+    """Whether a row's (or channel's) values lie far below float32's normal
+    range, judged by its mean and variance: mean under 2**-100 in magnitude
+    (and not 0: a row of zeros is exact in float32) and variance under
+    2**-190.  float32 differences and products of such data (and the mean's
+    low part) fall under 2**-126, where float32 keeps fewer bits, so the row
+    is normalized in float64 (in float32, y of subnormal data was up to 15%
+    off)."""
+    return ((mean != 0.0) & (mean < 7.888609052210118e-31) & (mean > -7.888609052210118e-31)
+            & (var < 6.372367644529809e-58))      # 2**-100, 2**-190
+
+
+cdef inline bint float32_mean_split_ok(double mean) noexcept nogil:
+    """Whether a mean stored as float32 plus the float32 part its rounding
+    dropped (low_part) holds it to about 48 bits: nothing was dropped, or
+    the mean is at least 2**-100 in magnitude (its low part then a normal
+    float32).  For the passes that get a mean without its variance."""
+    return ((mean == <double>(<float>mean)) | (mean >= 7.888609052210118e-31)
+            | (mean <= -7.888609052210118e-31) | (mean != mean))
 
 
 cdef inline bint float32_sum_of_squares_ok(double s, Py_ssize_t n) noexcept nogil:
