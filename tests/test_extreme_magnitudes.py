@@ -365,3 +365,20 @@ def test_batch_norm_of_tiny_data_is_as_precise_as_of_normal_data(shape, dtype, s
         close_to_output(g, r, name)
     gw = cynorm.batch_norm_backward(dy, x, w, None, None, mean, invstd, True, 1e-5)[1]
     close_to_output(gw, want[2], "batch_norm_backward grad_weight")
+
+
+@pytest.mark.parametrize("shape", [(4, 3, 5, 7), (6, 5, 8)], ids=str)
+def test_tiny_channels_normalized_in_place(shape):
+    # batch_norm_elemt with a float64 mean that float32 cannot split (data far
+    # below float32's normal range), written over its own input (out=x): the
+    # float64 channels are formed from x before the pass writes over it
+    C = shape[1]
+    x = (data(shape, 1e-42, np.float64, seed=19) + 3e-43).astype(np.float32)
+    x64 = np.moveaxis(x.astype(np.float64), 1, 0).reshape(C, -1)
+    mean = x64.mean(axis=1)
+    invstd = 1 / np.sqrt(x64.var(axis=1) + 1e-5)
+    b = np.full(C, 1e-42, np.float32)
+    want = R.batch_norm_elemt(x, None, b, mean, invstd)
+    y = cynorm.batch_norm_elemt(x, None, b, mean, invstd, 1e-5, out=x)
+    assert y is x
+    close_to_output(np.moveaxis(y, 1, 0), np.moveaxis(want, 1, 0), "y in place", (C, -1))

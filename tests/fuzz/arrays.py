@@ -35,7 +35,7 @@ HUGE_ELEMENTS = 2 ** 41
 
 VALUE_STYLES = {          # style: weight
     "normal": 30, "ints": 5, "shifted": 7, "constant": 4, "zeros": 2, "big": 9, "tiny": 9,
-    "mixed": 10, "special": 8, "wide": 5, "pair": 4,
+    "mixed": 10, "special": 8, "wide": 5, "pair": 4, "top": 4, "subnormal": 4,
 }
 LAYOUTS = {"C": 50, "F": 10, "neg": 8, "strided": 8, "permuted": 6, "bcast": 4, "readonly": 6,
            "swapped": 4, "unaligned": 4}
@@ -149,6 +149,11 @@ class Gen:
             for _ in range(self.int(1, 2)):
                 if n:
                     v[self.int(0, n - 1)] = self.pick((np.nan, np.inf, -np.inf))
+        elif style == "top":            # within a factor 4 of the largest finite: the
+            # products and partial sums a backward forms overflow
+            v = self.signs(n) * self.magnitudes(n, big / 4, big)
+        elif style == "subnormal":      # under the smallest normal, the subnormals
+            v = self.signs(n) * self.magnitudes(n, sub, normal)
         elif style == "wide":           # any magnitude the dtype holds
             v = self.signs(n) * self.magnitudes(n, sub, big)
         elif style == "pair":           # the 3e20, 4e20 kind: spread and mean both huge
