@@ -2,8 +2,7 @@
  * vectorize: softmax's rows (softmax_rows.pxi.tp) and log_sigmoid
  * (pointwise.pyx.tp).  setup.py compiles those modules with
  * -fno-trapping-math, without which GCC keeps the selects as branches.
- * And a row's NaN-propagating maximum in vector lanes, which GCC does not
- * vectorize from a scalar loop (it will not SLP a compare-and-select).
+ * And a float32 row's NaN-propagating maximum in vector lanes.
  */
 #ifndef CN_VECMATH_H
 #define CN_VECMATH_H
@@ -76,85 +75,73 @@ static inline float cn_log1pf_unit(float z) {
     return r + c;
 }
 
-/* The maximum of x[0..n), NaN if any x is NaN.  Four vectors of lanes (a
- * compare and a select per vector: four chains keep the pipes busy), each
- * lane taking a value that is greater or NaN (a NaN stays: nothing compares
- * greater than it); the vectors, then the halves of one, are merged the same
- * way, so a short row costs a few vector steps.  The maximum is exact, so the
- * lane width (the widest vector the target has; GCC and clang vector
- * extensions) never changes the result.  Elsewhere, value by value. */
+/* The maximum of float32 x[0..n), NaN if any x is NaN.  GCC does not
+ * vectorize this from a scalar loop (it will not SLP a compare-and-select),
+ * so it is written in vector lanes (GCC and clang vector extensions, the
+ * widest vector the target has): four vectors of lanes keep the pipes busy,
+ * each lane taking a value that is greater or NaN (a NaN stays: nothing
+ * compares greater than it); the vectors, then the halves of one, merge the
+ * same way.  The maximum is exact, so the width never changes the result.
+ * Elsewhere, value by value. */
 #if defined(__AVX512F__)
-#define CN_VEC_BYTES 64
+#define CN_MAX_LANES 16
 #elif defined(__AVX__)
-#define CN_VEC_BYTES 32
+#define CN_MAX_LANES 8
 #else
-#define CN_VEC_BYTES 16
+#define CN_MAX_LANES 4
 #endif
 
+static inline float cn_greater_or_nan(float a, float b) {
+    return (b > a) | (b != b) ? b : a;
+}
+
+static inline float cn_row_max_f32(const float *x, ptrdiff_t n) {
+    ptrdiff_t j = 0;
+    float top = -INFINITY;
+    int k, w, h;
 #if defined(__GNUC__) || defined(__clang__)
-/* a = the greater of a and b, or NaN where either is NaN */
-#define CN_TAKE_MAX(mask, a, b)                                                 \
-    do {                                                                       \
-        mask m_ = ((b) > (a)) | ((b) != (b));                                  \
-        (a) = (__typeof__(a))(((mask)(b) & m_) | ((mask)(a) & ~m_));           \
-    } while (0)
-#define CN_ROW_MAX(NAME, T, IT)                                                 \
-static inline T NAME(const T *x, ptrdiff_t n) {                                \
-    typedef T vec __attribute__((vector_size(CN_VEC_BYTES)));                  \
-    typedef IT mask __attribute__((vector_size(CN_VEC_BYTES)));                \
-    enum { L = CN_VEC_BYTES / sizeof(T), W = 4 };                              \
-    vec lane[W], v;                                                            \
-    T half[L], top = -INFINITY;                                                \
-    ptrdiff_t j = 0;                                                           \
-    int k, w, h;                                                               \
-    if (n < L) {                                                               \
-        for (; j < n; j++)                                                     \
-            top = (x[j] > top) | (x[j] != x[j]) ? x[j] : top;                  \
-        return top != top ? (T)NAN : top;                                      \
-    }                                                                          \
-    for (w = 0; w < W; w++)                                                    \
-        for (k = 0; k < L; k++)                                                \
-            lane[w][k] = -INFINITY;                                            \
-    for (; j + W * L <= n; j += W * L) {                                       \
-        for (w = 0; w < W; w++) {                                              \
-            memcpy(&v, x + j + w * L, sizeof v);                               \
-            CN_TAKE_MAX(mask, lane[w], v);                                     \
-        }                                                                      \
-    }                                                                          \
-    for (; j + L <= n; j += L) {                                               \
-        memcpy(&v, x + j, sizeof v);                                           \
-        CN_TAKE_MAX(mask, lane[0], v);                                         \
-    }                                                                          \
-    if (j < n) {    /* the last L values, some seen already: max is idempotent */ \
-        memcpy(&v, x + n - L, sizeof v);                                       \
-        CN_TAKE_MAX(mask, lane[1], v);                                         \
-    }                                                                          \
-    CN_TAKE_MAX(mask, lane[0], lane[2]);                                       \
-    CN_TAKE_MAX(mask, lane[1], lane[3]);                                       \
-    CN_TAKE_MAX(mask, lane[0], lane[1]);                                       \
-    memcpy(half, &lane[0], sizeof half);                                       \
-    for (h = L / 2; h > 0; h /= 2)                                             \
-        for (k = 0; k < h; k++)                                                \
-            half[k] = (half[k + h] > half[k]) | (half[k + h] != half[k + h])   \
-                      ? half[k + h] : half[k];                                 \
-    return half[0] != half[0] ? (T)NAN : half[0];                              \
-}
-#else
-#define CN_ROW_MAX(NAME, T, IT)                                                 \
-static inline T NAME(const T *x, ptrdiff_t n) {                                \
-    T top = -INFINITY;                                                         \
-    int nan = 0;                                                               \
-    ptrdiff_t j;                                                               \
-    for (j = 0; j < n; j++) {                                                  \
-        top = x[j] > top ? x[j] : top;                                         \
-        nan |= x[j] != x[j];                                                   \
-    }                                                                          \
-    return nan ? (T)NAN : top;                                                 \
-}
+    typedef float vec __attribute__((vector_size(4 * CN_MAX_LANES)));
+    typedef int32_t mask __attribute__((vector_size(4 * CN_MAX_LANES)));
+    vec lane[4], v;
+    mask m;
+    float half[CN_MAX_LANES];
+    if (n >= CN_MAX_LANES) {
+        for (k = 0; k < CN_MAX_LANES; k++)
+            half[k] = -INFINITY;
+        for (w = 0; w < 4; w++)
+            memcpy(&lane[w], half, sizeof half);
+        for (; j + 4 * CN_MAX_LANES <= n; j += 4 * CN_MAX_LANES) {
+            for (w = 0; w < 4; w++) {
+                memcpy(&v, x + j + w * CN_MAX_LANES, sizeof v);
+                m = (v > lane[w]) | (v != v);
+                lane[w] = (vec)(((mask)v & m) | ((mask)lane[w] & ~m));
+            }
+        }
+        for (; j + CN_MAX_LANES <= n; j += CN_MAX_LANES) {
+            memcpy(&v, x + j, sizeof v);
+            m = (v > lane[0]) | (v != v);
+            lane[0] = (vec)(((mask)v & m) | ((mask)lane[0] & ~m));
+        }
+        if (j < n) {    /* the last lanes' worth, some seen already: max is idempotent */
+            memcpy(&v, x + n - CN_MAX_LANES, sizeof v);
+            m = (v > lane[1]) | (v != v);
+            lane[1] = (vec)(((mask)v & m) | ((mask)lane[1] & ~m));
+            j = n;
+        }
+        for (w = 1; w < 4; w++) {
+            m = (lane[w] > lane[0]) | (lane[w] != lane[w]);
+            lane[0] = (vec)(((mask)lane[w] & m) | ((mask)lane[0] & ~m));
+        }
+        memcpy(half, &lane[0], sizeof half);
+        for (h = CN_MAX_LANES / 2; h > 0; h /= 2)
+            for (k = 0; k < h; k++)
+                half[k] = cn_greater_or_nan(half[k], half[k + h]);
+        top = half[0];
+    }
 #endif
-CN_ROW_MAX(cn_row_max_f32, float, int32_t)
-CN_ROW_MAX(cn_row_max_f64, double, int64_t)
-#undef CN_ROW_MAX
-#undef CN_TAKE_MAX
+    for (; j < n; j++)
+        top = cn_greater_or_nan(top, x[j]);
+    return top != top ? NAN : top;
+}
 
 #endif /* CN_VECMATH_H */
