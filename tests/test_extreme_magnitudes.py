@@ -258,15 +258,23 @@ def test_batch_norm_backward_sums_keep_float64_range(shape, dtype, scale):
         close_sum(gb, sum_dy, abs_dy, f"{name} grad_bias")
 
 
+def layer_norm_with_huge_grad(shape, dtype, scale, seed):
+    """x of ordinary magnitude, dy of magnitude scale, weight in [0.5, 1.5]
+    over the last dim, and the forward's mean and rstd."""
+    N = shape[-1]
+    x = data(shape, 1.0, dtype, seed=seed)
+    dy = huge_grad(shape, scale, dtype, seed=seed + 1)
+    w = np.random.default_rng(seed + 2).uniform(0.5, 1.5, N).astype(np.float32)
+    _, mean, rstd = cynorm.layer_norm(x, N, w)
+    return x, dy, w, mean, rstd
+
+
 @pytest.mark.parametrize("scale", GRAD_SCALES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", LN_SHAPES, ids=str)
 def test_layer_norm_backward_sums_keep_float64_range(shape, dtype, scale):
     N = shape[-1]
-    x = data(shape, 1.0, dtype, seed=6)
-    dy = huge_grad(shape, scale, dtype, seed=7)
-    w = np.random.default_rng(8).uniform(0.5, 1.5, N).astype(np.float32)
-    _, mean, rstd = cynorm.layer_norm(x, N, w)
+    x, dy, w, mean, rstd = layer_norm_with_huge_grad(shape, dtype, scale, seed=6)
     xhat = ((x.astype(np.float64).reshape(-1, N) - np.asarray(mean, np.float64).reshape(-1, 1))
             * np.asarray(rstd, np.float64).reshape(-1, 1))
     g = dy.astype(np.float64).reshape(-1, N)
@@ -283,10 +291,7 @@ def test_layer_norm_grad_x_where_dy_times_weight_leaves_float32(shape, dtype, sc
     # g = dy * w beyond float32's largest value, grad_x = rstd (g - mean g -
     # xhat mean(g xhat)) inside it: the row is recomputed in float64
     N = shape[-1]
-    x = data(shape, 1.0, dtype, seed=9)
-    dy = huge_grad(shape, scale, dtype, seed=10)
-    w = np.random.default_rng(11).uniform(0.5, 1.5, N).astype(np.float32)
-    _, mean, rstd = cynorm.layer_norm(x, N, w)
+    x, dy, w, mean, rstd = layer_norm_with_huge_grad(shape, dtype, scale, seed=9)
     want = R.layer_norm_backward(dy, x, N, mean, rstd, w)[0]
     g = np.abs(dy.astype(np.float64).reshape(-1, N) * w.astype(np.float64))
     terms = (3 * g.max(axis=1, keepdims=True) * np.asarray(rstd, np.float64).reshape(-1, 1))
