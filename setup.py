@@ -41,6 +41,10 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 
+# the CPUs this build may use (affinity, where the OS has it)
+CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 class build_ext_always(build_ext):
     """Recompile every time: the flags depend on the environment (CYNORM_MARCH,
     CYNORM_NO_OPENMP), which setuptools' up-to-date check cannot see, so an
@@ -49,6 +53,9 @@ class build_ext_always(build_ext):
     def finalize_options(self):
         super().finalize_options()
         self.force = True
+        # compile the modules in parallel, one per CPU, unless -j says otherwise
+        if self.parallel is None:
+            self.parallel = CPUS
 
     def run(self):
         # A per-level module left by an earlier dispatching build (in build/lib
@@ -240,6 +247,8 @@ def extensions():
                       extra_compile_args=cflags + MODULE_FLAGS.get(n, []), **common) for n in names]
     options = dict(compiler_directives={"language_level": 3},
                    compile_time_env={"CN_OPENMP_BUILD": openmp})
+    if sys.platform != "win32":     # Windows' process pool would run setup.py again
+        options["nthreads"] = CPUS
     modules = cythonize(exts, **options)
     for level, level_flags in dispatch_levels().items():
         # same sources, another module name: Cython writes each level's C

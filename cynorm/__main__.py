@@ -238,9 +238,13 @@ def main(argv=None):
     parser.add_argument("--dtypes", default="float32,float64,bfloat16,float16",
                         help="comma-separated storage dtypes (default: all four)")
     parser.add_argument("--threads", type=int, default=None, help="OpenMP threads (default: OMP_NUM_THREADS or all)")
+    parser.add_argument("--version", action="version", version=f"cynorm {cynorm.__version__}")
     args = parser.parse_args(argv)
     if args.threads is not None:
-        cynorm.set_num_threads(args.threads)
+        try:
+            cynorm.set_num_threads(args.threads)
+        except ValueError as e:
+            parser.error(f"--threads: {e}")
 
     names = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     known = {str(d): d for d in _dtypes.SUPPORTED_DTYPES}

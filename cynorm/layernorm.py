@@ -11,7 +11,7 @@ Conventions:
 
 * x may have any strides and is never modified; the kernels work on
   C-contiguous rows, so other layouts are copied once.  Outputs are
-  C-contiguous.
+  C-contiguous; an F-contiguous ``out=`` y is filled by one copy.
 * dtypes: float64, float32, bfloat16 (ml_dtypes), float16.  weight and bias
   have x's dtype, or float32 when x is 16-bit.  16-bit data is computed in
   float32.  mean and rstd are float32 for float32 and 16-bit x, float64 for
@@ -35,7 +35,7 @@ import numpy as np
 
 from cynorm._dtypes import POLICY, from_float64
 from cynorm._arrays import (
-    c_aligned, check_distinct, kernel_flat as _flat, small_out, unalias,
+    c_aligned, check_big_out, check_distinct, kernel_flat as _flat, small_out, unalias,
 )
 from cynorm import _kernels
 _k = _kernels.load("layer_norm")  # the SIMD level chosen at import
@@ -43,7 +43,7 @@ from cynorm._kernels._alloc import empty as _empty
 from cynorm._kernels._runtime import get_num_threads as _threads
 from cynorm._typing import Array, ArrayLike, OutArrays, OutputMask, Real
 from cynorm._validation import (
-    as_float_array, check_dtype, check_eps, check_mask, check_out, check_same, split_out,
+    as_float_array, check_dtype, check_eps, check_mask, check_same, split_out,
 )
 
 __all__ = ["layer_norm", "layer_norm_backward"]
@@ -132,8 +132,10 @@ def layer_norm(x: ArrayLike, normalized_shape: int | Sequence[int],
     eps : float, default 1e-5
         Added to the variance; >= 0.
     out : tuple of three (numpy.ndarray or None), optional
-        ``(y, mean, rstd)`` arrays (or None entries) to write into:
-        C-contiguous, exact shape and dtype.  y may be x itself.
+        ``(y, mean, rstd)`` arrays (or None entries) to write into, of
+        exact shape and dtype: y C- or F-contiguous (an F-contiguous y is
+        filled from the C-ordered result, one extra copy), mean and rstd
+        C-contiguous.  y may be x itself.
 
     Returns
     -------
@@ -154,7 +156,8 @@ def layer_norm(x: ArrayLike, normalized_shape: int | Sequence[int],
     ValueError
         If normalized_shape does not match x's trailing axes, weight or bias
         has another shape, eps < 0, or an output has the wrong shape, is not
-        C-contiguous, is read-only, or overlaps another output.
+        contiguous as described under out, is read-only, or overlaps another
+        output.
     """
     result = _k.forward_plain(x, normalized_shape, weight, bias, eps, out)
     if result is not None:
@@ -163,8 +166,7 @@ def layer_norm(x: ArrayLike, normalized_shape: int | Sequence[int],
     ns, (_, wvec), (_, bvec), M, N, stat_shape = _rows(x, normalized_shape, weight, bias, policy)
     eps = check_eps(eps)
     y_out, mean_out, rstd_out = split_out(out, ("y", "mean", "rstd"))
-    if y_out is not None:
-        check_out(y_out, "out[0] (y)", x.shape, x.dtype)
+    y_out = check_big_out(y_out, "out[0] (y)", x.shape, x.dtype)
     if wvec is not None or bvec is not None:   # the kernel takes both or neither
         wvec = np.ones(N, policy.math) if wvec is None else wvec
         bvec = np.zeros(N, policy.math) if bvec is None else bvec
@@ -175,16 +177,19 @@ def layer_norm(x: ArrayLike, normalized_shape: int | Sequence[int],
     (x,) = unalias([x], outs, keep=y_out)
     wvec, bvec = unalias([wvec, bvec], outs)
     kx = c_aligned(x)
-    if y_out is None:
-        y = _empty(x.shape, x.dtype, x.size * x.dtype.itemsize)
-    else:
+    if y_out is not None and y_out.flags.c_contiguous:
         y = y_out
+    else:   # the kernel writes C-ordered rows; an F-ordered out= takes a copy of them
+        y = _empty(x.shape, x.dtype, x.size * x.dtype.itemsize)
     if N == 0:
         kmean[...] = 0.0
         krstd[...] = np.nan
     elif M:
         _kernel("layer_norm_forward", policy)(_flat(kx), wvec, bvec, _flat(y), _flat(kmean),
                                               _flat(krstd), M, N, eps, _threads())
+    if y_out is not None and y_out is not y:
+        y_out[...] = y
+        y = y_out
     return y, mean, rstd
 
 

@@ -164,6 +164,19 @@ def test_out_argument(dtype, rng):
     y2, _, _ = cynorm.layer_norm(xf, ns, w, b)
     assert y1 is yc
     np.testing.assert_array_equal(bits(y1), bits(y2))
+    # an F-ordered y output (as weight norm and batch norm take one), from
+    # either order of x, and in place over an F-ordered x
+    for xin in (x, xf):
+        yf = np.full(shape, 7, dtype, order="F")
+        got = cynorm.layer_norm(xin, ns, w, b, out=(yf, None, None))
+        assert got[0] is yf and not yf.flags.c_contiguous
+        for g, want in zip(got, (y0, m0, r0)):
+            np.testing.assert_array_equal(bits(g), bits(want))
+    xf2 = xf.copy(order="F")
+    assert cynorm.layer_norm(xf2, ns, w, b, out=(xf2, None, None))[0] is xf2
+    np.testing.assert_array_equal(bits(xf2), bits(y0))
+    with pytest.raises(ValueError, match=r"out\[0\] \(y\) must be C-contiguous or F-contiguous"):
+        cynorm.layer_norm(x, ns, w, b, out=(np.empty(shape + (2,), dtype)[..., 0], None, None))
 
 
 def test_int_and_tuple_normalized_shape_agree(rng):

@@ -58,6 +58,22 @@ def test_main_job_rejects_unknown_dtype():
     assert out.returncode == 2 and "unknown dtype(s) int8" in out.stderr
 
 
+
+@pytest.mark.parametrize("threads", ["0", "-2"])
+def test_main_job_rejects_a_thread_count_below_one(threads):
+    """A usage error naming the option, not a traceback."""
+    out = subprocess.run([sys.executable, "-m", "cynorm", "--threads", threads],
+                         capture_output=True, text=True, cwd=os.path.dirname(__file__))
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert f"--threads: n must be >= 1, got {threads}" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_main_job_prints_its_version():
+    out = subprocess.run([sys.executable, "-m", "cynorm", "--version"], capture_output=True,
+                         text=True, cwd=os.path.dirname(__file__))
+    assert out.returncode == 0 and out.stdout.strip() == f"cynorm {cynorm.__version__}"
+
 def test_show_config_lists_the_build(capsys):
     cynorm.show_config()
     text = capsys.readouterr().out
