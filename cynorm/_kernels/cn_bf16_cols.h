@@ -3,7 +3,7 @@
  * weight_norm.pyx.tp's col_block adds, for each column k of a block of rows
  * C elements apart, the rows a pair at a time: the pair's two terms in
  * float32, their float32 sum widened and added to acc[k] in float64, pair
- * after pair.  GCC compiles the Cython loops (row_loops.pxi.tp) with the
+ * after pair.  GCC compiles the Cython loops (weight_norm_loops.pxi.tp) with the
  * bfloat16 values widened one by one; these do the same operations, in the
  * same order, eight columns a step, so acc holds the same bits.  They take
  * the whole steps only and return how many columns that was (0 without

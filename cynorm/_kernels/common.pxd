@@ -4,7 +4,7 @@
 #
 # Determinism rule: a row reduction is defined as ROW_CHUNK-element chunks,
 # each reduced with 16 independent float64 accumulators merged by a fixed
-# tree (cn_rows.h), chunk results then added left to right.  Every code path
+# tree (merge_lanes, storage.pxd.tp), chunk results then added left to right.  Every code path
 # (fused or not, any thread count) computes exactly that expression.
 
 from libc.math cimport INFINITY
