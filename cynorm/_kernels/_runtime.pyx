@@ -119,7 +119,7 @@ def set_parallel_min_bytes(nbytes):
 # order.  The defaults were measured with benchmarks/bench_threads.py on a
 # Sapphire Rapids VM (benchmarks/README.md, "Threads by work"), where the
 # team's wake-up cost 5-10 us; row_grads and columns are the AMD EPYC VMs'
-# (Zen 3 and Zen 4: benchmarks/README.md, "Zen 4, session 21").
+# (Zen 3 and Zen 4: the same section).
 # cynorm.tune_threads measures them on the machine at hand and sets them
 # here.
 FAMILIES = ("rows", "elementwise", "channels", "row_grads", "columns", "exp")
