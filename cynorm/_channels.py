@@ -30,8 +30,7 @@ plain_backward_reduce = _k.backward_reduce_plain
 plain_backward_elemt = _k.backward_elemt_plain
 
 # _kernel(name, policy): the entry point for policy's storage type
-_kernel = _kernels.by_storage(_k, ("training_forward", "training_backward",
-                                   "channel_moments", "channel_grad_sums",
+_kernel = _kernels.by_storage(_k, ("channel_moments", "channel_grad_sums",
                                    "channel_normalize", "channel_grad_input"))
 
 
@@ -132,11 +131,6 @@ def affine(inv, weight, bias, C):
     return scale, shift
 
 
-def math_vector(a, policy):
-    """A per-channel parameter as a contiguous math-type vector, or None."""
-    return None if a is None else np.ascontiguousarray(a, dtype=policy.math).reshape(-1)
-
-
 def update_running(rm, rv, mean, var, n, momentum):
     """PyTorch's running-statistics rule, in float64, stored in place (each
     of rm, rv may be None): new = momentum * batch + (1 - momentum) * old,
@@ -177,31 +171,34 @@ def batch_norm_args(x, weight, bias, running_mean, running_var, training, moment
     return BatchNormArgs(x, policy, axis, C, n, training, momentum, eps, weight, bias, rm, rv)
 
 
-def fused_training(dims, itemsize):
-    """Whether training runs channel by channel (statistics, then the
-    elementwise pass while the channel is in cache)."""
+def _kernel_vector(a):
+    """A per-channel vector as the kernels take it: C-contiguous, its dtype
+    kept (None stays None)."""
+    return None if a is None else np.ascontiguousarray(a)
+
+
+def batch_norm_into(kx, ky, weight, bias, rm, rv, kmean, kinv, dims, training, momentum, eps):
+    """batch_norm's forward, the kernels' one composition (the plain case runs
+    it too): ky, and in training kmean, kinv and the running statistics rm,
+    rv (updated in place, each may be None)."""
     A, C, B = dims
-    return _k.fused_training(A, C, B, itemsize)
+    krm, krv = _kernel_vector(rm), _kernel_vector(rv)
+    _k.batch_norm_forward(kx, ky, _kernel_vector(weight), _kernel_vector(bias), krm, krv,
+                          kmean if training else None, kinv if training else None,
+                          A, C, B, training, momentum, eps)
+    if training:
+        for given, updated in ((rm, krm), (rv, krv)):
+            if given is not None and updated is not given:
+                given[...] = updated          # a strided view: the update written back
 
 
-def training_forward_into(kx, ky, weight, bias, kmean, kinv, dims, eps, policy):
-    """The fused training forward: ky, the statistics kmean/kinv (stat
-    dtype) and returns (mean, biased var) in float64."""
+def batch_norm_backward_into(kdy, kx, kgx, weight, first, second, dims, training, eps, mask):
+    """batch_norm_backward, the kernels' one composition (the plain case runs
+    it too): kgx (None: not wanted) and returns (grad_weight, grad_bias) as
+    mask asks.  first, second: save_mean and save_invstd (training) or the
+    running mean and variance, any float dtype (the kernels read them as
+    float64: every supported dtype widens to it exactly)."""
     A, C, B = dims
-    mean, var = np.empty(C), np.empty(C)
-    _kernel("training_forward", policy)(_flat(kx), _flat(ky), math_vector(weight, policy),
-                                        math_vector(bias, policy), _flat(kmean), _flat(kinv),
-                                        mean, var, A, C, B, eps, _threads())
-    return mean, var
-
-
-def training_backward_into(kdy, kx, kgx, weight, mean, inv, dims, policy):
-    """The fused training backward: kgx (None: not wanted) and returns
-    (sum dy, sum dy * (x - mean)) in float64."""
-    A, C, B = dims
-    sum_dy, dotp = np.empty(C), np.empty(C)
-    _kernel("training_backward", policy)(_flat(kdy), _flat(kx), _flat(kgx),
-                                         math_vector(weight, policy), mean.astype(policy.math),
-                                         inv.astype(policy.math), sum_dy, dotp, A, C, B,
-                                         _threads())
-    return sum_dy, dotp
+    first, second = (np.require(a, np.float64, ["C", "A", "E"]) for a in (first, second))
+    return _k.batch_norm_backward(kdy, kx, kgx, _kernel_vector(weight), first, second,
+                                  A, C, B, training, eps, mask)

@@ -78,9 +78,8 @@ def get_thread_thresholds() -> dict[str, int]:
     - ``exp``: softmax, log_softmax and their backward (nested ones too),
       log_sigmoid, gelu, silu (exp-bound).
 
-    The defaults were measured on a Sapphire Rapids VM (benchmarks/README.md,
-    "Threads by work"), row_grads and columns on two AMD EPYC VMs;
-    `tune_threads` measures them on this machine.
+    The defaults were measured on Intel Sapphire Rapids (row_grads and
+    columns on AMD EPYC); `tune_threads` measures them on this machine.
 
     Returns
     -------

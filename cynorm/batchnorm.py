@@ -32,16 +32,11 @@ from __future__ import annotations
 
 from typing import Optional
 
-import numpy as np
-
 from cynorm._arrays import big_out, check_big_out, check_distinct, small_out, unalias
 from cynorm._channels import (
-    affine, batch_norm_args, channel_input, channel_stat, channel_vector, fused_training,
-    grad_input_into, grad_sums, invstd_of, moments, normalize_into, plain_batch_norm,
-    plain_batch_norm_backward, prepare,
-    training_backward_into, training_forward_into, update_running,
+    batch_norm_args, batch_norm_backward_into, batch_norm_into, channel_input, channel_stat,
+    channel_vector, plain_batch_norm, plain_batch_norm_backward, prepare,
 )
-from cynorm._dtypes import from_float64
 from cynorm._typing import Array, ArrayLike, Axis, OutArrays, OutputMask, Real
 from cynorm._validation import as_float_array, check_bool, check_eps, check_mask, check_same, split_out
 
@@ -180,22 +175,7 @@ def _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, 
     weight, bias = unalias([weight, bias], written)
     (kx,), transposed, dims = prepare([x], axis, (y_out,))
     ky, y = big_out(y_out, x.shape, x.dtype, transposed)
-    if training and n > 0 and fused_training(dims, x.dtype.itemsize):
-        mean, var = training_forward_into(kx, ky, weight, bias, kmean, kinv, dims, eps, policy)
-        update_running(rm, rv, mean, var, n, momentum)
-        return y, save_mean, save_invstd
-    if training:
-        mean, var = moments(kx, dims, policy, eps, passes=3)  # then the normalize pass
-        kmean[...] = from_float64(mean, policy.stat)
-        kinv[...] = from_float64(invstd_of(var, eps), policy.stat)
-        # y: the float64 mean (save_mean is its rounding), the saved invstd
-        m, inv = mean, kinv.astype(np.float64)
-    else:
-        m = rm.astype(np.float64)
-        inv = invstd_of(rv.astype(np.float64), eps)
-    normalize_into(kx, ky, m, *affine(inv, weight, bias, C), dims, policy)
-    if training and n > 0:
-        update_running(rm, rv, mean, var, n, momentum)
+    batch_norm_into(kx, ky, weight, bias, rm, rv, kmean, kinv, dims, training, momentum, eps)
     return y, save_mean, save_invstd
 
 
@@ -304,39 +284,18 @@ def backward(grad_out, x, weight, running_mean, running_var, save_mean, save_inv
     mask = check_mask(output_mask)
     weight = channel_vector(weight, "weight", C, policy)
     if training:
-        mean = channel_stat(save_mean, "save_mean", C)
-        inv = channel_stat(save_invstd, names["save_invstd"], C)
+        first = channel_stat(save_mean, "save_mean", C)
+        second = channel_stat(save_invstd, names["save_invstd"], C)
     else:
         if running_mean is None or running_var is None:
             raise ValueError(f"running_mean and running_var are required when "
                              f"{names['training']}=False")
-        mean = channel_vector(running_mean, "running_mean", C, policy).astype(np.float64)
-        rv = channel_vector(running_var, "running_var", C, policy).astype(np.float64)
-        inv = invstd_of(rv, eps)
-    gdtype = weight.dtype if weight is not None else policy.stat
+        first = channel_vector(running_mean, "running_mean", C, policy)
+        second = channel_vector(running_var, "running_var", C, policy)
     (kdy, kx), transposed, dims = prepare([grad_out, x], axis, ())
-    need_sums = mask[1] or mask[2] or (training and mask[0])
-    grad_x = None
-    fused = training and n > 0 and fused_training(dims, x.dtype.itemsize)
-    if fused:
-        kgx = None
-        if mask[0]:
-            kgx, grad_x = big_out(None, x.shape, x.dtype, transposed)
-        sum_dy, dotp = training_backward_into(kdy, kx, kgx, weight, mean, inv, dims, policy)
-    elif need_sums and n > 0:
-        sum_dy, dotp = grad_sums(kdy, kx, mean, dims, policy)
-    else:
-        sum_dy = dotp = np.zeros(C)
-    if mask[0] and not fused:
+    kgx = grad_x = None
+    if mask[0]:
         kgx, grad_x = big_out(None, x.shape, x.dtype, transposed)
-        a, zero = affine(inv, weight, None, C)
-        if training:
-            with np.errstate(divide="ignore", invalid="ignore"):
-                grad_input_into(kdy, kx, kgx, sum_dy / n, mean, dotp / n * inv * inv, a, dims,
-                                policy)
-        else:
-            normalize_into(kdy, kgx, zero, a, zero, dims, policy)
-    with np.errstate(over="ignore", invalid="ignore"):   # float16 sums above 65504: inf
-        grad_weight = from_float64(dotp * inv if n else np.zeros(C), gdtype) if mask[1] else None
-        grad_bias = from_float64(sum_dy, gdtype) if mask[2] else None
+    grad_weight, grad_bias = batch_norm_backward_into(kdy, kx, kgx, weight, first, second, dims,
+                                                      training, eps, mask)
     return grad_x, grad_weight, grad_bias

@@ -1,4 +1,4 @@
-"""Stress tests (issue "Hardening"):
+"""Stress tests:
 
 * leaks: every public op family, its out= variants and its error paths,
   called thousands of times on small inputs (10**4 in the slow sweep), with

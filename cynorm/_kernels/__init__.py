@@ -63,7 +63,7 @@ SIMD_LEVEL = _choose()
 
 def load(name):
     """The kernel module `name` (weight_norm, layer_norm, batch_norm, segments,
-    softmax, pointwise, or the tests' _convert) at SIMD_LEVEL."""
+    softmax, pointwise, or _convert) at SIMD_LEVEL."""
     return importlib.import_module(f"cynorm._kernels.{name}{LEVELS[SIMD_LEVEL][0]}")
 
 

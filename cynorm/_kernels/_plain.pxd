@@ -12,6 +12,7 @@ cdef enum:
 
 cdef int storage_of(object a) noexcept
 cdef int storage_of_any_layout(object a) noexcept
+cdef int kernel_storage(object a) noexcept
 cdef int storage_of_dtype(object d) noexcept
 cdef int math_storage(int storage) noexcept nogil
 cdef int typenum(int storage) noexcept

@@ -44,6 +44,22 @@ cdef int storage_of_any_layout(object a) noexcept:
     return storage_of_descr(<cnp.ndarray>a)
 
 
+cdef int kernel_storage(object a) noexcept:
+    """The storage of an array the Python layer hands to an op's composition:
+    any ndarray (a subclass too) that is C-contiguous and of a supported
+    dtype in native byte order; else NOT_PLAIN."""
+    if not cnp.PyArray_Check(a) or not cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>a):
+        return NOT_PLAIN
+    cdef int s = storage_of_descr(<cnp.ndarray>a)
+    if s != NOT_PLAIN:
+        return s
+    d = <object>cnp.PyArray_DESCR(<cnp.ndarray>a)     # an equal, distinct descriptor
+    for s, known in enumerate((F32, F64, BF16, F16)):
+        if d == known:
+            return s
+    return NOT_PLAIN
+
+
 cdef int storage_of_dtype(object d) noexcept:
     """The storage of a dtype argument: one of the four dtypes or its scalar
     type (np.float32, ml_dtypes.bfloat16 ...), else NOT_PLAIN."""
@@ -160,7 +176,7 @@ cdef bint plain_param(object a, int storage, int nd, const cnp.npy_intp* dims) n
 cdef int param_storage(object a, int storage) noexcept:
     """The storage of a plain_param `a`; for None, the math type's (the
     dtype of a gradient the op returns for a missing parameter)."""
-    return math_storage(storage) if a is None else storage_of(a)
+    return math_storage(storage) if a is None else kernel_storage(a)
 
 
 cdef void* math_values(object a, float* scratch) noexcept:
@@ -168,7 +184,7 @@ cdef void* math_values(object a, float* scratch) noexcept:
     values widened into scratch, exactly; NULL for None."""
     if a is None:
         return NULL
-    cdef int s = storage_of(a)
+    cdef int s = kernel_storage(a)
     if s == STORAGE_F32 or s == STORAGE_F64:
         return data(a)
     return floats_from(data(a), s, cnp.PyArray_SIZE(<cnp.ndarray>a), scratch)

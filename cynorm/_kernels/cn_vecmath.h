@@ -22,7 +22,7 @@ static inline float cn_expf(float x) {
     const float log2e = 1.44269504088896341f;
     /* !(x >= -87.3f), not x < -87.3f: NaN takes the low end too, so n stays
      * in range (converting NaN to int, and shifting the negative result,
-     * would be undefined); one unordered compare, as before */
+     * would be undefined); one unordered compare */
     float xc = !(x >= -87.3f) ? -87.3f : (x > 88.7f ? 88.7f : x);
     float t = xc * log2e;
     /* nearbyintf, not a select on t's sign: GCC vectorizes it (roundps) */

@@ -679,7 +679,7 @@ def gen_layer_norm(g):
     _affine_args(g, c, dt, ns)
     draw_eps(g, c)
     sd = STAT[dt]
-    add_out(g, c, [("y", shape, dt, "C"), ("mean", stat_shape, sd, "C"), ("rstd", stat_shape, sd, "C")])
+    add_out(g, c, [("y", shape, dt, "CF"), ("mean", stat_shape, sd, "C"), ("rstd", stat_shape, sd, "C")])
     c.oracle = lambda s, res, live: O.verify(O.ref_layer_norm(
         s["x"], s["normalized_shape"], s["weight"], s["bias"], s["eps"]), res) + out_identity(c, res)
     return finish(g, c)

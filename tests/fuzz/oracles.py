@@ -4,7 +4,7 @@ passed, in extended precision (np.longdouble: 64-bit significand and a
 first-order bound on the rounding error of the computation the library
 documents.
 
-Error model (README "Dtype policy"): reductions accumulate in float64;
+Error model (docs/guarantees.rst, the dtype policy): reductions accumulate in float64;
 elementwise math runs in the math dtype (float64 for float64 data, float32
 otherwise); results are rounded once to the output dtype.  An `EB` value
 carries (v, e): the exact value and a bound e on |computed - v|; every
