@@ -187,9 +187,8 @@ def batch_norm_into(kx, ky, weight, bias, rm, rv, kmean, kinv, dims, training, m
                           kmean if training else None, kinv if training else None,
                           A, C, B, training, momentum, eps)
     if training:
-        for given, updated in ((rm, krm), (rv, krv)):
-            if given is not None and updated is not given:
-                given[...] = updated          # a strided view: the update written back
+        _written_back(rm, krm)
+        _written_back(rv, krv)
 
 
 def batch_norm_backward_into(kdy, kx, kgx, weight, first, second, dims, training, eps, mask):
@@ -199,6 +198,63 @@ def batch_norm_backward_into(kdy, kx, kgx, weight, first, second, dims, training
     running mean and variance, any float dtype (the kernels read them as
     float64: every supported dtype widens to it exactly)."""
     A, C, B = dims
-    first, second = (np.require(a, np.float64, ["C", "A", "E"]) for a in (first, second))
-    return _k.batch_norm_backward(kdy, kx, kgx, _kernel_vector(weight), first, second,
+    return _k.batch_norm_backward(kdy, kx, kgx, _kernel_vector(weight), _stat64(first),
+                                  _stat64(second),
                                   A, C, B, training, eps, mask)
+
+
+def _stat64(a):
+    """A per-channel statistic as the kernels read it: float64, C-contiguous,
+    aligned (every supported dtype widens to float64 exactly)."""
+    return np.require(a, np.float64, ["C", "A", "E"])
+
+
+def _written_back(given, updated):
+    """An array updated in place through a C-contiguous copy (a strided view):
+    the update written back."""
+    if given is not None and updated is not given:
+        given[...] = updated
+
+
+def stats(kx, dims, eps):
+    """batch_norm_stats, the kernels' one composition: (mean, invstd) in the
+    math type (NaN where a channel has no values)."""
+    A, C, B = dims
+    return _k.batch_norm_stats(kx, A, C, B, eps)
+
+
+def gather_stats(mean, invstd, counts, rm, rv, momentum, eps):
+    """batch_norm_gather_stats, the kernels' one composition: (mean, invstd)
+    of the merged shards, rm and rv (each may be None) updated in place."""
+    krm, krv = _kernel_vector(rm), _kernel_vector(rv)
+    native = [np.ascontiguousarray(a, a.dtype.newbyteorder("=")) for a in (mean, invstd)]
+    result = _k.batch_norm_gather_stats(*native,
+                                        np.require(counts, np.float64, ["C", "A", "E"]),
+                                        krm, krv, momentum, eps)
+    _written_back(rm, krm)
+    _written_back(rv, krv)
+    return result
+
+
+def elemt_into(kx, ky, weight, bias, mean, invstd, dims):
+    """batch_norm_elemt, the kernels' one composition: ky."""
+    A, C, B = dims
+    _k.batch_norm_elemt(kx, ky, _kernel_vector(weight), _kernel_vector(bias), _stat64(mean),
+                        _stat64(invstd), A, C, B)
+
+
+def backward_reduce(kdy, kx, mean, invstd, weight, dims, flags):
+    """batch_norm_backward_reduce, the kernels' one composition: (sum_dy,
+    sum_dy_xmu, grad_weight, grad_bias) as flags (input_g, weight_g, bias_g)
+    ask."""
+    A, C, B = dims
+    return _k.batch_norm_backward_reduce(kdy, kx, _stat64(mean), _stat64(invstd),
+                                         _kernel_vector(weight), A, C, B, *flags)
+
+
+def backward_elemt_into(kdy, kx, kgx, mean, invstd, weight, sum_dy, sum_dy_xmu, total, dims):
+    """batch_norm_backward_elemt, the kernels' one composition: kgx."""
+    A, C, B = dims
+    _k.batch_norm_backward_elemt(kdy, kx, kgx, _stat64(mean), _stat64(invstd),
+                                 _kernel_vector(weight), _stat64(sum_dy), _stat64(sum_dy_xmu),
+                                 total, A, C, B)

@@ -24,11 +24,10 @@ import numpy as np
 
 from cynorm._arrays import big_out, check_big_out, check_distinct, unalias
 from cynorm._channels import (
-    affine, channel_input, channel_stat, channel_vector, grad_input_into, grad_sums, invstd_of,
-    moments, normalize_into, plain_backward_elemt, plain_backward_reduce, plain_elemt,
-    plain_gather_stats, plain_stats, prepare, update_running,
+    backward_elemt_into, backward_reduce, channel_input, channel_stat, channel_vector, elemt_into,
+    gather_stats, plain_backward_elemt, plain_backward_reduce, plain_elemt, plain_gather_stats,
+    plain_stats, prepare, stats,
 )
-from cynorm._dtypes import from_float64
 from cynorm._typing import Array, ArrayLike, Axis, OutArray, Real
 from cynorm._validation import (
     as_array, as_float_array, check_bool, check_eps, check_real, check_same, check_updatable,
@@ -84,8 +83,7 @@ def batch_norm_stats(x: ArrayLike, eps: Real = 1e-5, axis: Axis = 1) -> tuple[Ar
     x, policy, axis, C, n = channel_input(x, axis)
     eps = check_eps(eps)
     (kx,), _, dims = prepare([x], axis, ())
-    mean, var = moments(kx, dims, policy, eps)
-    return from_float64(mean, policy.stat), from_float64(invstd_of(var, eps), policy.stat)
+    return stats(kx, dims, eps)
 
 
 def _counts(counts: ArrayLike, name: str, W: Optional[int] = None) -> Array:
@@ -190,7 +188,6 @@ def batch_norm_gather_stats(mean: ArrayLike, invstd: ArrayLike, counts: ArrayLik
     counts = _counts(counts, "counts", W)
     momentum = check_real(momentum, "momentum")
     eps = check_eps(eps)
-    out_dtype = m.dtype if m.dtype.itemsize >= 4 else np.dtype(np.float32)
     rm = rv = None
     if running_mean is not None or running_var is not None:
         if running_mean is None or running_var is None:
@@ -202,26 +199,13 @@ def batch_norm_gather_stats(mean: ArrayLike, invstd: ArrayLike, counts: ArrayLik
             if a.shape != (C,):
                 raise ValueError(f"{name} must have shape ({C},), got {a.shape}")
         check_distinct([("running_mean", rm), ("running_var", rv)])
-    m64, s64 = m.astype(np.float64), s.astype(np.float64)
     total = 0.0
-    mu = np.zeros(C)
-    m2 = np.zeros(C)          # sum of squared deviations
-    for k in range(W):
-        nk = counts[k]
-        if nk == 0:
-            continue
-        var_k = 1.0 / (s64[k] * s64[k]) - eps
-        total, mu, m2 = chan_merge(total, mu, m2, nk, m64[k], var_k * nk)
-    if total == 0:
-        nan = np.full(C, np.nan)
-        return nan.astype(out_dtype), nan.astype(out_dtype)
-    var = m2 / total
-    if rm is not None:
-        if total <= 1:
-            raise ValueError("Expected more than 1 value per channel when training, got "
-                             f"counts summing to {total:g} (the values the shards hold in all)")
-        update_running(rm, rv, mu, var, total, momentum)
-    return from_float64(mu, out_dtype), from_float64(invstd_of(var, eps), out_dtype)
+    for nk in counts.tolist():      # in shard order, as the merge adds them
+        total += nk
+    if rm is not None and 0 < total <= 1:
+        raise ValueError("Expected more than 1 value per channel when training, got "
+                         f"counts summing to {total:g} (the values the shards hold in all)")
+    return gather_stats(m, s, counts, rm, rv, momentum, eps)
 
 
 def batch_norm_elemt(x: ArrayLike, weight: Optional[ArrayLike], bias: Optional[ArrayLike],
@@ -290,7 +274,7 @@ def _elemt(x, weight, bias, mean, invstd, eps, axis, out):
     (x,) = unalias([x], (y_out,), keep=y_out)
     (kx,), transposed, dims = prepare([x], axis, (y_out,))
     ky, y = big_out(y_out, x.shape, x.dtype, transposed)
-    normalize_into(kx, ky, m, *affine(inv, weight, bias, C), dims, policy)
+    elemt_into(kx, ky, weight, bias, m, inv, dims)
     return y
 
 
@@ -371,16 +355,8 @@ def _backward_reduce(grad_out, x, mean, invstd, weight, input_g, weight_g, bias_
     weight = channel_vector(weight, "weight", C, policy)
     m = channel_stat(mean, "mean", C)
     inv = channel_stat(invstd, "invstd", C)
-    gdtype = weight.dtype if weight is not None else policy.stat
-    if n > 0 and any(flags):
-        (kdy, kx), _, dims = prepare([grad_out, x], axis, ())
-        sum_dy, sum_dy_xmu = grad_sums(kdy, kx, m, dims, policy)
-    else:
-        sum_dy = sum_dy_xmu = np.zeros(C)
-    return (from_float64(sum_dy, policy.stat) if flags[0] else None,
-            from_float64(sum_dy_xmu, policy.stat) if flags[0] else None,
-            from_float64(sum_dy_xmu * inv, gdtype) if flags[1] else None,
-            from_float64(sum_dy, gdtype) if flags[2] else None)
+    (kdy, kx), _, dims = prepare([grad_out, x], axis, ())
+    return backward_reduce(kdy, kx, m, inv, weight, dims, flags)
 
 
 def batch_norm_backward_elemt(grad_out: ArrayLike, x: ArrayLike, mean: ArrayLike,
@@ -469,6 +445,5 @@ def _backward_elemt(grad_out, x, mean, invstd, weight, sum_dy, sum_dy_xmu, count
     grad_out, x = unalias([grad_out, x], (gx_out,), keep=gx_out)
     (kdy, kx), transposed, dims = prepare([grad_out, x], axis, (gx_out,))
     kgx, gx = big_out(gx_out, x.shape, x.dtype, transposed)
-    a, _ = affine(inv, weight, None, C)
-    grad_input_into(kdy, kx, kgx, sdy / total, m, sdx / total * inv * inv, a, dims, policy)
+    backward_elemt_into(kdy, kx, kgx, m, inv, weight, sdy, sdx, total, dims)
     return gx
