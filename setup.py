@@ -32,6 +32,7 @@ Environment switches (all optional):
 import glob
 import os
 import platform
+import runpy
 import shlex
 import sys
 
@@ -127,29 +128,29 @@ int main(void) { return 0; }
 KERNELS = "cynorm/_kernels"
 
 # The storage types every kernel template is written for (Tempita, which
-# ships with Cython): (suffix, storage C type, math C type, NumPy name).
-# bfloat16 and float16 are stored as raw uint16 bits and computed in float32;
-# each type gets its own functions, named by suffix, at compile time.
-DTYPES = [
-    ("f32", "float", "float", "float32"),
-    ("f64", "double", "double", "float64"),
-    ("bf16", "uint16_t", "float", "bfloat16"),
-    ("f16", "uint16_t", "float", "float16"),
-]
+# ships with Cython), from the one dtype table (cynorm/_dtype_table.py):
+# DTYPES rows are (suffix, storage C type, math C type, NumPy name), ITEMSIZE
+# maps a suffix to its element size.  Each type gets its own functions,
+# named by suffix, at compile time.
+DTYPE_TABLE = os.path.join("cynorm", "_dtype_table.py")
+_STORAGE_TYPES = runpy.run_path(DTYPE_TABLE)["STORAGE_TYPES"]
+DTYPES = [(sfx, io, math, name) for sfx, name, _, io, math, _ in _STORAGE_TYPES]
+ITEMSIZE = {sfx: size for sfx, _, size, _, _, _ in _STORAGE_TYPES}
 
 
 def render_templates():
     """Write every cynorm/_kernels/<name>.tp to <name> (a .pyx or .pxd),
-    substituting DTYPES; a file already newer than its template (and than
-    this script) is left alone."""
+    substituting DTYPES and ITEMSIZE; a file already newer than its template
+    (and than this script and the dtype table) is left alone."""
     from Cython import Tempita
     for tp in sorted(glob.glob(os.path.join(KERNELS, "*.tp"))):
         target = tp[:-3]
-        newest = max(os.path.getmtime(tp), os.path.getmtime(__file__))
+        newest = max(os.path.getmtime(tp), os.path.getmtime(__file__),
+                     os.path.getmtime(DTYPE_TABLE))
         if os.path.exists(target) and os.path.getmtime(target) >= newest:
             continue
         with open(tp, encoding="utf-8") as f:
-            text = Tempita.sub(f.read(), DTYPES=DTYPES)
+            text = Tempita.sub(f.read(), DTYPES=DTYPES, ITEMSIZE=ITEMSIZE)
         with open(target, "w", encoding="utf-8") as f:
             f.write(text)
 

@@ -1,4 +1,4 @@
-"""The dtype policy, in one table.
+"""The dtype policy, derived from the one dtype table (cynorm/_dtype_table.py).
 
 | storage  | kernel suffix | math    | saved statistics |
 |----------|---------------|---------|------------------|
@@ -7,7 +7,7 @@
 | bfloat16 | bf16          | float32 | float32          |
 | float16  | f16           | float32 | float32          |
 
-The kernel modules, rendered from templates (setup.py's DTYPES), have one entry
+The kernel modules, rendered from templates with the same table, have one entry
 point per storage type, named by suffix (weight_norm_forward_bf16), taking
 16-bit arrays as their uint16 bits (_arrays.kernel_flat).
 
@@ -17,13 +17,15 @@ to an ml_dtypes / NumPy cast of the float32 result.
 """
 from typing import NamedTuple
 
-import ml_dtypes
+import ml_dtypes  # noqa: F401 (registers bfloat16 with NumPy)
 import numpy as np
 
-FLOAT32 = np.dtype(np.float32)
-FLOAT64 = np.dtype(np.float64)
-BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
-FLOAT16 = np.dtype(np.float16)
+from cynorm._dtype_table import STORAGE_TYPES
+
+# the table's dtypes, in the kernels' storage-code order
+STORAGE_DTYPES = tuple(np.dtype(name) for _, name, _, _, _, _ in STORAGE_TYPES)
+FLOAT32, FLOAT64, BFLOAT16, FLOAT16 = (np.dtype(n) for n in ("float32", "float64", "bfloat16",
+                                                             "float16"))
 
 
 class Policy(NamedTuple):
@@ -33,12 +35,14 @@ class Policy(NamedTuple):
     suffix: str          # the name suffix of the kernels for this storage type
 
 
-POLICY = {
-    FLOAT32: Policy(FLOAT32, FLOAT32, (FLOAT32,), "f32"),
-    FLOAT64: Policy(FLOAT64, FLOAT64, (FLOAT64,), "f64"),
-    BFLOAT16: Policy(FLOAT32, FLOAT32, (BFLOAT16, FLOAT32), "bf16"),
-    FLOAT16: Policy(FLOAT32, FLOAT32, (FLOAT16, FLOAT32), "f16"),
-}
+def _policy(dtype, suffix, math_name):
+    math = np.dtype(math_name)
+    # a 16-bit type's parameters may be its own or the math type's
+    return Policy(math, math, (dtype,) if dtype == math else (dtype, math), suffix)
+
+
+POLICY = {dtype: _policy(dtype, sfx, math_name)
+          for dtype, (sfx, _, _, _, _, math_name) in zip(STORAGE_DTYPES, STORAGE_TYPES)}
 
 SUPPORTED_DTYPES = tuple(POLICY)
 SUPPORTED_NAMES = ", ".join(str(d) for d in SUPPORTED_DTYPES)

@@ -17,6 +17,7 @@ import pkgutil
 __path__ = pkgutil.extend_path(__path__, __name__)
 
 from cynorm._kernels._runtime import cpu_level as _cpu_level  # noqa: E402
+from cynorm import _dtypes  # noqa: E402
 
 # level name -> (module suffix, x86-64 level it needs)
 LEVELS = {"baseline": ("", 1), "avx2": ("_v3", 3), "avx512": ("_v4", 4)}
@@ -71,7 +72,6 @@ def by_storage(module, names):
     """The lookup `kernel(name, policy)` -> module's entry point
     name_<policy.suffix> (weight_norm_forward_bf16 ...), for each of names:
     the kernel templates render one entry per storage type."""
-    from cynorm import _dtypes
     table = {(name, p.suffix): getattr(module, f"{name}_{p.suffix}")
              for name in names for p in _dtypes.POLICY.values()
              if hasattr(module, f"{name}_{p.suffix}")}
@@ -86,4 +86,4 @@ def float_kernel(module, name, buffer):
     """module's kernel `name` for a float32 or float64 buffer (name_f32,
     name_f64: the entries of the float-only templates: segments, softmax,
     activations)."""
-    return getattr(module, f"{name}_{'f64' if buffer.dtype.itemsize == 8 else 'f32'}")
+    return getattr(module, f"{name}_{_dtypes.POLICY[buffer.dtype].suffix}")

@@ -10,9 +10,9 @@ and the Python layer takes the call: it converts, validates and raises the
 errors.  Both paths run the same kernels on the same arrays, so they give
 the same bits (tests/test_plain_calls.py).
 """
-import ml_dtypes
 import numpy as np
 cimport numpy as cnp
+from cpython.object cimport PyObject
 from libc.string cimport memcpy
 
 from cynorm._kernels.common cimport (
@@ -21,12 +21,23 @@ from cynorm._kernels.common cimport (
 
 cnp.import_array()
 
-cdef object F32 = np.dtype(np.float32)
-cdef object F64 = np.dtype(np.float64)
-cdef object BF16 = np.dtype(ml_dtypes.bfloat16)
-cdef object F16 = np.dtype(np.float16)
-cdef int TYPENUM[4]
-TYPENUM[:] = [F32.num, F64.num, BF16.num, F16.num]
+from cynorm._dtype_table import STORAGE_TYPES
+from cynorm._dtypes import STORAGE_DTYPES
+
+# Per storage code, from the dtype table (cynorm/_dtype_table.py): the
+# NumPy descriptor, its type number, the element size and the math type's code
+# (DESCR: borrowed pointers, held by the DESCRS tuple, compared by address
+# at C cost on every plain call)
+cdef tuple DESCRS = STORAGE_DTYPES
+cdef PyObject* DESCR[N_STORAGE]
+cdef int TYPENUM[N_STORAGE]
+cdef Py_ssize_t ITEMSIZE[N_STORAGE]
+cdef int MATH_STORAGE[N_STORAGE]
+for _code, _row in enumerate(STORAGE_TYPES):
+    DESCR[_code] = <PyObject*>DESCRS[_code]
+    TYPENUM[_code] = DESCRS[_code].num
+    ITEMSIZE[_code] = _row[2]
+    MATH_STORAGE[_code] = [r[1] for r in STORAGE_TYPES].index(_row[5])
 
 
 cdef int storage_of(object a) noexcept:
@@ -54,44 +65,36 @@ cdef int kernel_storage(object a) noexcept:
     if s != NOT_PLAIN:
         return s
     d = <object>cnp.PyArray_DESCR(<cnp.ndarray>a)     # an equal, distinct descriptor
-    for s, known in enumerate((F32, F64, BF16, F16)):
-        if d == known:
+    for s in range(N_STORAGE):
+        if d == DESCRS[s]:
             return s
     return NOT_PLAIN
 
 
 cdef int storage_of_dtype(object d) noexcept:
-    """The storage of a dtype argument: one of the four dtypes or its scalar
-    type (np.float32, ml_dtypes.bfloat16 ...), else NOT_PLAIN."""
-    if d is F32 or d is np.float32:
-        return STORAGE_F32
-    if d is F64 or d is np.float64:
-        return STORAGE_F64
-    if d is BF16 or d is BF16.type:
-        return STORAGE_BF16
-    if d is F16 or d is np.float16:
-        return STORAGE_F16
+    """The storage of a dtype argument: one of the supported dtypes or its
+    scalar type (np.float32, ml_dtypes.bfloat16 ...), else NOT_PLAIN."""
+    cdef int s
+    for s in range(N_STORAGE):
+        if d is DESCRS[s] or d is DESCRS[s].type:
+            return s
     return NOT_PLAIN
 
 
 cdef int storage_of_descr(cnp.ndarray a) noexcept:
     # NumPy's descriptors of native built-in types are singletons (ml_dtypes'
     # too): an equal but distinct one (unpickled, say) is left to Python
-    d = <object>cnp.PyArray_DESCR(a)
-    if d is F32:
-        return STORAGE_F32
-    if d is F64:
-        return STORAGE_F64
-    if d is BF16:
-        return STORAGE_BF16
-    if d is F16:
-        return STORAGE_F16
+    cdef PyObject* d = <PyObject*>cnp.PyArray_DESCR(a)
+    cdef int s
+    for s in range(N_STORAGE):
+        if d == DESCR[s]:
+            return s
     return NOT_PLAIN
 
 
 cdef int math_storage(int storage) noexcept nogil:
     """The dtype of per-channel parameters and statistics for a storage type."""
-    return STORAGE_F64 if storage == STORAGE_F64 else STORAGE_F32
+    return MATH_STORAGE[storage]
 
 
 cdef int typenum(int storage) noexcept:
@@ -99,7 +102,7 @@ cdef int typenum(int storage) noexcept:
 
 
 cdef Py_ssize_t itemsize(int storage) noexcept nogil:
-    return 8 if storage == STORAGE_F64 else 4 if storage == STORAGE_F32 else 2
+    return ITEMSIZE[storage]
 
 
 cdef bint plain_eps(object eps) noexcept:

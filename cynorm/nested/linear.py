@@ -13,6 +13,7 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
+from cynorm._dtypes import POLICY
 from cynorm._typing import Array, ArrayLike, OutputMask
 from cynorm._validation import as_float_array, check_mask
 from cynorm.nested._common import check_nested, math_buffer, stored
@@ -55,10 +56,10 @@ def _dense(a: ArrayLike, name: str, x: NestedArray,
     own dtype), both native (as_float_array converts non-native byte order),
     so a gradient returned in a's dtype is native too."""
     a, _ = as_float_array(a, name)
-    ok = a.dtype == x.dtype or (x.dtype.itemsize == 2 and a.dtype == np.float32)
-    if not ok:
-        raise TypeError(f"{name} must have {x.dtype}" + (" or float32" if x.dtype.itemsize == 2 else "")
-                        + f" dtype, got {a.dtype}")
+    accepted = POLICY[x.dtype].coefficients      # x's dtype, or float32 for 16-bit x
+    if a.dtype not in accepted:
+        raise TypeError(f"{name} must have {' or '.join(str(d) for d in accepted)} dtype, "
+                        f"got {a.dtype}")
     if a.ndim != len(shape_hint):
         raise ValueError(f"{name} must be {len(shape_hint)}-D {shape_hint}, got shape {a.shape}")
     return a.astype(math_buffer(x).dtype, copy=False), a.dtype
@@ -66,7 +67,7 @@ def _dense(a: ArrayLike, name: str, x: NestedArray,
 
 def _mm(x, y):
     """x @ y in the math dtype (16-bit storage multiplies in float32)."""
-    up = (lambda v: v.astype(np.float32) if v.dtype.itemsize == 2 else v)
+    up = (lambda v: v.astype(POLICY[v.dtype].math, copy=False))
     return np.matmul(up(x), up(y))
 
 

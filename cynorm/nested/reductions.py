@@ -23,6 +23,7 @@ from cynorm.nested._common import (
     check_nested, check_same_structure, component_dim, math_buffer, nested_dim, row_lengths,
     stored,
 )
+from cynorm._dtypes import POLICY
 from cynorm._typing import Array, ArrayLike, Axis, Dims
 from cynorm._validation import as_array, as_float_array, check_bool, check_index
 from cynorm.nested.container import NestedArray, nested_array, wrap_checked
@@ -68,7 +69,7 @@ def softmax(x: NestedArray, dim: Axis) -> NestedArray:
         return x.like(stored(y, x.dtype))
 
     def one(c):
-        c = c.astype(np.float32) if c.dtype.itemsize == 2 else c
+        c = c.astype(POLICY[c.dtype].math, copy=False)
         e = np.exp(c - c.max(axis=d, keepdims=True)) if c.size else c
         return e / e.sum(axis=d, keepdims=True)
     # another dim: component by component (its slices are strided)
