@@ -205,8 +205,11 @@ def compile_flags():
 MODULE_FLAGS = {} if sys.platform == "win32" else {
     name: ["-fno-trapping-math"] for name in ("segments", "softmax", "pointwise")}
 
-# the kernel modules built once per SIMD level in a dispatching build
-DISPATCHED = ["weight_norm", "layer_norm", "batch_norm", "segments", "softmax", "pointwise", "_convert"]
+# the compiled modules (cynorm/_kernels/_modules.py), DISPATCHED those
+# built once more per SIMD level in a dispatching build
+_MODULES = runpy.run_path(os.path.join("cynorm", "_kernels", "_modules.py"))
+MODULES = _MODULES["KERNEL_MODULES"] + _MODULES["SUPPORT_MODULES"]
+DISPATCHED = _MODULES["DISPATCHED"]
 LEVEL_FLAGS = {
     "v3": ["-march=x86-64-v3"],
     # GCC picks 256-bit vectors even where AVX-512 exists (see compile_flags).
@@ -241,11 +244,8 @@ def extensions():
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION"),
                        ("NPY_TARGET_VERSION", "NPY_2_0_API_VERSION")],
     )
-    names = ["weight_norm", "layer_norm", "batch_norm", "activations", "segments", "softmax",
-             "pointwise", "nll_loss",
-             "_runtime", "_alloc", "_convert", "_views", "_plain"]
     exts = [Extension(f"cynorm._kernels.{n}", [f"{KERNELS}/{n}.pyx"],
-                      extra_compile_args=cflags + MODULE_FLAGS.get(n, []), **common) for n in names]
+                      extra_compile_args=cflags + MODULE_FLAGS.get(n, []), **common) for n in MODULES]
     options = dict(compiler_directives={"language_level": 3},
                    compile_time_env={"CN_OPENMP_BUILD": openmp})
     if sys.platform != "win32":     # Windows' process pool would run setup.py again

@@ -25,9 +25,11 @@ from cynorm._dtypes import from_float64
 from cynorm._kernels import float_kernel
 from cynorm._kernels._alloc import empty as _empty
 from cynorm._kernels._runtime import get_num_threads
-import cynorm._kernels.nll_loss as _k
+from cynorm import _kernels
 from cynorm._typing import Array, ArrayLike
 from cynorm._validation import as_array, as_float_array, check_int, check_same
+
+_k = _kernels.load("nll_loss")
 
 #: "none", "mean", "sum", or ATen's 0, 1, 2
 Reduction = Union[str, int]

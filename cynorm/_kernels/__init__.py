@@ -18,6 +18,7 @@ __path__ = pkgutil.extend_path(__path__, __name__)
 
 from cynorm._kernels._runtime import cpu_level as _cpu_level  # noqa: E402
 from cynorm import _dtypes  # noqa: E402
+from cynorm._kernels._modules import DISPATCHED, KERNEL_MODULES, SUPPORT_MODULES  # noqa: E402
 
 # level name -> (module suffix, x86-64 level it needs)
 LEVELS = {"baseline": ("", 1), "avx2": ("_v3", 3), "avx512": ("_v4", 4)}
@@ -63,9 +64,14 @@ SIMD_LEVEL = _choose()
 
 
 def load(name):
-    """The kernel module `name` (weight_norm, layer_norm, batch_norm, segments,
-    softmax, pointwise, or _convert) at SIMD_LEVEL."""
-    return importlib.import_module(f"cynorm._kernels.{name}{LEVELS[SIMD_LEVEL][0]}")
+    """The compiled module `name` (_modules.py lists them): a DISPATCHED one
+    at SIMD_LEVEL, the others as built.  Every op module imports its
+    kernels through this function."""
+    if name not in KERNEL_MODULES + SUPPORT_MODULES:
+        raise ValueError(f"no kernel module {name!r}: expected one of "
+                         f"{', '.join(KERNEL_MODULES + SUPPORT_MODULES)}")
+    suffix = LEVELS[SIMD_LEVEL][0] if name in DISPATCHED else ""
+    return importlib.import_module(f"cynorm._kernels.{name}{suffix}")
 
 
 def by_storage(module, names):

@@ -7,9 +7,7 @@ from typing import Literal
 
 import numpy as np
 
-# a plain import: activations is not compiled per SIMD level (setup.py's
-# DISPATCHED), so _kernels.load would look for activations_v3 / _v4
-import cynorm._kernels.activations as _act
+from cynorm import _kernels
 from cynorm._kernels import float_kernel
 from cynorm._kernels._runtime import get_num_threads
 from cynorm.nested._common import (
@@ -18,6 +16,8 @@ from cynorm.nested._common import (
 from cynorm._typing import Real
 from cynorm._validation import check_real
 from cynorm.nested.container import NestedArray
+
+_act = _kernels.load("activations")
 
 APPROXIMATE = ("none", "tanh")
 
