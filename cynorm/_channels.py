@@ -198,14 +198,13 @@ def batch_norm_backward_into(kdy, kx, kgx, weight, first, second, dims, training
     running mean and variance, any float dtype (the kernels read them as
     float64: every supported dtype widens to it exactly)."""
     A, C, B = dims
-    return _k.batch_norm_backward(kdy, kx, kgx, _kernel_vector(weight), _stat64(first),
-                                  _stat64(second),
-                                  A, C, B, training, eps, mask)
+    return _k.batch_norm_backward(kdy, kx, kgx, _kernel_vector(weight), _float64_vector(first),
+                                  _float64_vector(second), A, C, B, training, eps, mask)
 
 
-def _stat64(a):
-    """A per-channel statistic as the kernels read it: float64, C-contiguous,
-    aligned (every supported dtype widens to float64 exactly)."""
+def _float64_vector(a):
+    """A vector of statistics or counts as the kernels read it: float64,
+    C-contiguous, aligned (every supported dtype widens to float64 exactly)."""
     return np.require(a, np.float64, ["C", "A", "E"])
 
 
@@ -229,7 +228,7 @@ def gather_stats(mean, invstd, counts, rm, rv, momentum, eps):
     krm, krv = _kernel_vector(rm), _kernel_vector(rv)
     native = [np.ascontiguousarray(a, a.dtype.newbyteorder("=")) for a in (mean, invstd)]
     result = _k.batch_norm_gather_stats(*native,
-                                        np.require(counts, np.float64, ["C", "A", "E"]),
+                                        _float64_vector(counts),
                                         krm, krv, momentum, eps)
     _written_back(rm, krm)
     _written_back(rv, krv)
@@ -239,8 +238,8 @@ def gather_stats(mean, invstd, counts, rm, rv, momentum, eps):
 def elemt_into(kx, ky, weight, bias, mean, invstd, dims):
     """batch_norm_elemt, the kernels' one composition: ky."""
     A, C, B = dims
-    _k.batch_norm_elemt(kx, ky, _kernel_vector(weight), _kernel_vector(bias), _stat64(mean),
-                        _stat64(invstd), A, C, B)
+    _k.batch_norm_elemt(kx, ky, _kernel_vector(weight), _kernel_vector(bias),
+                        _float64_vector(mean), _float64_vector(invstd), A, C, B)
 
 
 def backward_reduce(kdy, kx, mean, invstd, weight, dims, flags):
@@ -248,13 +247,13 @@ def backward_reduce(kdy, kx, mean, invstd, weight, dims, flags):
     sum_dy_xmu, grad_weight, grad_bias) as flags (input_g, weight_g, bias_g)
     ask."""
     A, C, B = dims
-    return _k.batch_norm_backward_reduce(kdy, kx, _stat64(mean), _stat64(invstd),
+    return _k.batch_norm_backward_reduce(kdy, kx, _float64_vector(mean), _float64_vector(invstd),
                                          _kernel_vector(weight), A, C, B, *flags)
 
 
 def backward_elemt_into(kdy, kx, kgx, mean, invstd, weight, sum_dy, sum_dy_xmu, total, dims):
     """batch_norm_backward_elemt, the kernels' one composition: kgx."""
     A, C, B = dims
-    _k.batch_norm_backward_elemt(kdy, kx, kgx, _stat64(mean), _stat64(invstd),
-                                 _kernel_vector(weight), _stat64(sum_dy), _stat64(sum_dy_xmu),
-                                 total, A, C, B)
+    _k.batch_norm_backward_elemt(kdy, kx, kgx, _float64_vector(mean), _float64_vector(invstd),
+                                 _kernel_vector(weight), _float64_vector(sum_dy),
+                                 _float64_vector(sum_dy_xmu), total, A, C, B)
