@@ -245,7 +245,8 @@ def extensions():
                        ("NPY_TARGET_VERSION", "NPY_2_0_API_VERSION")],
     )
     exts = [Extension(f"cynorm._kernels.{n}", [f"{KERNELS}/{n}.pyx"],
-                      extra_compile_args=cflags + MODULE_FLAGS.get(n, []), **common) for n in MODULES]
+                      extra_compile_args=cflags + MODULE_FLAGS.get(n, []), **common)
+            for n in MODULES]
     options = dict(compiler_directives={"language_level": 3},
                    compile_time_env={"CN_OPENMP_BUILD": openmp})
     if sys.platform != "win32":     # Windows' process pool would run setup.py again
