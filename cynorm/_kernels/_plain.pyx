@@ -94,15 +94,16 @@ cdef int storage_of_descr(cnp.ndarray a) noexcept:
 
 cdef int math_storage(int storage) noexcept nogil:
     """The dtype of per-channel parameters and statistics for a storage type."""
-    return MATH_STORAGE[storage]
+    return MATH_STORAGE[storage] if 0 <= storage < N_STORAGE else NOT_PLAIN
 
 
 cdef int typenum(int storage) noexcept:
-    return TYPENUM[storage]
+    return TYPENUM[storage] if 0 <= storage < N_STORAGE else -1
 
 
 cdef Py_ssize_t itemsize(int storage) noexcept nogil:
-    return ITEMSIZE[storage]
+    # 0 for NOT_PLAIN (callers may ask before they check the storage)
+    return ITEMSIZE[storage] if 0 <= storage < N_STORAGE else 0
 
 
 cdef bint plain_eps(object eps) noexcept:
