@@ -165,7 +165,7 @@ def compile_flags():
     # -ffp-contract=off: no FMA contraction, so every build computes the same
     # expression and results do not change with the target's instruction set.
     cflags = ["-O3", "-ffp-contract=off", "-fno-math-errno"]
-    # the loop templates are shared by several modules (elementwise.pxi.tp,
+    # the loops are shared by several modules (cn_elementwise.h,
     # stats_loops.pxi.tp): each compiles every loop, and drops those it does
     # not call
     cflags.append("-Wno-unused-function")

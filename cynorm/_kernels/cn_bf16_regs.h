@@ -7,8 +7,8 @@
  * is cn_pack.h's (cn_scalar.h's bits; a step holding a NaN value by value),
  * and each lane computes the same float32 operations as the scalar loop, so
  * the bits are the same.  The passes themselves (the arithmetic of each) are
- * rendered from elementwise.pxi.tp's table; this header holds the pieces
- * they share.  Modules whose CPU has AVX512-BF16 keep its one-instruction
+ * in cn_elementwise.h, their store paths in cn_store_paths.h; this header
+ * holds the pieces they share.  Modules whose CPU has AVX512-BF16 keep its one-instruction
  * block pack.
  */
 #ifndef CN_BF16_REGS_H
@@ -55,9 +55,21 @@ static inline void cn_stream16_bf16(uint16_t *dst, cn_v8f a, cn_v8f b) {
     }
     _mm256_stream_si256((__m256i *)dst, r);
 }
+
+/* the bfloat16 passes' lanes (cn_lanes.h's vocabulary): eight values
+ * widened to float32, computed and rounded in float32 */
+#define CN_LANES_bf16 8
+typedef cn_v8f cn_lanes_bf16;
+static inline cn_v8f cn_lanes_load_bf16(const uint16_t *p) { return cn_v8_bf16(p); }
+static inline cn_v8f cn_lanes_coef_bf16(const float *p) { return cn_v8_f32(p); }
 #else
 #define CN_HAVE_BF16_REGS 0
 #define cn_bf16_regs_on() 0
+
+#define CN_LANES_bf16 0
+typedef float cn_lanes_bf16;
+static inline float cn_lanes_load_bf16(const uint16_t *p) { return cn_bf16_bits_to_f32(*p); }
+static inline float cn_lanes_coef_bf16(const float *p) { return *p; }
 #endif
 
 #endif

@@ -1,6 +1,7 @@
-/* Memory helpers the Cython loops call: software prefetch and streaming
- * (non-temporal) stores.  Plain functions, one job each; the loops that use
- * them are in the .pxd.tp / .pyx.tp templates.
+/* Memory helpers the loops call: software prefetch and streaming
+ * (non-temporal) stores, and the constants of the loops' blocks.  Plain
+ * functions, one job each; the loops that use them are in the templates
+ * (.pxi.tp, .pyx.tp, and the elementwise passes' cn_store_paths.h.tp).
  *
  * Prefetch.  The L2 streamer stops at every 4 KiB page, so a streaming read
  * asks for the data CN_PREFETCH_BYTES ahead of where it is; a prefetch of an
@@ -19,9 +20,20 @@
 
 #define CN_PREFETCH_BYTES 4096
 
+/* The prefetch helpers are always inlined: GCC's analysis counts a
+ * prefetch as no side effect, so a call to a helper it kept out of line
+ * (a function of no effect, then) is deleted, prefetches and all. */
+#if defined(__GNUC__) || defined(__clang__)
+#define CN_PREFETCH_FN static inline __attribute__((always_inline))
+#elif defined(_MSC_VER)
+#define CN_PREFETCH_FN static __forceinline
+#else
+#define CN_PREFETCH_FN static inline
+#endif
+
 /* a read (cn_prefetch_read) or write (cn_prefetch_write) prefetch of every
  * 64-byte line of the nbytes at p */
-static inline void cn_prefetch_read(const void *p, size_t nbytes) {
+CN_PREFETCH_FN void cn_prefetch_read(const void *p, size_t nbytes) {
 #if defined(__GNUC__) || defined(__clang__)
     for (size_t line = 0; line < nbytes; line += 64)
         __builtin_prefetch((const char *)p + line, 0, 3);
@@ -30,7 +42,7 @@ static inline void cn_prefetch_read(const void *p, size_t nbytes) {
 #endif
 }
 
-static inline void cn_prefetch_write(const void *p, size_t nbytes) {
+CN_PREFETCH_FN void cn_prefetch_write(const void *p, size_t nbytes) {
 #if defined(__GNUC__) || defined(__clang__)
     for (size_t line = 0; line < nbytes; line += 64)
         __builtin_prefetch((const char *)p + line, 1, 3);
@@ -75,5 +87,110 @@ static inline uint32_t cn_load_pair(const uint16_t *p) { uint32_t w; memcpy(&w, 
 
 /* whether p is 64-byte aligned (where a streamed block may start) */
 static inline int cn_aligned64(const void *p) { return ((uintptr_t)p & 63u) == 0; }
+
+/* elements per block of a loop over a row: one prefetch per 64-byte line
+ * ahead of it (and the reductions' block) */
+#define CN_BLOCK 64
+/* rows up to this many bytes are short: a loop over one ends before the
+ * hardware prefetcher ramps up, so loops over short rows prefetch the rows
+ * that follow, and longer rows prefetch within themselves */
+#define CN_SHORT_ROW_BYTES 1024
+/* a row streamed from the registers with a fence of its own (CN_STREAM_ROW)
+ * is at least this long: shorter ones are stored through the cache */
+#define CN_STREAM_ROW_MIN_BYTES 4096
+/* a row pass's `stream` argument: its output stored through the cache;
+ * streamed (non-temporal stores), then a fence that waits for them at the
+ * row's end; or streamed, with one fence after the caller's run of rows
+ * (cn_stream_fence, in the thread that stored them): a fence per row costs
+ * more than the stores on rows of a few KiB */
+#define CN_STREAM_OFF 0
+#define CN_STREAM_ROW 1
+#define CN_STREAM_RUN 2
+
+/* The address dist bytes past element i of a row of n elements (isz bytes
+ * each) at p.  Rows of a strided set (one batch-norm channel's rows, one
+ * per sample) are far apart, so past the row's end the look-ahead goes on
+ * at element nx, the start of the set's next row, and stops (NULL) past
+ * that row's end.  nx == n: plain look-ahead. */
+CN_PREFETCH_FN const char *cn_ahead_by(const void *p, ptrdiff_t i, ptrdiff_t n, ptrdiff_t nx,
+                                      ptrdiff_t isz, ptrdiff_t dist) {
+    ptrdiff_t t = i + dist / isz;
+    if (t < n || nx == n)
+        return (const char *)p + t * isz;
+    if (t - n < n)
+        return (const char *)p + (nx + t - n) * isz;
+    return NULL;
+}
+
+/* a read or write prefetch of the nbytes CN_PREFETCH_BYTES past element i
+ * (cn_ahead_by) */
+CN_PREFETCH_FN void cn_prefetch_read_ahead(const void *p, ptrdiff_t i, ptrdiff_t n, ptrdiff_t nx,
+                                           ptrdiff_t isz, size_t nbytes) {
+    const char *a = cn_ahead_by(p, i, n, nx, isz, CN_PREFETCH_BYTES);
+    if (a != NULL)
+        cn_prefetch_read(a, nbytes);
+}
+
+CN_PREFETCH_FN void cn_prefetch_write_ahead(const void *p, ptrdiff_t i, ptrdiff_t n, ptrdiff_t nx,
+                                            ptrdiff_t isz, size_t nbytes) {
+    const char *a = cn_ahead_by(p, i, n, nx, isz, CN_PREFETCH_BYTES);
+    if (a != NULL)
+        cn_prefetch_write(a, nbytes);
+}
+
+/* A loop over R rows ld elements (isz bytes each) apart at p, n columns
+ * each, CN_BLOCK columns at a time: a read prefetch of each row's block
+ * CN_GROUP_AHEAD_BYTES past column i, into the next R rows past the end.
+ * Shorter than CN_PREFETCH_BYTES: the R rows' look-ahead together stays in
+ * L1. */
+#define CN_GROUP_AHEAD_BYTES 1024
+CN_PREFETCH_FN void cn_prefetch_group_ahead(const void *p, ptrdiff_t i, ptrdiff_t n, ptrdiff_t ld,
+                                            int R, ptrdiff_t isz) {
+    for (int q = 0; q < R; q++) {
+        const char *a = cn_ahead_by((const char *)p + q * ld * isz, i, n, R * ld, isz,
+                                    CN_GROUP_AHEAD_BYTES);
+        if (a != NULL)
+            cn_prefetch_read(a, CN_BLOCK * isz);
+    }
+}
+
+/* a loop over R short rows ld elements (isz bytes) apart at p: the R rows
+ * `ahead` rows on (the hardware prefetcher stops at every 4 KiB page) */
+CN_PREFETCH_FN void cn_prefetch_rows(const void *p, ptrdiff_t n, ptrdiff_t ld, ptrdiff_t ahead,
+                                     int R, ptrdiff_t isz) {
+    if (ahead > 0)
+        for (int q = 0; q < R; q++)
+            cn_prefetch_read((const char *)p + (ahead + q) * ld * isz, n * isz);
+}
+
+/* a loop over R long rows at p, at a 64-byte step: the same line of the
+ * next R rows (a hardware stream per row restarts at every row group) */
+CN_PREFETCH_FN void cn_prefetch_next_group(const void *p, ptrdiff_t ld, int R, ptrdiff_t isz) {
+    for (int q = R; q < 2 * R; q++)
+        cn_prefetch_read((const char *)p + q * ld * isz, 1);
+}
+
+/* An elementwise pass over one short row, rows in memory order (N,C,H,W
+ * batch norm at 14x14, one task per row): the data CN_PREFETCH_BYTES ahead
+ * of inputs a and b (the rows that follow), and for 2-byte elements the
+ * output lines as far ahead (16-bit outputs have no blocked write
+ * prefetch). */
+CN_PREFETCH_FN void cn_prefetch_short_row(const void *out, const void *a, const void *b,
+                                          ptrdiff_t n, ptrdiff_t isz) {
+    cn_prefetch_read((const char *)a + CN_PREFETCH_BYTES, n * isz);
+    if (a != b)
+        cn_prefetch_read((const char *)b + CN_PREFETCH_BYTES, n * isz);
+    if (isz == 2)
+        cn_prefetch_write((const char *)out + CN_PREFETCH_BYTES, n * isz);
+}
+
+/* how many rows ahead (ld elements of isz bytes apart) a loop over short
+ * rows prefetches, CN_PREFETCH_BYTES or more; 0 (none) for long rows */
+static inline ptrdiff_t cn_rows_ahead(ptrdiff_t ld, ptrdiff_t isz) {
+    ptrdiff_t row = ld * isz;
+    if (row <= 0 || row > CN_SHORT_ROW_BYTES)
+        return 0;
+    return (CN_PREFETCH_BYTES + row - 1) / row;
+}
 
 #endif

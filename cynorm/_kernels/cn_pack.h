@@ -26,7 +26,7 @@
  *
  * CYNORM_NO_BF16_PACK=1 turns both off (every value rounded on its own), for
  * tests and comparisons.  Streamed (non-temporal) outputs are packed too
- * (elementwise.pxi.tp); cn_pack_bf16_stream packs straight into streamed
+ * (cn_store_paths.h); cn_pack_bf16_stream packs straight into streamed
  * lines by the instruction.
  */
 #ifndef CN_PACK_H

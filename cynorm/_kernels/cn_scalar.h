@@ -92,6 +92,18 @@ static inline uint16_t cn_f32_to_f16_bits(float f) {
 static inline float cn_f16_to_f32(cn_f16 h) { return cn_f16_bits_to_f32(h.bits); }
 static inline cn_f16 cn_f32_to_f16(float f) { cn_f16 r; r.bits = cn_f32_to_f16_bits(f); return r; }
 
+/* ---- per storage suffix: an element to the math type and back ------------
+ * float32 and float64 compute in their own type; the 16-bit types in
+ * float32.  The kernels name them by suffix (load_f32, store_bf16, ...). */
+static inline float cn_load_f32(float v) { return v; }
+static inline float cn_store_f32(float v) { return v; }
+static inline double cn_load_f64(double v) { return v; }
+static inline double cn_store_f64(double v) { return v; }
+static inline float cn_load_bf16(uint16_t v) { return cn_bf16_bits_to_f32(v); }
+static inline uint16_t cn_store_bf16(float v) { return cn_f32_to_bf16_bits(v); }
+static inline float cn_load_f16(uint16_t v) { return cn_f16_bits_to_f32(v); }
+static inline uint16_t cn_store_f16(float v) { return cn_f32_to_f16_bits(v); }
+
 /* What the build used, for show_config(). */
 #if defined(__AVX512F__)
 #define CN_SIMD_LEVEL "AVX-512"
