@@ -57,3 +57,26 @@ def test_source_files_stay_small(name):
     with open(os.path.join(KERNELS, name), encoding="utf-8") as f:
         lines = sum(1 for _ in f)
     assert lines <= MAX_LINES, f"{name}: {lines} lines (split it by job: CONTRIBUTING.md)"
+
+
+# the Tempita names a kernel function's name may carry: the storage suffix
+# (and the float type or row count of a variant); any other part of the name
+# is literal text, so that grep finds the definition by its name
+NAME_VARIANTS = {"sfx", "T", "R"}
+
+
+@pytest.mark.parametrize("name", [n for n in _sources() if n.endswith(".tp")])
+def test_function_names_are_greppable(name):
+    with open(os.path.join(KERNELS, name), encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    # a definition's name: the word (Tempita names included) before its "("
+    definition = re.compile(
+        r"^(?:cdef|cpdef|def|static|CN_PASS|CN_DRIVER)\b[^(=]*?((?:\w|\{\{[^}]*\}\})+)\s*\(")
+    for number, line in enumerate(lines, 1):
+        m = definition.match(line)
+        if not m:
+            continue
+        tokens = set(re.findall(r"\{\{\s*([^}]*?)\s*\}\}", m.group(1)))
+        assert tokens <= NAME_VARIANTS, (
+            f"{name}:{number}: the name {m.group(1)} is built from {sorted(tokens - NAME_VARIANTS)}:"
+            " write it out, so that grep finds it")
