@@ -139,7 +139,7 @@ ITEMSIZE = {sfx: size for sfx, _, size, _, _, _ in _STORAGE_TYPES}
 
 
 def render_templates():
-    """Write every cynorm/_kernels/<name>.tp to <name> (a .pyx or .pxd),
+    """Write every cynorm/_kernels/<name>.tp to <name> (.pyx, .pxi, .pxd, .h),
     substituting DTYPES and ITEMSIZE; a file already newer than its template
     (and than this script and the dtype table) is left alone."""
     from Cython import Tempita

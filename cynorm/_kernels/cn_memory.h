@@ -95,8 +95,9 @@ static inline int cn_aligned64(const void *p) { return ((uintptr_t)p & 63u) == 0
  * hardware prefetcher ramps up, so loops over short rows prefetch the rows
  * that follow, and longer rows prefetch within themselves */
 #define CN_SHORT_ROW_BYTES 1024
-/* a row streamed from the registers with a fence of its own (CN_STREAM_ROW)
- * is at least this long: shorter ones are stored through the cache */
+/* a float32 or float64 row (bfloat16: where it rounds in registers)
+ * streamed with a fence of its own (CN_STREAM_ROW) is at least this long:
+ * shorter ones are stored through the cache */
 #define CN_STREAM_ROW_MIN_BYTES 4096
 /* a row pass's `stream` argument: its output stored through the cache;
  * streamed (non-temporal stores), then a fence that waits for them at the
