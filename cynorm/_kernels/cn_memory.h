@@ -20,20 +20,21 @@
 
 #define CN_PREFETCH_BYTES 4096
 
-/* The prefetch helpers are always inlined: GCC's analysis counts a
- * prefetch as no side effect, so a call to a helper it kept out of line
- * (a function of no effect, then) is deleted, prefetches and all. */
+/* A function inlined wherever it is called.  The prefetch helpers are:
+ * GCC's analysis counts a prefetch as no side effect, so a call to a helper
+ * it kept out of line (a function of no effect, then) is deleted,
+ * prefetches and all. */
 #if defined(__GNUC__) || defined(__clang__)
-#define CN_PREFETCH_FN static inline __attribute__((always_inline))
+#define CN_ALWAYS_INLINE static inline __attribute__((always_inline))
 #elif defined(_MSC_VER)
-#define CN_PREFETCH_FN static __forceinline
+#define CN_ALWAYS_INLINE static __forceinline
 #else
-#define CN_PREFETCH_FN static inline
+#define CN_ALWAYS_INLINE static inline
 #endif
 
 /* a read (cn_prefetch_read) or write (cn_prefetch_write) prefetch of every
  * 64-byte line of the nbytes at p */
-CN_PREFETCH_FN void cn_prefetch_read(const void *p, size_t nbytes) {
+CN_ALWAYS_INLINE void cn_prefetch_read(const void *p, size_t nbytes) {
 #if defined(__GNUC__) || defined(__clang__)
     for (size_t line = 0; line < nbytes; line += 64)
         __builtin_prefetch((const char *)p + line, 0, 3);
@@ -42,7 +43,7 @@ CN_PREFETCH_FN void cn_prefetch_read(const void *p, size_t nbytes) {
 #endif
 }
 
-CN_PREFETCH_FN void cn_prefetch_write(const void *p, size_t nbytes) {
+CN_ALWAYS_INLINE void cn_prefetch_write(const void *p, size_t nbytes) {
 #if defined(__GNUC__) || defined(__clang__)
     for (size_t line = 0; line < nbytes; line += 64)
         __builtin_prefetch((const char *)p + line, 1, 3);
@@ -113,8 +114,8 @@ static inline int cn_aligned64(const void *p) { return ((uintptr_t)p & 63u) == 0
  * per sample) are far apart, so past the row's end the look-ahead goes on
  * at element nx, the start of the set's next row, and stops (NULL) past
  * that row's end.  nx == n: plain look-ahead. */
-CN_PREFETCH_FN const char *cn_ahead_by(const void *p, ptrdiff_t i, ptrdiff_t n, ptrdiff_t nx,
-                                      ptrdiff_t isz, ptrdiff_t dist) {
+CN_ALWAYS_INLINE const char *cn_ahead_by(const void *p, ptrdiff_t i, ptrdiff_t n, ptrdiff_t nx,
+                                         ptrdiff_t isz, ptrdiff_t dist) {
     ptrdiff_t t = i + dist / isz;
     if (t < n || nx == n)
         return (const char *)p + t * isz;
@@ -125,15 +126,15 @@ CN_PREFETCH_FN const char *cn_ahead_by(const void *p, ptrdiff_t i, ptrdiff_t n, 
 
 /* a read or write prefetch of the nbytes CN_PREFETCH_BYTES past element i
  * (cn_ahead_by) */
-CN_PREFETCH_FN void cn_prefetch_read_ahead(const void *p, ptrdiff_t i, ptrdiff_t n, ptrdiff_t nx,
-                                           ptrdiff_t isz, size_t nbytes) {
+CN_ALWAYS_INLINE void cn_prefetch_read_ahead(const void *p, ptrdiff_t i, ptrdiff_t n, ptrdiff_t nx,
+                                             ptrdiff_t isz, size_t nbytes) {
     const char *a = cn_ahead_by(p, i, n, nx, isz, CN_PREFETCH_BYTES);
     if (a != NULL)
         cn_prefetch_read(a, nbytes);
 }
 
-CN_PREFETCH_FN void cn_prefetch_write_ahead(const void *p, ptrdiff_t i, ptrdiff_t n, ptrdiff_t nx,
-                                            ptrdiff_t isz, size_t nbytes) {
+CN_ALWAYS_INLINE void cn_prefetch_write_ahead(const void *p, ptrdiff_t i, ptrdiff_t n, ptrdiff_t nx,
+                                              ptrdiff_t isz, size_t nbytes) {
     const char *a = cn_ahead_by(p, i, n, nx, isz, CN_PREFETCH_BYTES);
     if (a != NULL)
         cn_prefetch_write(a, nbytes);
@@ -145,8 +146,8 @@ CN_PREFETCH_FN void cn_prefetch_write_ahead(const void *p, ptrdiff_t i, ptrdiff_
  * Shorter than CN_PREFETCH_BYTES: the R rows' look-ahead together stays in
  * L1. */
 #define CN_GROUP_AHEAD_BYTES 1024
-CN_PREFETCH_FN void cn_prefetch_group_ahead(const void *p, ptrdiff_t i, ptrdiff_t n, ptrdiff_t ld,
-                                            int R, ptrdiff_t isz) {
+CN_ALWAYS_INLINE void cn_prefetch_group_ahead(const void *p, ptrdiff_t i, ptrdiff_t n, ptrdiff_t ld,
+                                              int R, ptrdiff_t isz) {
     for (int q = 0; q < R; q++) {
         const char *a = cn_ahead_by((const char *)p + q * ld * isz, i, n, R * ld, isz,
                                     CN_GROUP_AHEAD_BYTES);
@@ -157,8 +158,8 @@ CN_PREFETCH_FN void cn_prefetch_group_ahead(const void *p, ptrdiff_t i, ptrdiff_
 
 /* a loop over R short rows ld elements (isz bytes) apart at p: the R rows
  * `ahead` rows on (the hardware prefetcher stops at every 4 KiB page) */
-CN_PREFETCH_FN void cn_prefetch_rows(const void *p, ptrdiff_t n, ptrdiff_t ld, ptrdiff_t ahead,
-                                     int R, ptrdiff_t isz) {
+CN_ALWAYS_INLINE void cn_prefetch_rows(const void *p, ptrdiff_t n, ptrdiff_t ld, ptrdiff_t ahead,
+                                       int R, ptrdiff_t isz) {
     if (ahead > 0)
         for (int q = 0; q < R; q++)
             cn_prefetch_read((const char *)p + (ahead + q) * ld * isz, n * isz);
@@ -166,7 +167,7 @@ CN_PREFETCH_FN void cn_prefetch_rows(const void *p, ptrdiff_t n, ptrdiff_t ld, p
 
 /* a loop over R long rows at p, at a 64-byte step: the same line of the
  * next R rows (a hardware stream per row restarts at every row group) */
-CN_PREFETCH_FN void cn_prefetch_next_group(const void *p, ptrdiff_t ld, int R, ptrdiff_t isz) {
+CN_ALWAYS_INLINE void cn_prefetch_next_group(const void *p, ptrdiff_t ld, int R, ptrdiff_t isz) {
     for (int q = R; q < 2 * R; q++)
         cn_prefetch_read((const char *)p + q * ld * isz, 1);
 }
@@ -176,8 +177,8 @@ CN_PREFETCH_FN void cn_prefetch_next_group(const void *p, ptrdiff_t ld, int R, p
  * of inputs a and b (the rows that follow), and for 2-byte elements the
  * output lines as far ahead (16-bit outputs have no blocked write
  * prefetch). */
-CN_PREFETCH_FN void cn_prefetch_short_row(const void *out, const void *a, const void *b,
-                                          ptrdiff_t n, ptrdiff_t isz) {
+CN_ALWAYS_INLINE void cn_prefetch_short_row(const void *out, const void *a, const void *b,
+                                            ptrdiff_t n, ptrdiff_t isz) {
     cn_prefetch_read((const char *)a + CN_PREFETCH_BYTES, n * isz);
     if (a != b)
         cn_prefetch_read((const char *)b + CN_PREFETCH_BYTES, n * isz);
