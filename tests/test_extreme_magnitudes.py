@@ -387,3 +387,130 @@ def test_tiny_channels_normalized_in_place(shape):
     y = cynorm.batch_norm_elemt(x, None, b, mean, invstd, 1e-5, out=x)
     assert y is x
     close_to_output(np.moveaxis(y, 1, 0), np.moveaxis(want, 1, 0), "y in place", (C, -1))
+
+
+# ------------------------------------------------ grad_x's float32 terms
+#
+# grad_x = a * (dy - p - (x - mean) * q), p the mean of dy, a = invstd *
+# weight (or rstd), is formed in float32.  With dy near float32's largest
+# value and p of the other sign, dy - p leaves float32's range although
+# grad_x need not (a < 1): the pass raises the thread's overflow flag, and
+# the elements that came out infinite or NaN are recomputed in float64
+# (cn_fpflags.h).  So are those of a coefficient beyond float32's range.
+
+def dy_off_its_mean(shape, dtype, seed):
+    """x of spread 1.5 (invstd about 2/3), half of it near 0; where it is,
+    dy is +3.3e38 (a fifth) or -3e38, elsewhere small: the mean of dy is
+    near -0.9e38, and dy * (x - mean) stays in float32's range, so only the
+    elementwise pass leaves it."""
+    rng = np.random.default_rng(seed)
+    near = rng.uniform(size=shape) < 0.5
+    x = np.where(near, 0.1, 2.1) * rng.choice([-1.0, 1.0], size=shape)
+    dy = np.where(near, np.where(rng.uniform(size=shape) < 0.2, 3.3e38, -3.0e38),
+                  rng.uniform(-1e36, 1e36, size=shape))
+    return x.astype(dtype), dy.astype(dtype)
+
+
+def grad_x_terms(dy, x, mean, scale, axis):
+    """Per element, the magnitudes grad_x adds up, |a| (|dy| + |p| + |(x -
+    mean) q|), along `axis` (the channel axis; None: rows over the last)."""
+    g = dy.astype(np.float64)
+    xmu = x.astype(np.float64)
+    if axis is None:
+        g, xmu = g.reshape(-1, g.shape[-1]).T, xmu.reshape(-1, xmu.shape[-1]).T
+        axis = 0
+    g, xmu = np.moveaxis(g, axis, -1), np.moveaxis(xmu, axis, -1)
+    xmu = xmu - np.asarray(mean, np.float64)
+    inv = np.asarray(scale, np.float64)
+    n = g.size // g.shape[-1]
+    p = g.reshape(-1, g.shape[-1]).sum(0) / n
+    q = (g * xmu).reshape(-1, g.shape[-1]).sum(0) / n * inv * inv
+    return np.abs(inv) * (np.abs(g) + np.abs(p) + np.abs(xmu * q))
+
+
+BN_GRAD_X_CASES = [((4, 3, 5, 7), 1), ((2, 16, 130), 1), ((3, 70, 40), 1), ((2, 4, 2000), 1),
+                   ((8, 4, 100), 1), ((64, 512), 1), ((4, 5, 6, 16), -1)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape,axis", BN_GRAD_X_CASES, ids=str)
+def test_batch_norm_grad_x_where_dy_minus_its_mean_leaves_float32(shape, axis, dtype, threads):
+    x, dy = dy_off_its_mean(shape, dtype, seed=21)
+    C = shape[axis]
+    w = np.random.default_rng(22).uniform(0.5, 1.0, C).astype(np.float32)
+    mean, invstd = cynorm.batch_norm_stats(x, 1e-5, axis)
+    want = R.batch_norm_backward(dy, x, w, None, None, mean, invstd, True, 1e-5, axis)[0]
+    terms = np.moveaxis(grad_x_terms(dy, x, mean, np.asarray(invstd, np.float64) * w, axis),
+                        -1, axis)
+    assert np.all(np.isfinite(want)) and np.max(terms) > 3.4e38 / 2   # the case, as meant
+    got = {
+        "batch_norm_backward": cynorm.batch_norm_backward(
+            dy, x, w, None, None, mean, invstd, True, 1e-5, (True, True, True), axis)[0],
+        "batch_norm_backward grad_x only": cynorm.batch_norm_backward(
+            dy, x, w, None, None, mean, invstd, True, 1e-5, (True, False, False), axis)[0]}
+    if axis == 1:
+        got["miopen_batch_norm_backward"] = cynorm.miopen_batch_norm_backward(
+            x, dy, w, None, None, mean, invstd, 1e-5)[0]
+        got["cudnn_batch_norm_backward"] = cynorm.cudnn_batch_norm_backward(
+            x, dy, w, None, None, mean, invstd, 1e-5, np.empty(0, np.uint8))[0]
+    for name, gx in got.items():
+        close_sum(gx, want, terms, name)
+    # the same bits at the other thread count
+    cynorm.set_num_threads(3 - threads)
+    again = cynorm.batch_norm_backward(dy, x, w, None, None, mean, invstd, True, 1e-5,
+                                       (True, True, True), axis)[0]
+    np.testing.assert_array_equal(again, got["batch_norm_backward"])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape,axis", BN_GRAD_X_CASES, ids=str)
+def test_batch_norm_backward_elemt_with_a_slope_beyond_float32(shape, axis, dtype, threads):
+    # x of spread 1e-3 (invstd 1e3) and dy up to 3e38 along x - mean (plus a
+    # little noise): the sums are in float32's range, the slope sum_dy_xmu /
+    # n * invstd^2 about 1e41 is not, and grad_x (weight 1e-4) is again
+    x = data(shape, 1e-3, dtype, seed=23)
+    C = shape[axis]
+    mean, invstd = cynorm.batch_norm_stats(x, 1e-12, axis)
+    xmu = np.moveaxis(x.astype(np.float64), axis, -1) - np.asarray(mean, np.float64)
+    noise = np.random.default_rng(24).uniform(-1e36, 1e36, xmu.shape)
+    dy = np.moveaxis(xmu / np.max(np.abs(xmu)) * 3e38 + noise, -1, axis).astype(dtype)
+    w = np.full(C, 1e-4, np.float32)
+    sums = cynorm.batch_norm_backward_reduce(dy, x, mean, invstd, w, True, False, False,
+                                             axis)[:2]
+    count = np.full(1, x.size // C, np.int64)
+    want = R.batch_norm_backward_elemt(dy, x, mean, invstd, w, *sums, count, axis)
+    got = cynorm.batch_norm_backward_elemt(dy, x, mean, invstd, w, *sums, count, axis)
+    slope = np.asarray(sums[1], np.float64) / count[0] * np.asarray(invstd, np.float64) ** 2
+    assert np.all(np.isfinite(want)) and np.all(np.abs(slope) > 3.4e38)    # the case, as meant
+    close_to_output(np.moveaxis(got, axis, 0), np.moveaxis(want, axis, 0), "grad_x", (C, -1))
+    cynorm.set_num_threads(3 - threads)
+    np.testing.assert_array_equal(
+        cynorm.batch_norm_backward_elemt(dy, x, mean, invstd, w, *sums, count, axis), got)
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["cached", "streamed"])
+@pytest.mark.parametrize("weighted", [False, True], ids=["no weight", "weight"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", LN_SHAPES, ids=str)
+def test_layer_norm_grad_x_where_dy_minus_its_mean_leaves_float32(shape, dtype, weighted,
+                                                                  streamed, threads):
+    from cynorm._kernels import _runtime
+    N = shape[-1]
+    x, dy = dy_off_its_mean(shape, dtype, seed=24)
+    w = np.random.default_rng(25).uniform(0.5, 1.0, N).astype(np.float32) if weighted else None
+    _, mean, rstd = cynorm.layer_norm(x, N, w)
+    want = R.layer_norm_backward(dy, x, N, mean, rstd, w)[0].reshape(-1, N)
+    g = dy.astype(np.float64).reshape(-1, N) * (1.0 if w is None else w.astype(np.float64))
+    xmu = x.astype(np.float64).reshape(-1, N) - np.asarray(mean, np.float64).reshape(-1, 1)
+    r = np.asarray(rstd, np.float64).reshape(-1, 1)
+    p = g.mean(1, keepdims=True)
+    q = (g * xmu).mean(1, keepdims=True) * r * r
+    terms = r * (np.abs(g) + np.abs(p) + np.abs(xmu * q))
+    assert np.all(np.isfinite(want)) and np.max(terms) > 3.4e38 / 2   # the case, as meant
+    old = _runtime.set_stream_min_bytes(0 if streamed else 1 << 62)
+    try:
+        for mask in [(True, True, True), (True, False, False)]:
+            gx = cynorm.layer_norm_backward(dy, x, N, mean, rstd, w, None, mask)[0]
+            close_sum(gx.reshape(-1, N), want, terms, f"grad_x {mask}")
+    finally:
+        _runtime.set_stream_min_bytes(old)

@@ -48,6 +48,15 @@ cdef inline bint float32_sums_finite(double a, double b) noexcept nogil:
     return (a - a == 0.0) & (b - b == 0.0)
 
 
+cdef inline bint float32_beyond(double v) noexcept nogil:
+    """Whether v rounds to +-inf in float32: |v| at least 2**128 - 2**104
+    (float32's largest value plus half its last place), inf included.  A
+    backward coefficient beyond that makes the float32 pass's outputs inf or
+    NaN without raising the overflow flag (cn_fpflags.h); branch-free, so a
+    loop over channels vectorizes."""
+    return (v >= 3.4028235677973366e38) | (v <= -3.4028235677973366e38)
+
+
 cdef inline bint float32_products_tiny(double a, double b, Py_ssize_t n) noexcept nogil:
     """Whether b, a float64 sum of n products formed in float32 (dy * (x -
     mean)), is so small (under n * 2**-100) that products under float32's

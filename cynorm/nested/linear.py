@@ -411,5 +411,8 @@ def linear_backward(input: NestedArray, grad_output: NestedArray, weight: ArrayL
     g2 = _rows(grad_output, n_out)
     gi = _with_last(input, g2 @ w, w.shape[1]) if mask[0] else None
     gw = (g2.T @ _rows(input, k)).astype(wdtype, copy=False) if mask[1] else None
-    gb = g2.sum(axis=0, dtype=np.float64).astype(wdtype) if mask[2] else None
+    # the float64 sum rounded to the math type, then stored (16-bit: through
+    # float32, as every 16-bit output)
+    gb = g2.sum(axis=0, dtype=np.float64).astype(g2.dtype).astype(wdtype, copy=False) \
+        if mask[2] else None
     return gi, gw, gb
