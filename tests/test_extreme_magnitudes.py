@@ -411,21 +411,14 @@ def dy_off_its_mean(shape, dtype, seed):
     return x.astype(dtype), dy.astype(dtype)
 
 
-def grad_x_terms(dy, x, mean, scale, axis):
-    """Per element, the magnitudes grad_x adds up, |a| (|dy| + |p| + |(x -
-    mean) q|), along `axis` (the channel axis; None: rows over the last)."""
-    g = dy.astype(np.float64)
-    xmu = x.astype(np.float64)
-    if axis is None:
-        g, xmu = g.reshape(-1, g.shape[-1]).T, xmu.reshape(-1, xmu.shape[-1]).T
-        axis = 0
-    g, xmu = np.moveaxis(g, axis, -1), np.moveaxis(xmu, axis, -1)
-    xmu = xmu - np.asarray(mean, np.float64)
-    inv = np.asarray(scale, np.float64)
-    n = g.size // g.shape[-1]
-    p = g.reshape(-1, g.shape[-1]).sum(0) / n
-    q = (g * xmu).reshape(-1, g.shape[-1]).sum(0) / n * inv * inv
-    return np.abs(inv) * (np.abs(g) + np.abs(p) + np.abs(xmu * q))
+def grad_x_terms(g, xmu, a):
+    """Per element, the magnitudes grad_x = a (g - p - xmu q) adds up,
+    |a| (|g| + |p| + |xmu q|), with p = mean(g) and q = mean(g xmu) a**2:
+    g and xmu (float64) of shape (n, groups), reduced over axis 0; a the
+    groups' invstd or rstd (batch norm's weight multiplies the result)."""
+    p = g.mean(axis=0)
+    q = (g * xmu).mean(axis=0) * a * a
+    return np.abs(a) * (np.abs(g) + np.abs(p) + np.abs(xmu * q))
 
 
 BN_GRAD_X_CASES = [((4, 3, 5, 7), 1), ((2, 16, 130), 1), ((3, 70, 40), 1), ((2, 4, 2000), 1),
@@ -440,8 +433,11 @@ def test_batch_norm_grad_x_where_dy_minus_its_mean_leaves_float32(shape, axis, d
     w = np.random.default_rng(22).uniform(0.5, 1.0, C).astype(np.float32)
     mean, invstd = cynorm.batch_norm_stats(x, 1e-5, axis)
     want = R.batch_norm_backward(dy, x, w, None, None, mean, invstd, True, 1e-5, axis)[0]
-    terms = np.moveaxis(grad_x_terms(dy, x, mean, np.asarray(invstd, np.float64) * w, axis),
-                        -1, axis)
+    g = np.moveaxis(dy.astype(np.float64), axis, -1)
+    xmu = np.moveaxis(x.astype(np.float64), axis, -1) - np.asarray(mean, np.float64)
+    inv = np.asarray(invstd, np.float64)
+    terms = grad_x_terms(g.reshape(-1, C), xmu.reshape(-1, C), inv) * w    # a = invstd * w
+    terms = np.moveaxis(terms.reshape(g.shape), -1, axis)
     assert np.all(np.isfinite(want)) and np.max(terms) > 3.4e38 / 2   # the case, as meant
     got = {
         "batch_norm_backward": cynorm.batch_norm_backward(
@@ -502,10 +498,7 @@ def test_layer_norm_grad_x_where_dy_minus_its_mean_leaves_float32(shape, dtype, 
     want = R.layer_norm_backward(dy, x, N, mean, rstd, w)[0].reshape(-1, N)
     g = dy.astype(np.float64).reshape(-1, N) * (1.0 if w is None else w.astype(np.float64))
     xmu = x.astype(np.float64).reshape(-1, N) - np.asarray(mean, np.float64).reshape(-1, 1)
-    r = np.asarray(rstd, np.float64).reshape(-1, 1)
-    p = g.mean(1, keepdims=True)
-    q = (g * xmu).mean(1, keepdims=True) * r * r
-    terms = r * (np.abs(g) + np.abs(p) + np.abs(xmu * q))
+    terms = grad_x_terms(g.T, xmu.T, np.asarray(rstd, np.float64).reshape(-1)).T
     assert np.all(np.isfinite(want)) and np.max(terms) > 3.4e38 / 2   # the case, as meant
     old = _runtime.set_stream_min_bytes(0 if streamed else 1 << 62)
     try:
