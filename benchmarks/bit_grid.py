@@ -172,6 +172,30 @@ def layer_norm_grid(grid, rng):
                      None if ww is None else _data(rng, ns, _math(dt)), None)))
 
 
+def rms_norm_grid(grid, rng):
+    import cynorm
+    for dt in _dtypes():
+        for shape, ns in LN_CASES:
+            key = f"rms/{_name(dt)}/{shape}"
+            x = _data(rng, shape, dt, scale=3.0, offset=float(rng.standard_normal()))
+            w = _data(rng, ns, _math(dt))
+            for ww in (w, None):
+                affine = "w" if ww is not None else "none"
+                y, r = cynorm.rms_norm(x, ns, ww)
+                grid.put(f"{key}/{affine}/forward", (y, r))
+                dy = _data(rng, shape, dt)
+                for mask in ((True, True), (True, False), (False, True)):
+                    grid.put(f"{key}/{affine}/backward/{mask}", cynorm.rms_norm_backward(
+                        dy, x, ns, r, ww, output_mask=mask))
+                grid.put(f"{key}/{affine}/jvp", cynorm.jvp(
+                    cynorm.rms_norm, (x, ns, ww),
+                    (_data(rng, shape, dt), None, None if ww is None else _data(rng, ns, _math(dt)))))
+                grid.put(f"{key}/{affine}/jvp_backward", cynorm.jvp(
+                    cynorm.rms_norm_backward, (dy, x, ns, r, ww),
+                    (_data(rng, shape, dt), _data(rng, shape, dt), None, None,
+                     None if ww is None else _data(rng, ns, _math(dt)))))
+
+
 # (shape, axis): N,C,H,W short and long rows, channels-last, 2-D (columns),
 # middle dims, a single sample, large A (column blocks), odd widths
 BN_CASES = [
@@ -272,7 +296,8 @@ def softmax_grid(grid, rng):
         grid.put(f"log_sigmoid/{_name(dt)}", cynorm.log_sigmoid_forward(x))
 
 
-STRUCTURED = [weight_norm_grid, layer_norm_grid, batch_norm_grid, nested_grid, softmax_grid]
+STRUCTURED = [weight_norm_grid, layer_norm_grid, batch_norm_grid, nested_grid, softmax_grid,
+              rms_norm_grid]
 
 
 def structured(grid, prefix):

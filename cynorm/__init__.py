@@ -5,6 +5,7 @@ Cython + OpenMP kernels behind a NumPy API, with PyTorch's semantics:
 * weight normalization: `weight_norm`, `weight_norm_interface`,
   `weight_norm_backward`, `norm_except_dim`
 * layer normalization: `layer_norm`, `layer_norm_backward`
+* RMS normalization: `rms_norm`, `rms_norm_backward`
 * batch normalization: `batch_norm`, `batch_norm_backward`, and the
   split-statistics ops synchronized batch norm is built from:
   `batch_norm_stats`, `batch_norm_gather_stats`, `batch_norm_elemt`,
@@ -45,6 +46,7 @@ from cynorm._config import (  # noqa: E402
     alloc_cache_info, clear_alloc_cache, config, set_alloc_cache_limit, show_config,
 )
 from cynorm.layernorm import layer_norm, layer_norm_backward  # noqa: E402
+from cynorm.rmsnorm import rms_norm, rms_norm_backward  # noqa: E402
 from cynorm.batchnorm import batch_norm, batch_norm_backward  # noqa: E402
 from cynorm.batchnorm_stats import (  # noqa: E402
     batch_norm_backward_elemt,
@@ -107,6 +109,8 @@ __all__ = [
     "nll_loss_backward",
     "nll_loss_forward",
     "register_jvp",
+    "rms_norm",
+    "rms_norm_backward",
     "softmax",
     "softmax_backward_data",
     "trace",

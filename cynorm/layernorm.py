@@ -98,12 +98,12 @@ def _rows(x, normalized_shape, weight, bias, policy):
     return ns, (w, wvec), (b, bvec), M, N, x.shape[:axis] + (1,) * len(ns)
 
 
-def _stat(a, name, stat_shape, M, policy):
+def _stat(a, name, stat_shape, M, policy, op="layer_norm"):
     """A saved mean/rstd: stat_shape or (M,), any float dtype; returns the
     flat contiguous math-type vector."""
     a, _ = as_float_array(a, name)
     if a.shape != stat_shape and a.shape != (M,):
-        raise ValueError(f"{name} must have shape {stat_shape} (as layer_norm returns it), "
+        raise ValueError(f"{name} must have shape {stat_shape} (as {op} returns it), "
                          f"got {a.shape}")
     return np.ascontiguousarray(a, dtype=policy.stat).reshape(-1)
 

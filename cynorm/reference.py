@@ -125,6 +125,45 @@ def layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight=None):
     return grad_x.reshape(np.shape(x)), grad_weight, grad_bias
 
 
+# ---------------------------------------------------------------- RMS norm
+
+def rms_norm(x, normalized_shape, weight=None, eps=None):
+    """(y, rstd) in float64; rstd keepdims over the normalized axes.
+
+    rstd = 1 / sqrt(mean(x**2) + eps); eps None: float64's machine epsilon
+    for float64 x, float32's otherwise.  An empty row has rstd NaN."""
+    rows, stat_shape, ns = _ln_rows(x, normalized_shape)
+    M, N = rows.shape
+    if eps is None:
+        eps = np.finfo(np.float64 if np.asarray(x).dtype == np.float64 else np.float32).eps
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rstd = 1.0 / np.sqrt(np.sum(rows * rows, axis=1) / N + eps) if N else np.full(M, np.nan)
+    y = rows * rstd[:, None]
+    if weight is not None:
+        y = y * np.asarray(weight, dtype=np.float64).reshape(1, N)
+    return y.reshape(np.shape(x)), rstd.reshape(stat_shape)
+
+
+def rms_norm_backward(grad_out, x, normalized_shape, rstd, weight=None):
+    """(grad_x, grad_weight) in float64 from the chain rule of
+    y = x * rstd * w with rstd = 1 / sqrt(mean(x**2) + eps):
+
+        grad_x = rstd * (g - xhat * mean(g * xhat)),  g = dy * w, xhat = x * rstd
+        grad_weight = sum over rows of dy * xhat."""
+    rows, _, ns = _ln_rows(x, normalized_shape)
+    M, N = rows.shape
+    dy = np.asarray(grad_out, dtype=np.float64).reshape(M, N)
+    rs = np.asarray(rstd, dtype=np.float64).reshape(M, 1)
+    xhat = rows * rs
+    w = np.ones((1, N)) if weight is None else np.asarray(weight, dtype=np.float64).reshape(1, N)
+    g = dy * w
+    if N == 0:
+        grad_x = g.copy()
+    else:
+        grad_x = rs * (g - xhat * (np.sum(g * xhat, axis=1, keepdims=True) / N))
+    return grad_x.reshape(np.shape(x)), np.sum(dy * xhat, axis=0).reshape(ns)
+
+
 # ---------------------------------------------------------------- batch norm
 
 def _channels(x, axis):

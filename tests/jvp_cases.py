@@ -32,6 +32,10 @@ def _ln_stats(x, ns):
     return cn.layer_norm(x, ns, eps=EPS)[1:]
 
 
+def _rms_stat(x, ns):
+    return cn.rms_norm(x, ns, eps=EPS)[1]
+
+
 def _bn_stats(x, axis=1):
     return cn.batch_norm(x, training=True, eps=EPS, axis=axis)[1:]
 
@@ -53,6 +57,15 @@ def cases(rng):
                     (dy, x, (9,), *_ln_stats(x, (9,))), (0, 1),
                     f=lambda dy, x, ns, mean, rstd: cn.layer_norm_backward(
                         dy, x, ns, *_ln_stats(x, ns))))
+    # RMS norm
+    out.append(Case("rms_norm", cn.rms_norm, (x, (4, 9), w), (0, 2), kwargs=dict(eps=EPS)))
+    out.append(Case("rms_norm_backward", cn.rms_norm_backward,
+                    (dy, x, (4, 9), _rms_stat(x, (4, 9)), w), (0, 1, 4),
+                    f=lambda dy, x, ns, rstd, w: cn.rms_norm_backward(
+                        dy, x, ns, _rms_stat(x, ns), w), ignored=(3,)))
+    out.append(Case("rms_norm_backward no weight", cn.rms_norm_backward,
+                    (dy, x, (9,), _rms_stat(x, (9,))), (0, 1),
+                    f=lambda dy, x, ns, rstd: cn.rms_norm_backward(dy, x, ns, _rms_stat(x, ns))))
     # batch norm
     C = x4.shape[1]
     bw, bb = rng.random(C) + 0.5, r(C)

@@ -59,6 +59,23 @@ def _torch_call(name, c, tangents):
         return (lambda dy, x, m, r, w: aten.native_layer_norm_backward(
             dy, x, list(ns), m, r, w, _t(b), [True, True, True])), (dy, x, mean, rstd, w), \
             (tangents[0], tangents[1], tm, tr, tangents[5])
+    if name == "rms_norm":
+        x, ns, w = p
+        return (lambda x, w: aten._fused_rms_norm(x, list(ns), w, EPS)), (x, w), \
+            (tangents[0], tangents[2])
+    if name.startswith("rms_norm_backward"):
+        # no CPU backward op in torch: the gradients of F.rms_norm by torch.func.vjp
+        # (forward over reverse), rstd recomputed from x
+        dy, x, ns = p[:3]
+        w = p[4] if len(p) > 4 else None
+
+        def grads(dy, x, *w):
+            _, pull = torch.func.vjp(
+                lambda x, *w: torch.nn.functional.rms_norm(x, list(ns), *(w or (None,)), EPS),
+                x, *w)
+            return pull(dy)
+        return grads, (dy, x) + ((w,) if w is not None else ()), \
+            (tangents[0], tangents[1]) + ((tangents[4],) if w is not None else ())
     if name == "batch_norm train":
         x, w, b = p
         return (lambda x, w, b: aten.native_batch_norm(x, w, b, None, None, True, 0.1, EPS)), \

@@ -57,6 +57,15 @@ cdef inline bint float32_beyond(double v) noexcept nogil:
     return (v >= 3.4028235677973366e38) | (v <= -3.4028235677973366e38)
 
 
+cdef inline bint float32_coef_lost(double v) noexcept nogil:
+    """Whether v, a float64 coefficient of a float32 grad_x pass (r^2 * mean(g
+    * xhat)), loses bits when rounded to float32: not 0 and under float32's
+    normal range (2**-126), where x * v may still be a normal float32 (data
+    near float32's top with rstd near its bottom).  The row then takes the
+    float64 pass."""
+    return (v != 0.0) & (v < 1.1754943508222875e-38) & (v > -1.1754943508222875e-38)
+
+
 cdef inline bint float32_products_tiny(double a, double b, Py_ssize_t n) noexcept nogil:
     """Whether b, a float64 sum of n products formed in float32 (dy * (x -
     mean)), is so small (under n * 2**-100) that products under float32's

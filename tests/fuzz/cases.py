@@ -729,6 +729,60 @@ def gen_layer_norm_backward(g):
     return finish(g, c)
 
 
+# ================================================================== cynorm: RMS norm
+
+# eps=None is valid for RMS norm (the math type's epsilon)
+EPS_OR_NONE_BAD = [(v, "ok" if v is None else e) for v, e in EPS_BAD]
+
+
+def mut_eps_or_none(g, c, a):
+    mutate_scalar(g, c, a, EPS_OR_NONE_BAD)
+
+
+@target("cynorm.rms_norm", lambda: cynorm.rms_norm)
+def gen_rms_norm(g):
+    c = new("cynorm.rms_norm", g)
+    dt = g.dtype()
+    shape, k, ns, stat_shape = _ln_shape(g)
+    c.add("x", g.array(shape, dt), "array", huge=True)
+    c.add("normalized_shape", ns_form(g, ns), "custom", mutate=mut_ns, ns=ns, ndim=len(shape))
+    v = g.maybe(lambda: coef(g, ns, COEF[dt]), 0.3)
+    c.add("weight", v, "array", kw=g.p(0.2), dtypes=COEF[dt], shapes=[tuple(ns)], optional=True)
+    c.add("eps", None if g.p(0.4) else scalar_eps(g), "custom", mutate=mut_eps_or_none,
+          kw=g.p(0.5))
+    add_out(g, c, [("y", shape, dt, "CF"), ("rstd", stat_shape, STAT[dt], "C")])
+    c.oracle = lambda s, res, live: O.verify(O.ref_rms_norm(
+        s["x"], s["normalized_shape"], s["weight"], s["eps"]), res) + out_identity(c, res)
+    return finish(g, c)
+
+
+@target("cynorm.rms_norm_backward", lambda: cynorm.rms_norm_backward)
+def gen_rms_norm_backward(g):
+    c = new("cynorm.rms_norm_backward", g)
+    dt = g.dtype()
+    shape, k, ns, stat_shape = _ln_shape(g)
+    x = g.array(shape, dt)
+    c.add("grad_out", g.array(shape, dt), "array", huge=True)
+    c.add("x", x, "array")
+    c.add("normalized_shape", ns_form(g, ns), "custom", mutate=mut_ns, ns=ns, ndim=len(shape))
+    x64 = np.asarray(x, np.float64)
+    with np.errstate(all="ignore"):
+        ms = (x64 * x64).mean(axis=tuple(range(len(shape) - k, len(shape))), keepdims=True) \
+            if x64.size else np.zeros(stat_shape)
+        rstd = 1 / np.sqrt(ms + 1e-5)
+    M = math.prod(shape[:len(shape) - k])
+    shapes = [stat_shape, (M,)]
+    c.add("rstd", stat_array(g, rstd, g.pick(shapes), _stat_dtype(g, dt), positive_only=True),
+          "array", shapes=shapes)
+    v = g.maybe(lambda: coef(g, ns, COEF[dt]), 0.3)
+    c.add("weight", v, "array", kw=g.p(0.2), dtypes=COEF[dt], shapes=[tuple(ns)], optional=True)
+    c.add("output_mask", tuple(g.p(0.8) for _ in range(2)), "mask", kw=g.p(0.3), n=2)
+    c.oracle = lambda s, res, live: O.verify(O.ref_rms_norm_backward(
+        s["grad_out"], s["x"], s["normalized_shape"], s["rstd"], s["weight"],
+        tuple(s["output_mask"])), res)
+    return finish(g, c)
+
+
 # ================================================================== cynorm: batch norm
 
 def _bn_shape(g):

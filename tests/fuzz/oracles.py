@@ -683,6 +683,93 @@ def ref_layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight=No
 
 # ---- batch norm
 
+def mean_square(X, axis, dtype):
+    """mean(x^2) of X (EB, exact data) along axis, keepdims, as cynorm computes
+    RMS norm's (stats_loops.pxi.tp, unshifted): squares formed in the math type
+    and added a few at a time in it, then float64 sums.  Error: a few u_m of
+    the result, plus n u_64 and the squares' underflow."""
+    n = X.v.shape[axis]
+    pm = math_prec(dtype)
+    with np.errstate(all="ignore"):
+        v = np.real(X.v)
+        ms = np.sum(v * v, axis=axis, keepdims=True) / LD(max(n, 1))
+        e = 8 * pm.u * ms + P64.u * 4 * (n + 2) * ms + LD(n) * pm.tiny + P64.tiny
+    return EB(ms, e)
+
+
+def ref_rms_norm(x, normalized_shape, weight=None, eps=None):
+    x, lead, k, M, N = _ln_rows(x, normalized_shape)
+    dt = data_dtype(x)
+    pm, sd = math_prec(dt), STAT[dt]
+    if eps is None:
+        eps = np.finfo(np.float64 if dt == F64 else np.float32).eps
+    stat_shape = lead + (1,) * k
+    if N == 0 or M == 0:
+        rstd = EB(np.full(stat_shape, np.nan if M else 0, LD))
+        return [Out("y", EB(np.zeros(x.shape, LD)), dt, x.shape), Out("rstd", rstd, sd, stat_shape)]
+    X = EB.of(x).reshape(M, N)
+    rstd = inv_sqrt(mean_square(X, 1, dt), float(eps))
+    W = None if weight is None else EB.of(np.asarray(weight).reshape(1, N))
+
+    def y_from(rs):
+        with at(pm):
+            y = X * rs.rounded()
+            if W is not None:
+                y = y * W
+        return y.reshape(x.shape)
+    big = np.max(np.abs(np.real(X.v)), axis=1, keepdims=True, initial=0)
+    skip = ~f64_range_ok(big * big, N, dt)
+    ys = [y_from(rstd), y_from(stat_variant(rstd, sd))]
+    yskip = np.broadcast_to(skip, (M, N)).reshape(x.shape)
+    return [Out("y", ys, dt, x.shape, yskip),
+            Out("rstd", rstd.reshape(stat_shape), sd, stat_shape, skip.reshape(stat_shape))]
+
+
+def ref_rms_norm_backward(grad_out, x, normalized_shape, rstd, weight=None,
+                          output_mask=(True, True)):
+    x, lead, k, M, N = _ln_rows(x, normalized_shape)
+    dt = data_dtype(x)
+    pm, sd = math_prec(dt), STAT[dt]
+    ns = x.shape[x.ndim - k:]
+    X = EB.of(x).reshape(M, N)
+    DY = EB.of(np.asarray(grad_out)).reshape(M, N)
+    # the saved rstd, as the kernel reads it (rounded to the stats dtype)
+    rs = EB(_round_to(ld(rstd).reshape(M, 1), sd))
+    W = EB(np.ones((1, N), LD)) if weight is None else EB.of(np.asarray(weight).reshape(1, N))
+    with at(pm):
+        xhat = X * rs
+        g = DY * W
+        gx_terms = g * xhat
+        dyx = DY * xhat
+    Bm = gx_terms.ksum(1, True, pm) / max(N, 1)
+    gw = dyx.ksum(0, False, pm)
+    with at(pm):
+        gx = rs * (g - xhat * Bm)
+        # kernels form dy * w * x before scaling by rstd: rows where that
+        # overflows the math type are not judged
+        raw = g * X
+        raw2 = rs * rs * g
+        raw3 = raw2 * rs * X
+    rowbad = np.any(~np.isfinite(raw.e) | ~np.isfinite(raw2.e) | ~np.isfinite(raw3.e), axis=1,
+                    keepdims=True) if raw.e.size else np.zeros((M, 1), bool)
+    gx = EB(gx.v, np.where(rowbad, LD(np.inf), gx.e))
+    skip = ~f64_range_ok(np.max(np.abs(X.v) ** 2, axis=1, keepdims=True, initial=0), N, dt) \
+        if M and N else np.zeros((M, 1), bool)
+    out = []
+    if output_mask[0]:
+        out.append(Out("grad_x", gx.reshape(x.shape) if M and N else EB(np.zeros(x.shape, LD)), dt,
+                       x.shape, np.broadcast_to(skip, (M, N)).reshape(x.shape) if M and N else None))
+    else:
+        out.append(None)
+    if output_mask[1]:
+        odt = data_dtype(weight) if weight is not None else dt
+        v = gw.reshape(ns) if M and N else EB(np.zeros(ns, LD))
+        out.append(Out("grad_weight", v, odt, ns, None if np.all(~skip) else True))
+    else:
+        out.append(None)
+    return out
+
+
 def channels(a, axis):
     """a as (C, n) rows: the channel axis first, the rest flattened."""
     a = np.asarray(a)
