@@ -1,4 +1,4 @@
-"""Layer norm and batch norm: cynorm vs PyTorch (CPU), NumPy, ONNX Runtime and JAX, in one process, interleaved.
+"""Layer norm, RMS norm and batch norm: cynorm vs PyTorch (CPU), NumPy, ONNX Runtime and JAX, in one process, interleaved.
 
     python benchmarks/bench_norms.py                  # both allocation settings, 1 and 2 threads
     python benchmarks/bench_norms.py --quick          # smoke run: 5 repeats
@@ -11,7 +11,9 @@ pinned to that many CPUs (XLA sizes JAX's thread pool from them):
   (a) default   - every library allocates as it normally does;
   (b) faultfree - MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736, so
                   freed memory is reused and fresh outputs cost no page faults.
-Ops: layer norm forward/backward over the last axis (weight and bias), batch
+Ops: layer norm forward/backward over the last axis (weight and bias), RMS
+norm forward/backward over the last axis (weight; torch: _fused_rms_norm, and
+autograd's gradients of F.rms_norm, as it has no CPU backward op), batch
 norm forward in training and in eval mode and backward (training), on NCHW,
 channels-last (NHWC storage; cynorm gets the N,H,W,C array with axis=-1,
 torch a channels_last tensor) and (N, C) inputs.  bfloat16 inputs get float32
@@ -20,8 +22,8 @@ for layer norm).
 
 Per case and thread count it prints the median ms of cynorm (fresh outputs,
 and out= when cynorm accepts it), torch, NumPy (float32 only) and, for the
-float32 forward cases it runs (layer norm, batch norm in inference on
-N,C,... layouts), ONNX Runtime (peers.py: a one-node model, CPU execution
+float32 forward cases it runs (layer norm, RMS norm, batch norm in inference
+on N,C,... layouts), ONNX Runtime (peers.py: a one-node model, CPU execution
 provider, intra_op_num_threads = the thread count), for every forward case
 JAX (jit-compiled formulas; `pip install '.[bench]'` installs both), the
 ratios torch/cynorm, ORT/cynorm and JAX/cynorm, the minimal bytes moved (each input read once, each output
@@ -52,17 +54,20 @@ MOMENTUM = 0.1
 DRAM_BYTES = 16 << 20          # more than this moved: counted as DRAM-bound
 BUSY_WARN = 0.05               # warn when other processes take more of the CPUs than this
 DTYPES = ["float32", "bfloat16"]
-OPS = ["layer_norm_fwd", "layer_norm_bwd", "batch_norm_fwd_train", "batch_norm_fwd_eval", "batch_norm_bwd"]
-OP_LABEL = {"layer_norm_fwd": "LN fwd", "layer_norm_bwd": "LN bwd", "batch_norm_fwd_train": "BN fwd train",
+OPS = ["layer_norm_fwd", "layer_norm_bwd", "rms_norm_fwd", "rms_norm_bwd", "batch_norm_fwd_train",
+       "batch_norm_fwd_eval", "batch_norm_bwd"]
+OP_LABEL = {"layer_norm_fwd": "LN fwd", "layer_norm_bwd": "LN bwd", "rms_norm_fwd": "RMS fwd",
+            "rms_norm_bwd": "RMS bwd", "batch_norm_fwd_train": "BN fwd train",
             "batch_norm_fwd_eval": "BN fwd eval", "batch_norm_bwd": "BN bwd"}
 OP_ALIASES = {"fwd": "_fwd", "bwd": "_bwd", "forward": "_fwd", "backward": "_bwd", "train": "_train",
-              "eval": "_eval"}          # --ops tokens; "ln" / "bn" prefixes stand for layer_norm / batch_norm
+              "eval": "_eval"}          # --ops tokens; "ln" / "rms" / "bn" prefixes: layer_norm / rms_norm / batch_norm
 # (family, logical shape, layout).  Layer norm normalizes over the last axis;
 # batch norm's channel axis is 1 of the logical shape.
 CASES = [
     ("layer_norm", (8192, 1024), "last axis"),
     ("layer_norm", (32768, 256), "last axis"),
     ("layer_norm", (64, 16384), "last axis"),
+    ("rms_norm", (2048, 4096), "last axis"),      # LLaMA-7B: tokens x hidden
     ("batch_norm", (32, 64, 56, 56), "NCHW"),
     ("batch_norm", (32, 64, 56, 56), "NHWC"),
     ("batch_norm", (128, 256, 14, 14), "NCHW"),
@@ -73,13 +78,15 @@ CASES = [
 CACHE_CASES = [
     ("layer_norm", (64, 768), "last axis"),
     ("layer_norm", (512, 768), "last axis"),
+    ("rms_norm", (64, 4096), "last axis"),
     ("batch_norm", (8, 64, 14, 14), "NCHW"),
     ("batch_norm", (8, 64, 14, 14), "NHWC"),
     ("batch_norm", (32, 256, 7, 7), "NCHW"),
     ("batch_norm", (64, 512), "NC"),
 ]
 CASE_SETS = {"all": CASES + CACHE_CASES, "dram": CASES, "cache": CACHE_CASES}
-CYNORM_FUNCS = ["layer_norm", "layer_norm_backward", "batch_norm", "batch_norm_backward"]
+CYNORM_FUNCS = ["layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward", "batch_norm",
+                "batch_norm_backward"]
 # max |out - ref| / max |ref| (ref: float64 on the same inputs) above which a check is reported
 CHECK_TOL = {"float32": 1e-3, "bfloat16": 2e-2}
 
@@ -98,6 +105,17 @@ def numpy_layer_norm_backward(dy, x, mean, rstd, w):
     g = dy * w
     dx = rstd * (g - g.mean(axis=-1, keepdims=True) - xhat * np.mean(g * xhat, axis=-1, keepdims=True))
     return dx, np.sum(dy * xhat, axis=0), np.sum(dy, axis=0)
+
+
+def numpy_rms_norm(x, w, eps=EPS):
+    rstd = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+    return x * rstd * w, rstd
+
+
+def numpy_rms_norm_backward(dy, x, rstd, w):
+    xhat = x * rstd
+    g = dy * w
+    return rstd * (g - xhat * np.mean(g * xhat, axis=-1, keepdims=True)), np.sum(dy * xhat, axis=0)
 
 
 def numpy_batch_norm_train(x, w, b, rm, rv, axes, bshape, momentum=MOMENTUM, eps=EPS):
@@ -290,6 +308,70 @@ def layer_norm_case(cn, shape, dtype, ops, rng, use_out, ln_param_dtype, checks)
     return fn
 
 
+def rms_norm_case(cn, shape, dtype, ops, rng, use_out, checks):
+    """RMS norm over the last axis, float32 weight (for bfloat16 x too); torch's
+    backward is autograd's over F.rms_norm (PyTorch has no CPU backward op)."""
+    import ml_dtypes
+    import torch
+    npdt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(np.float32)
+    M, D = shape
+    x32 = rng.standard_normal(shape, dtype=np.float32) * 2 + 0.5
+    dy32 = rng.standard_normal(shape, dtype=np.float32)
+    w32 = rng.random(D, dtype=np.float32) + 0.5
+    x, dy, w = x32.astype(npdt), dy32.astype(npdt), w32
+    tx, tdy, tw = map(to_torch, (x, dy, w))
+    nx = M * D * npdt.itemsize
+    ref_fwd = ref_bwd = None
+    if checks:
+        x64, dy64, w64 = f64(x, dy, w)
+        ref_fwd = numpy_rms_norm(x64, w64)
+        ref_bwd = numpy_rms_norm_backward(dy64, x64, ref_fwd[1], w64)
+        del x64, dy64
+    if dtype == "float32":
+        nx32, ndy32, nw32 = x32.copy(), dy32.copy(), w32.copy()
+        _, nrstd = numpy_rms_norm(nx32, nw32)
+    has = (lambda f: cn is not None and hasattr(cn, f))
+    fn = {}
+    import warnings
+    warnings.filterwarnings("ignore", "Mismatch dtype")     # torch: bfloat16 x, float32 weight
+
+    if "rms_norm_fwd" in ops:
+        # reads x, weight; writes y, rstd
+        op = fn["rms_norm_fwd"] = Op(2 * nx + 4 * D + 4 * M, nx, ref_fwd, ("y", "rstd"))
+        op.fns["torch"] = lambda: torch._fused_rms_norm(tx, [D], tw, EPS)
+        op.check_against_ref("torch", op.fns["torch"]())
+        op.add_peer("onnxruntime", peers.ort_rms_norm(x, w, EPS))
+        op.add_peer("jax", peers.jax_rms_norm(x, w, EPS))
+        if has("rms_norm"):
+            res = op.try_cynorm("cynorm", lambda: cn.rms_norm(x, (D,), w, EPS))
+            op.check_against_ref("cynorm", res)
+            if res is not None and use_out:
+                cynorm_out_call(op, lambda out: cn.rms_norm(x, (D,), w, EPS, out=out), res)
+        elif cn is not None:
+            op.notes["cynorm"] = "cynorm.rms_norm missing"
+        if dtype == "float32":
+            op.fns["numpy"] = lambda: numpy_rms_norm(nx32, nw32)
+            op.check_against_ref("numpy", op.fns["numpy"]())
+
+    if "rms_norm_bwd" in ops:
+        # reads dy, x, rstd, weight; writes grad_x, grad_weight
+        op = fn["rms_norm_bwd"] = Op(3 * nx + 4 * M + 8 * D, nx, ref_bwd, ("grad_x", "grad_weight"))
+        gx_, gw_ = tx.clone().requires_grad_(), tw.clone().requires_grad_()
+        ty = torch.nn.functional.rms_norm(gx_, [D], gw_, EPS)
+        op.fns["torch"] = lambda: torch.autograd.grad(ty, (gx_, gw_), tdy, retain_graph=True)
+        op.check_against_ref("torch", op.fns["torch"]())
+        if has("rms_norm") and has("rms_norm_backward"):
+            crstd = cn.rms_norm(x, (D,), w, EPS)[1]
+            res = op.try_cynorm("cynorm", lambda: cn.rms_norm_backward(dy, x, (D,), crstd, w))
+            op.check_against_ref("cynorm", res)
+        elif cn is not None:
+            op.notes["cynorm"] = "cynorm.rms_norm / rms_norm_backward missing"
+        if dtype == "float32":
+            op.fns["numpy"] = lambda: numpy_rms_norm_backward(ndy32, nx32, nrstd, nw32)
+            op.check_against_ref("numpy", op.fns["numpy"]())
+    return fn
+
+
 def batch_norm_case(cn, shape, layout, dtype, ops, rng, use_out, checks):
     import ml_dtypes
     import torch
@@ -457,6 +539,8 @@ def run_setting(args):
             if family == "layer_norm":
                 case = layer_norm_case(cn, shape, dtype, ops, rng, not args.no_out, args.ln_param_dtype,
                                        not args.no_check)
+            elif family == "rms_norm":
+                case = rms_norm_case(cn, shape, dtype, ops, rng, not args.no_out, not args.no_check)
             else:
                 case = batch_norm_case(cn, shape, layout, dtype, ops, rng, not args.no_out, not args.no_check)
             for threads in args.threads:
@@ -604,7 +688,7 @@ def parse_ops(spec):
     chosen = set()
     for tok in spec.split(","):
         tok = tok.strip().lower()
-        for short, full in (("ln", "layer_norm"), ("bn", "batch_norm")):
+        for short, full in (("ln", "layer_norm"), ("rms", "rms_norm"), ("bn", "batch_norm")):
             if tok == short or tok.startswith(short + "_"):
                 tok = full + tok[len(short):]
         tok = OP_ALIASES.get(tok, tok)
@@ -619,7 +703,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="ops: " + ", ".join(OPS) + " (--ops takes substrings: "
-                                       "layer_norm, batch_norm, fwd, bwd, train, eval; ln, bn)")
+                                       "layer_norm, rms_norm, batch_norm, fwd, bwd, train, eval; "
+                                       "ln, rms, bn)")
     p.add_argument("--repeats", type=int, help="interleaved repeats per case (default 15, --quick 5; "
                    "x8 when the input is under 8 MiB)")
     p.add_argument("--quick", action="store_true", help="smoke run: 5 repeats")

@@ -2,7 +2,8 @@
 cases:
 
 * ONNX Runtime's CPU execution provider running a one-node model built with
-  onnx.helper (LayerNormalization; BatchNormalization in inference mode),
+  onnx.helper (LayerNormalization; RMSNormalization; BatchNormalization in
+  inference mode),
   one session per thread count (intra_op_num_threads);
 * JAX: the formulas, jit-compiled for the CPU, on arrays already on the
   device; each call waits for its result (block_until_ready).  XLA sizes
@@ -30,14 +31,14 @@ def _onnx():
     return onnx, onnxruntime, None
 
 
-def _model(onnx, node, inputs, outputs):
+def _model(onnx, node, inputs, outputs, opset=OPSET):
     """A one-node model: inputs/outputs are (name, float32 shape) pairs."""
     from onnx import TensorProto, helper
     graph = helper.make_graph(
         [node], node.op_type,
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(s)) for n, s in inputs],
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(s)) for n, s in outputs])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     onnx.checker.check_model(model)
     return model.SerializeToString()
 
@@ -80,6 +81,24 @@ def ort_layer_norm(x, w, b, eps):
     try:
         return _maker(ort, model, {"X": x, "W": w, "B": b}), None
     except Exception as e:  # noqa: BLE001 - the peer cannot run this case
+        return None, f"{type(e).__name__}: {e}"
+
+
+def ort_rms_norm(x, w, eps):
+    """y = x / sqrt(mean(x^2) + eps) * w over the last axis (float32): ONNX's
+    RMSNormalization (opset 23)."""
+    onnx, ort, why = _onnx()
+    if onnx is None:
+        return None, why
+    if x.dtype != np.float32:
+        return None, f"{x.dtype}: the one-node models here are float32"
+    from onnx import helper
+    M, D = x.shape
+    node = helper.make_node("RMSNormalization", ["X", "W"], ["Y"], axis=-1, epsilon=float(eps))
+    model = _model(onnx, node, [("X", (M, D)), ("W", (D,))], [("Y", (M, D))], opset=23)
+    try:
+        return _maker(ort, model, {"X": x, "W": w}), None
+    except Exception as e:  # noqa: BLE001
         return None, f"{type(e).__name__}: {e}"
 
 
@@ -143,6 +162,22 @@ def jax_layer_norm(x, w, b, eps):
         y = (x32 - mean) * rstd * w.astype(jnp.float32) + b.astype(jnp.float32)
         return y.astype(x.dtype), mean, rstd
     return _jax_maker(jax, f, (x, w, b)), None
+
+
+def jax_rms_norm(x, w, eps):
+    """(y, rstd) over the last axis; 16-bit x computed in float32 and y
+    rounded back, as torch does."""
+    jax, why = _jax()
+    if jax is None:
+        return None, why
+    import jax.numpy as jnp
+
+    @jax.jit
+    def f(x, w):
+        x32 = x.astype(jnp.float32)
+        rstd = jax.lax.rsqrt(jnp.square(x32).mean(-1, keepdims=True) + eps)
+        return (x32 * rstd * w.astype(jnp.float32)).astype(x.dtype), rstd
+    return _jax_maker(jax, f, (x, w)), None
 
 
 def jax_batch_norm(x, w, b, rm, rv, eps, momentum, axis, training):

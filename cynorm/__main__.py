@@ -51,6 +51,8 @@ def resnet50_activations():
 
 # ViT-B/16 layer norms: (batch, tokens, features), and an MLP-sized one
 LAYER_NORM_SHAPES = [("vit.ln", (2, 197, 768)), ("vit.mlp", (2, 197, 3072))]
+# a LLaMA-7B block's RMSNorm input: (batch, tokens, hidden)
+RMS_NORM_SHAPES = [("llama-7b.rms", (1, 256, 4096))]
 
 
 class Progress:
@@ -125,9 +127,10 @@ def _timed(fn):
 
 
 def run_norms(dtype, activations, rng, progress):
-    """Times and errors of layer norm and batch norm (training, inference,
-    backward) over the workload, for one storage dtype."""
-    keys = ("layer_norm", "layer_norm_backward", "batch_norm (training)",
+    """Times and errors of layer norm, RMS norm and batch norm (training,
+    inference, backward) over the workload, for one storage dtype."""
+    keys = ("layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward",
+            "batch_norm (training)",
             "batch_norm (inference)", "batch_norm_backward")
     results = {k: [0.0, 0.0, 0] for k in keys}
     pdt = _dtypes.FLOAT32 if _dtypes.is_16bit(dtype) else dtype
@@ -150,6 +153,21 @@ def run_norms(dtype, activations, rng, progress):
         grads, secs = _timed(lambda: cynorm.layer_norm_backward(dy, x, F, mean, rstd, w, b))
         refs = ref.layer_norm_backward(dy, x, F, mean_ref, rstd_ref, w)
         record("layer_norm_backward", secs,
+               max(normwise_error(g, r) for g, r in zip(grads, refs)), x.nbytes)
+        progress.step(f"{dtype} {name}")
+
+    for name, shape in RMS_NORM_SHAPES:
+        F = shape[-1]
+        x = rng.standard_normal(shape).astype(dtype)
+        dy = rng.standard_normal(shape).astype(dtype)
+        w = (rng.random(F) + 0.5).astype(pdt)
+        (y, rstd), secs = _timed(lambda: cynorm.rms_norm(x, F, w))
+        y_ref, rstd_ref = ref.rms_norm(x, F, w)
+        record("rms_norm", secs, max(normwise_error(y, y_ref), normwise_error(rstd, rstd_ref)),
+               x.nbytes)
+        grads, secs = _timed(lambda: cynorm.rms_norm_backward(dy, x, F, rstd, w))
+        refs = ref.rms_norm_backward(dy, x, F, rstd_ref, w)
+        record("rms_norm_backward", secs,
                max(normwise_error(g, r) for g, r in zip(grads, refs)), x.nbytes)
         progress.step(f"{dtype} {name}")
 
@@ -267,11 +285,13 @@ def main(argv=None):
           f"({nvalues / 1e6:.1f}M values)\n"
           f"  batch norm of {len(activations)} ResNet-50 activations (batch 1), "
           f"N,C,H,W and channels-last\n"
-          f"  layer norm of {len(LAYER_NORM_SHAPES)} ViT-B activations")
+          f"  layer norm of {len(LAYER_NORM_SHAPES)} ViT-B activations\n"
+          f"  RMS norm of a LLaMA-7B block's activations {RMS_NORM_SHAPES[0][1]}")
     rng = np.random.default_rng(0)
     cpus = os.cpu_count() or 1
     started, busy_before = time.perf_counter(), cpu_busy_seconds()
-    progress = Progress((len(layers) + len(activations) + len(LAYER_NORM_SHAPES)) * len(names))
+    progress = Progress((len(layers) + len(activations) + len(LAYER_NORM_SHAPES)
+                         + len(RMS_NORM_SHAPES)) * len(names))
     rows = []
     for n in names:
         measured = run_dtype(known[n], layers, rng, progress)
