@@ -196,6 +196,24 @@ def rms_norm_grid(grid, rng):
                      None if ww is None else _data(rng, ns, _math(dt)))))
 
 
+def add_norm_grid(grid, rng):
+    import cynorm
+    for dt in _dtypes():
+        for shape, ns in LN_CASES:
+            key = f"add/{_name(dt)}/{shape}"
+            x, res = _data(rng, shape, dt, scale=3.0), _data(rng, shape, dt)
+            w, b = _data(rng, ns, _math(dt)), _data(rng, ns, _math(dt))
+            dy, dh = _data(rng, shape, dt), _data(rng, shape, dt)
+            y, h, m, r = cynorm.add_layer_norm(x, res, ns, w, b)
+            grid.put(f"{key}/layer/forward", (y, h, m, r))
+            grid.put(f"{key}/layer/backward", cynorm.add_layer_norm_backward(dy, dh, h, ns, m, r, w, b))
+            y, h, r = cynorm.add_rms_norm(x, res, ns, w)
+            grid.put(f"{key}/rms/forward", (y, h, r))
+            grid.put(f"{key}/rms/backward", cynorm.add_rms_norm_backward(dy, dh, h, ns, r, w))
+            grid.put(f"{key}/rms/backward_x", cynorm.add_rms_norm_backward(
+                dy, dh, h, ns, r, None, output_mask=(True, False)))
+
+
 # (shape, axis): N,C,H,W short and long rows, channels-last, 2-D (columns),
 # middle dims, a single sample, large A (column blocks), odd widths
 BN_CASES = [
@@ -297,7 +315,7 @@ def softmax_grid(grid, rng):
 
 
 STRUCTURED = [weight_norm_grid, layer_norm_grid, batch_norm_grid, nested_grid, softmax_grid,
-              rms_norm_grid]
+              rms_norm_grid, add_norm_grid]
 
 
 def structured(grid, prefix):

@@ -6,6 +6,8 @@ Cython + OpenMP kernels behind a NumPy API, with PyTorch's semantics:
   `weight_norm_backward`, `norm_except_dim`
 * layer normalization: `layer_norm`, `layer_norm_backward`
 * RMS normalization: `rms_norm`, `rms_norm_backward`
+* the residual add fused into either: `add_layer_norm`, `add_rms_norm` and
+  their backward ops `add_layer_norm_backward`, `add_rms_norm_backward`
 * batch normalization: `batch_norm`, `batch_norm_backward`, and the
   split-statistics ops synchronized batch norm is built from:
   `batch_norm_stats`, `batch_norm_gather_stats`, `batch_norm_elemt`,
@@ -45,8 +47,12 @@ from cynorm._threads import (  # noqa: E402
 from cynorm._config import (  # noqa: E402
     alloc_cache_info, clear_alloc_cache, config, set_alloc_cache_limit, show_config,
 )
-from cynorm.layernorm import layer_norm, layer_norm_backward  # noqa: E402
-from cynorm.rmsnorm import rms_norm, rms_norm_backward  # noqa: E402
+from cynorm.layernorm import (  # noqa: E402
+    add_layer_norm, add_layer_norm_backward, layer_norm, layer_norm_backward,
+)
+from cynorm.rmsnorm import (  # noqa: E402
+    add_rms_norm, add_rms_norm_backward, rms_norm, rms_norm_backward,
+)
 from cynorm.batchnorm import batch_norm, batch_norm_backward  # noqa: E402
 from cynorm.batchnorm_stats import (  # noqa: E402
     batch_norm_backward_elemt,
@@ -84,6 +90,10 @@ from cynorm import distributed  # noqa: E402  (imports mpi4py only when used)
 
 __all__ = [
     "__version__",
+    "add_layer_norm",
+    "add_layer_norm_backward",
+    "add_rms_norm",
+    "add_rms_norm_backward",
     "alloc_cache_info",
     "batch_norm",
     "batch_norm_backward",

@@ -35,7 +35,7 @@ import numpy as np
 
 from cynorm._dtypes import POLICY, from_float64
 from cynorm._arrays import (
-    c_aligned, check_big_out, check_distinct, kernel_flat as _flat, small_out, unalias,
+    c_aligned, check_big_out, check_distinct, kernel_flat as _flat, same_array, small_out, unalias,
 )
 from cynorm import _kernels
 _k = _kernels.load("layer_norm")  # the SIMD level chosen at import
@@ -46,7 +46,7 @@ from cynorm._validation import (
     as_float_array, check_dtype, check_eps, check_mask, check_same, split_out,
 )
 
-__all__ = ["layer_norm", "layer_norm_backward"]
+__all__ = ["add_layer_norm", "add_layer_norm_backward", "layer_norm", "layer_norm_backward"]
 
 # _kernel(name, policy): the entry point for policy's storage type
 _kernel = _kernels.by_storage(_k, ("layer_norm_forward", "layer_norm_backward",
@@ -162,35 +162,67 @@ def layer_norm(x: ArrayLike, normalized_shape: int | Sequence[int],
     result = _k.forward_plain(x, normalized_shape, weight, bias, eps, out)
     if result is not None:
         return result
+    return row_norm(x, None, normalized_shape, weight, bias, eps, out, True)
+
+
+def residual_array(residual):
+    """The fused norms' residual as an array (None is refused: it is required)."""
+    return as_float_array(residual, "residual")[0]
+
+
+def row_norm(x, residual, normalized_shape, weight, bias, eps, out, centered):
+    """The Python path of every row norm: layer norm (centered) or RMS norm
+    (not; bias None), of x or, with a residual (residual_array's), of
+    h = x + residual.  Returns (y, [h,] [mean,] rstd); eps already a float
+    for RMS norm."""
     x, policy = as_float_array(x, "x")
+    if residual is not None:
+        check_same(residual, "residual", x.shape, x.dtype, ref="x")
     ns, (_, wvec), (_, bvec), M, N, stat_shape = _rows(x, normalized_shape, weight, bias, policy)
     eps = check_eps(eps)
-    y_out, mean_out, rstd_out = split_out(out, ("y", "mean", "rstd"))
-    y_out = check_big_out(y_out, "out[0] (y)", x.shape, x.dtype)
-    if wvec is not None or bvec is not None:   # the kernel takes both or neither
+    names = (("y",) + (("h",) if residual is not None else ())
+             + (("mean",) if centered else ()) + ("rstd",))
+    outs = dict(zip(names, split_out(out, names)))
+    labels = {n: f"out[{i}] ({n})" for i, n in enumerate(names)}
+    for n in ("y", "h"):
+        if n in outs:
+            outs[n] = check_big_out(outs[n], labels[n], x.shape, x.dtype)
+    if centered and (wvec is not None or bvec is not None):   # the kernel takes both or neither
         wvec = np.ones(N, policy.math) if wvec is None else wvec
         bvec = np.zeros(N, policy.math) if bvec is None else bvec
-    kmean, mean = small_out(mean_out, "out[1] (mean)", stat_shape, policy.stat)
-    krstd, rstd = small_out(rstd_out, "out[2] (rstd)", stat_shape, policy.stat)
-    outs = (y_out, mean_out, rstd_out)
-    check_distinct(zip(("out[0] (y)", "out[1] (mean)", "out[2] (rstd)"), outs))
-    (x,) = unalias([x], outs, keep=y_out)
-    wvec, bvec = unalias([wvec, bvec], outs)
-    kx = c_aligned(x)
-    if y_out is not None and y_out.flags.c_contiguous:
-        y = y_out
-    else:   # the kernel writes C-ordered rows; an F-ordered out= takes a copy of them
-        y = _empty(x.shape, x.dtype, x.size * x.dtype.itemsize)
+    stats = {n: small_out(outs[n], labels[n], stat_shape, policy.stat)
+             for n in ("mean", "rstd") if n in names}
+    check_distinct((labels[n], outs[n]) for n in names)
+    given = tuple(outs[n] for n in names)
+    # y or h may be x or residual itself: each row is read before it is written
+    x, residual = (a if a is None else unalias(
+        [a], given, keep=next((o for o in (outs["y"], outs.get("h")) if o is not None
+                               and same_array(a, o)), None))[0] for a in (x, residual))
+    wvec, bvec = unalias([wvec, bvec], given)
+    # the kernel writes C-ordered rows; an F-ordered out= takes a copy of them
+    big = {n: outs[n] if outs[n] is not None and outs[n].flags.c_contiguous
+           else _empty(x.shape, x.dtype, x.size * x.dtype.itemsize) for n in ("y", "h") if n in outs}
+    kmean = stats["mean"][0] if centered else None
+    krstd = stats["rstd"][0]
     if N == 0:
-        kmean[...] = 0.0
+        if centered:
+            kmean[...] = 0.0
         krstd[...] = np.nan
     elif M:
-        _kernel("layer_norm_forward", policy)(_flat(kx), wvec, bvec, _flat(y), _flat(kmean),
-                                              _flat(krstd), M, N, eps, _threads())
-    if y_out is not None and y_out is not y:
-        y_out[...] = y
-        y = y_out
-    return y, mean, rstd
+        extra = () if residual is None else (_flat(c_aligned(residual)), _flat(big["h"]))
+        _kernel("layer_norm_forward", policy)(_flat(c_aligned(x)), wvec, bvec, _flat(big["y"]),
+                                              None if kmean is None else _flat(kmean),
+                                              _flat(krstd), M, N, eps, _threads(), *extra)
+    result = []
+    for n in names:
+        if n in big:
+            if outs[n] is not None and outs[n] is not big[n]:
+                outs[n][...] = big[n]
+                big[n] = outs[n]
+            result.append(big[n])
+        else:
+            result.append(stats[n][1])
+    return tuple(result)
 
 
 def layer_norm_backward(grad_out: ArrayLike, x: ArrayLike, normalized_shape: int | Sequence[int],
@@ -248,20 +280,36 @@ def layer_norm_backward(grad_out: ArrayLike, x: ArrayLike, normalized_shape: int
                                output_mask)
     if result is not None:
         return result
-    x, policy = as_float_array(x, "x")
+    return row_norm_backward(grad_out, None, x, normalized_shape, mean, rstd, weight, bias,
+                             output_mask, "layer_norm")
+
+
+def row_norm_backward(grad_out, grad_h, x, normalized_shape, mean, rstd, weight, bias,
+                      output_mask, op, centered=True, x_name="x"):
+    """The Python path of every row norm's backward: layer norm's (centered)
+    or RMS norm's (not: mean and bias None, two mask entries), with grad_h
+    (None: none) added to grad_x; op names the forward and x_name the input
+    (the fused norms' h) in messages.  Returns (grad_x, grad_weight[, grad_bias])."""
+    x, policy = as_float_array(x, x_name)
     grad_out, _ = as_float_array(grad_out, "grad_out")
-    check_same(grad_out, "grad_out", x.shape, x.dtype, ref="x")
+    check_same(grad_out, "grad_out", x.shape, x.dtype, ref=x_name)
+    if grad_h is not None:
+        grad_h, _ = as_float_array(grad_h, "grad_h")
+        check_same(grad_h, "grad_h", x.shape, x.dtype, ref="h")
     ns, (w, wvec), (b, _), M, N, stat_shape = _rows(x, normalized_shape, weight, bias, policy)
-    mask = check_mask(output_mask)
-    mvec = _stat(mean, "mean", stat_shape, M, policy)
-    rvec = _stat(rstd, "rstd", stat_shape, M, policy)
+    mask = check_mask(output_mask, n=3 if centered else 2)
+    mvec = _stat(mean, "mean", stat_shape, M, policy, op) if centered else None
+    rvec = _stat(rstd, "rstd", stat_shape, M, policy, op)
     kdy, kx = c_aligned(grad_out), c_aligned(x)
     gx = _empty(x.shape, x.dtype, x.size * x.dtype.itemsize) if mask[0] else None
     gw = np.zeros(N, np.float64) if mask[1] else None
-    gb = np.zeros(N, np.float64) if mask[2] else None
+    gb = np.zeros(N, np.float64) if centered and mask[2] else None
     if M and N and any(mask):
+        extra = () if grad_h is None or gx is None else (_flat(c_aligned(grad_h)),)
         _kernel("layer_norm_backward", policy)(_flat(kdy), _flat(kx), mvec, rvec, wvec,
-                                               _flat(gx), gw, gb, M, N, _threads())
+                                               _flat(gx), gw, gb, M, N, _threads(), *extra)
+    elif gx is not None and grad_h is not None:     # an empty row: grad_x is grad_h alone
+        gx[...] = grad_h
     grad_weight = grad_bias = None
     with np.errstate(over="ignore"):      # float16 sums above 65504 become inf, as in torch
         if gw is not None:
@@ -270,7 +318,99 @@ def layer_norm_backward(grad_out: ArrayLike, x: ArrayLike, normalized_shape: int
         if gb is not None:
             dt = b.dtype if b is not None else x.dtype
             grad_bias = from_float64(gb, dt).reshape(ns)
-    return gx, grad_weight, grad_bias
+    return (gx, grad_weight, grad_bias) if centered else (gx, grad_weight)
+
+
+def add_layer_norm(x: ArrayLike, residual: ArrayLike, normalized_shape: int | Sequence[int],
+                   weight: ArrayLike | None = None, bias: ArrayLike | None = None,
+                   eps: Real = 1e-5, *, out: OutArrays = None
+                   ) -> tuple[Array, Array, Array, Array]:
+    """The residual add fused into layer norm: h = x + residual, then
+    layer_norm(h) (ONNX Runtime's SkipLayerNormalization, flash-attn's fused
+    add + LayerNorm).
+
+    One pass over x and residual: each row's h is written and normalized
+    while it is in cache.  h is rounded to x's dtype first, as an unfused
+    ``x + residual`` stores it, so y and the statistics are bit for bit
+    layer_norm(h).
+
+    Parameters
+    ----------
+    x, residual : array_like
+        The same shape and dtype (float64, float32, bfloat16 or float16);
+        any strides, never modified (unless one is an output).
+    normalized_shape, weight, bias, eps
+        As in layer_norm.
+    out : tuple of four (numpy.ndarray or None), optional
+        ``(y, h, mean, rstd)`` arrays (or None entries) to write into, as in
+        layer_norm; y and h may be x or residual itself (h into residual is
+        the in-place form of fused add + norm).
+
+    Returns
+    -------
+    y : numpy.ndarray
+        layer_norm(h): x's shape and dtype.
+    h : numpy.ndarray
+        x + residual, x's shape and dtype.
+    mean, rstd : numpy.ndarray
+        As layer_norm returns them for h.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As layer_norm; also if residual's shape or dtype differs from x's.
+
+    Examples
+    --------
+    >>> import numpy as np, cynorm
+    >>> x, r = np.array([[1., 2., 3.]], np.float32), np.array([[1., 1., 1.]], np.float32)
+    >>> y, h, mean, rstd = cynorm.add_layer_norm(x, r, 3)
+    >>> y.round(3), h
+    (array([[-1.225,  0.   ,  1.225]], dtype=float32), array([[2., 3., 4.]], dtype=float32))
+    """
+    return row_norm(x, residual_array(residual), normalized_shape, weight, bias, eps, out, True)
+
+
+def add_layer_norm_backward(grad_out: ArrayLike, grad_h: ArrayLike | None, h: ArrayLike,
+                            normalized_shape: int | Sequence[int], mean: ArrayLike,
+                            rstd: ArrayLike, weight: ArrayLike | None = None,
+                            bias: ArrayLike | None = None,
+                            output_mask: OutputMask = (True, True, True),
+                            ) -> tuple[Array | None, Array | None, Array | None]:
+    """Gradients of add_layer_norm, from the gradients of both its y and h.
+
+    grad_input = layer_norm_backward's grad_x at h, plus grad_h: the
+    gradient of x and of residual alike (h = x + residual), added while the
+    row is in cache.
+
+    Parameters
+    ----------
+    grad_out : array_like
+        The gradient of y: h's shape and dtype.
+    grad_h : array_like or None
+        The gradient of h (h's shape and dtype), or None where h is not used
+        further.
+    h : array_like
+        The h add_layer_norm returned.
+    normalized_shape, mean, rstd, weight, bias, output_mask
+        As in layer_norm_backward (mean and rstd as add_layer_norm returned
+        them).
+
+    Returns
+    -------
+    grad_input : numpy.ndarray or None
+        The gradient of x and of residual: h's shape and dtype.
+    grad_weight, grad_bias : numpy.ndarray or None
+        As layer_norm_backward returns them.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As layer_norm_backward; also if grad_h's shape or dtype differs from
+        h's.
+    """
+    return row_norm_backward(grad_out, grad_h, h, normalized_shape, mean, rstd, weight, bias,
+                             output_mask, "add_layer_norm", x_name="h")
 
 
 def backward_jvp_kernel(dy, x, rstd, w, t_dy, t_x, t_w, t_gx, t_gw, t_gb, M, N):

@@ -164,6 +164,39 @@ def rms_norm_backward(grad_out, x, normalized_shape, rstd, weight=None):
     return grad_x.reshape(np.shape(x)), np.sum(dy * xhat, axis=0).reshape(ns)
 
 
+# ------------------------------------------------------ residual-fused norms
+
+def add_layer_norm(x, residual, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """(y, h, mean, rstd) in float64: h = x + residual exactly, then layer_norm(h)."""
+    h = np.asarray(x, dtype=np.float64) + np.asarray(residual, dtype=np.float64)
+    y, mean, rstd = layer_norm(h, normalized_shape, weight, bias, eps)
+    return y, h, mean, rstd
+
+
+def add_rms_norm(x, residual, normalized_shape, weight=None, eps=None):
+    """(y, h, rstd) in float64: h = x + residual exactly, then rms_norm(h)
+    (eps None: as rms_norm's for x's dtype)."""
+    if eps is None:
+        eps = np.finfo(np.float64 if np.asarray(x).dtype == np.float64 else np.float32).eps
+    h = np.asarray(x, dtype=np.float64) + np.asarray(residual, dtype=np.float64)
+    y, rstd = rms_norm(h, normalized_shape, weight, eps)
+    return y, h, rstd
+
+
+def add_layer_norm_backward(grad_out, grad_h, h, normalized_shape, mean, rstd, weight=None):
+    """(grad_input, grad_weight, grad_bias) in float64: layer_norm_backward at
+    h, with grad_h (None: zero) added to grad_x (h = x + residual passes it
+    to both)."""
+    gx, gw, gb = layer_norm_backward(grad_out, h, normalized_shape, mean, rstd, weight)
+    return (gx if grad_h is None else gx + np.asarray(grad_h, dtype=np.float64)), gw, gb
+
+
+def add_rms_norm_backward(grad_out, grad_h, h, normalized_shape, rstd, weight=None):
+    """(grad_input, grad_weight) in float64, as add_layer_norm_backward."""
+    gx, gw = rms_norm_backward(grad_out, h, normalized_shape, rstd, weight)
+    return (gx if grad_h is None else gx + np.asarray(grad_h, dtype=np.float64)), gw
+
+
 # ---------------------------------------------------------------- batch norm
 
 def _channels(x, axis):

@@ -1,15 +1,15 @@
 """RMS normalization (Zhang and Sennrich, 2019) on NumPy arrays, with
 PyTorch's semantics (torch.nn.functional.rms_norm; the saved rstd as
-torch._fused_rms_norm returns it).
+torch._fused_rms_norm returns it), and the residual add fused into it.
 
 Every slice over the trailing axes named by ``normalized_shape`` is divided
 by its root mean square, then scaled by ``weight``:
 
     y = x * rstd * weight,   rstd = 1 / sqrt(mean(x**2) + eps)
 
-It is layer normalization without the centering, and runs layer norm's
-kernels (cynorm/_kernels/layer_norm.pyx.tp) with no mean.  Conventions as in
-cynorm.layernorm:
+It is layer normalization without the centering: the ops here are
+cynorm.layernorm's row norms with no mean, on the same kernels
+(cynorm/_kernels/layer_norm.pyx.tp).  Conventions as in cynorm.layernorm:
 
 * x may have any strides and is never modified; outputs are C-contiguous (an
   F-contiguous ``out=`` y is filled by one copy).
@@ -30,27 +30,17 @@ from typing import Sequence
 
 import numpy as np
 
-from cynorm._arrays import (
-    c_aligned, check_big_out, check_distinct, kernel_flat as _flat, small_out, unalias,
-)
-from cynorm._dtypes import from_float64
-from cynorm._kernels._alloc import empty as _empty
-from cynorm._kernels._runtime import get_num_threads as _threads
 from cynorm._typing import Array, ArrayLike, OutArrays, Real
-from cynorm._validation import as_float_array, check_eps, check_mask, check_same, split_out
-from cynorm.layernorm import _rows, _stat
-from cynorm import _kernels
-_k = _kernels.load("layer_norm")  # layer norm's kernels: with no mean they are RMS norm's
+from cynorm._validation import as_float_array, check_eps
+from cynorm.layernorm import residual_array, row_norm, row_norm_backward
 
-__all__ = ["rms_norm", "rms_norm_backward"]
-
-# _kernel(name, policy): the entry point for policy's storage type
-_kernel = _kernels.by_storage(_k, ("layer_norm_forward", "layer_norm_backward"))
+__all__ = ["add_rms_norm", "add_rms_norm_backward", "rms_norm", "rms_norm_backward"]
 
 
-def _eps(eps, policy):
-    """eps as a float >= 0; None: the math type's machine epsilon."""
+def _eps(eps, x):
+    """eps as a float >= 0; None: the machine epsilon of x's math type."""
     if eps is None:
+        _, policy = as_float_array(x, "x")
         return float(np.finfo(policy.math).eps)
     return check_eps(eps)
 
@@ -109,33 +99,10 @@ def rms_norm(x: ArrayLike, normalized_shape: int | Sequence[int],
     >>> x = np.array([[3.0, 4.0], [1.0, -1.0]], np.float32)
     >>> y, rstd = cynorm.rms_norm(x, 2, eps=0.0)
     >>> y
-    array([[ 0.8485281,  1.1313709],
-           [ 1.       , -1.       ]], dtype=float32)
+    array([[ 0.84852815,  1.1313709 ],
+           [ 1.        , -1.        ]], dtype=float32)
     """
-    x, policy = as_float_array(x, "x")
-    ns, (_, wvec), _, M, N, stat_shape = _rows(x, normalized_shape, weight, None, policy)
-    eps = _eps(eps, policy)
-    y_out, rstd_out = split_out(out, ("y", "rstd"))
-    y_out = check_big_out(y_out, "out[0] (y)", x.shape, x.dtype)
-    krstd, rstd = small_out(rstd_out, "out[1] (rstd)", stat_shape, policy.stat)
-    outs = (y_out, rstd_out)
-    check_distinct(zip(("out[0] (y)", "out[1] (rstd)"), outs))
-    (x,) = unalias([x], outs, keep=y_out)
-    (wvec,) = unalias([wvec], outs)
-    kx = c_aligned(x)
-    if y_out is not None and y_out.flags.c_contiguous:
-        y = y_out
-    else:   # the kernel writes C-ordered rows; an F-ordered out= takes a copy of them
-        y = _empty(x.shape, x.dtype, x.size * x.dtype.itemsize)
-    if N == 0:
-        krstd[...] = np.nan
-    elif M:
-        _kernel("layer_norm_forward", policy)(_flat(kx), wvec, None, _flat(y), None,
-                                              _flat(krstd), M, N, eps, _threads())
-    if y_out is not None and y_out is not y:
-        y_out[...] = y
-        y = y_out
-    return y, rstd
+    return row_norm(x, None, normalized_shape, weight, None, _eps(eps, x), out, False)
 
 
 def rms_norm_backward(grad_out: ArrayLike, x: ArrayLike, normalized_shape: int | Sequence[int],
@@ -182,20 +149,94 @@ def rms_norm_backward(grad_out: ArrayLike, x: ArrayLike, normalized_shape: int |
         match x, rstd or weight has the wrong shape, or output_mask has not
         two entries.
     """
-    x, policy = as_float_array(x, "x")
-    grad_out, _ = as_float_array(grad_out, "grad_out")
-    check_same(grad_out, "grad_out", x.shape, x.dtype, ref="x")
-    ns, (w, wvec), _, M, N, stat_shape = _rows(x, normalized_shape, weight, None, policy)
-    mask = check_mask(output_mask, n=2)
-    rvec = _stat(rstd, "rstd", stat_shape, M, policy, "rms_norm")
-    kdy, kx = c_aligned(grad_out), c_aligned(x)
-    gx = _empty(x.shape, x.dtype, x.size * x.dtype.itemsize) if mask[0] else None
-    gw = np.zeros(N, np.float64) if mask[1] else None
-    if M and N and any(mask):
-        _kernel("layer_norm_backward", policy)(_flat(kdy), _flat(kx), None, rvec, wvec,
-                                               _flat(gx), gw, None, M, N, _threads())
-    grad_weight = None
-    if gw is not None:
-        with np.errstate(over="ignore"):      # float16 sums above 65504 become inf, as in torch
-            grad_weight = from_float64(gw, w.dtype if w is not None else x.dtype).reshape(ns)
-    return gx, grad_weight
+    return row_norm_backward(grad_out, None, x, normalized_shape, None, rstd, weight, None,
+                             output_mask, "rms_norm", centered=False)
+
+
+def add_rms_norm(x: ArrayLike, residual: ArrayLike, normalized_shape: int | Sequence[int],
+                 weight: ArrayLike | None = None, eps: Real | None = None, *,
+                 out: OutArrays = None) -> tuple[Array, Array, Array]:
+    """The residual add fused into RMS norm: h = x + residual, then
+    rms_norm(h) (ONNX Runtime's SkipSimplifiedLayerNormalization,
+    FlashInfer's and vLLM's fused_add_rmsnorm).
+
+    One pass over x and residual: each row's h is written and normalized
+    while it is in cache.  h is rounded to x's dtype first, as an unfused
+    ``x + residual`` stores it, so y and rstd are bit for bit rms_norm(h).
+
+    Parameters
+    ----------
+    x, residual : array_like
+        The same shape and dtype (float64, float32, bfloat16 or float16);
+        any strides, never modified (unless one is an output).
+    normalized_shape, weight, eps
+        As in rms_norm.
+    out : tuple of three (numpy.ndarray or None), optional
+        ``(y, h, rstd)`` arrays (or None entries) to write into, as in
+        rms_norm; y and h may be x or residual itself (h into residual is
+        FlashInfer's in-place form).
+
+    Returns
+    -------
+    y : numpy.ndarray
+        rms_norm(h): x's shape and dtype.
+    h : numpy.ndarray
+        x + residual, x's shape and dtype.
+    rstd : numpy.ndarray
+        As rms_norm returns it for h.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As rms_norm; also if residual's shape or dtype differs from x's.
+
+    Examples
+    --------
+    >>> import numpy as np, cynorm
+    >>> x, r = np.array([[1., 2.]], np.float32), np.array([[2., 2.]], np.float32)
+    >>> y, h, rstd = cynorm.add_rms_norm(x, r, 2, eps=0.0)
+    >>> h
+    array([[3., 4.]], dtype=float32)
+    """
+    return row_norm(x, residual_array(residual), normalized_shape, weight, None, _eps(eps, x),
+                    out, False)
+
+
+def add_rms_norm_backward(grad_out: ArrayLike, grad_h: ArrayLike | None, h: ArrayLike,
+                          normalized_shape: int | Sequence[int], rstd: ArrayLike,
+                          weight: ArrayLike | None = None,
+                          output_mask: Sequence[bool] = (True, True),
+                          ) -> tuple[Array | None, Array | None]:
+    """Gradients of add_rms_norm, from the gradients of both its y and h.
+
+    grad_input = rms_norm_backward's grad_x at h, plus grad_h: the gradient
+    of x and of residual alike (h = x + residual), added while the row is in
+    cache.
+
+    Parameters
+    ----------
+    grad_out : array_like
+        The gradient of y: h's shape and dtype.
+    grad_h : array_like or None
+        The gradient of h (h's shape and dtype), or None where h is not used
+        further.
+    h : array_like
+        The h add_rms_norm returned.
+    normalized_shape, rstd, weight, output_mask
+        As in rms_norm_backward (rstd as add_rms_norm returned it).
+
+    Returns
+    -------
+    grad_input : numpy.ndarray or None
+        The gradient of x and of residual: h's shape and dtype.
+    grad_weight : numpy.ndarray or None
+        As rms_norm_backward returns it.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As rms_norm_backward; also if grad_h's shape or dtype differs from
+        h's.
+    """
+    return row_norm_backward(grad_out, grad_h, h, normalized_shape, None, rstd, weight, None,
+                             output_mask, "add_rms_norm", centered=False, x_name="h")

@@ -66,6 +66,20 @@ def cases(rng):
     out.append(Case("rms_norm_backward no weight", cn.rms_norm_backward,
                     (dy, x, (9,), _rms_stat(x, (9,))), (0, 1),
                     f=lambda dy, x, ns, rstd: cn.rms_norm_backward(dy, x, ns, _rms_stat(x, ns))))
+    # the residual-fused forms: h = x + res, then the norm of h
+    res, dh = r(x.shape), r(x.shape)
+    h = x + res
+    out.append(Case("add_layer_norm", cn.add_layer_norm, (x, res, (4, 9), w, b), (0, 1, 3, 4)))
+    out.append(Case("add_layer_norm_backward", cn.add_layer_norm_backward,
+                    (dy, dh, h, (4, 9), *_ln_stats(h, (4, 9)), w, b), (0, 1, 2, 6),
+                    f=lambda dy, dh, h, ns, mean, rstd, w, b: cn.add_layer_norm_backward(
+                        dy, dh, h, ns, *_ln_stats(h, ns), w, b), ignored=(4, 5)))
+    out.append(Case("add_rms_norm", cn.add_rms_norm, (x, res, (4, 9), w), (0, 1, 3),
+                    kwargs=dict(eps=EPS)))
+    out.append(Case("add_rms_norm_backward", cn.add_rms_norm_backward,
+                    (dy, dh, h, (4, 9), _rms_stat(h, (4, 9)), w), (0, 1, 2, 5),
+                    f=lambda dy, dh, h, ns, rstd, w: cn.add_rms_norm_backward(
+                        dy, dh, h, ns, _rms_stat(h, ns), w), ignored=(4,)))
     # batch norm
     C = x4.shape[1]
     bw, bb = rng.random(C) + 0.5, r(C)

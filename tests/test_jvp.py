@@ -156,7 +156,9 @@ def test_split_stats_jvp_with_out_aliasing_an_input(op, aliased, rng):
 
 @pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16, np.float16], ids=str)
 @pytest.mark.parametrize("name", ["layer_norm", "layer_norm_backward", "rms_norm",
-                                  "rms_norm_backward", "batch_norm train",
+                                  "rms_norm_backward", "add_layer_norm",
+                                  "add_layer_norm_backward", "add_rms_norm",
+                                  "add_rms_norm_backward", "batch_norm train",
                                   "batch_norm_backward train", "weight_norm_interface",
                                   "weight_norm_backward", "softmax", "log_sigmoid_forward",
                                   "norm_except_dim p=3 dim=None", "batch_norm_stats",
@@ -174,7 +176,9 @@ def test_reduced_precision_matches_float64(name, dtype, rng):
             return a
         # saved statistics and per-channel parameters of 16-bit inputs are float32
         per_channel = (a.ndim <= 1 or name.startswith("layer_norm") and i >= 3
-                       or name.startswith("rms_norm") and i >= 2)
+                       or name.startswith("rms_norm") and i >= 2
+                       or name.startswith("add_layer_norm") and i >= (4 if "backward" in name else 3)
+                       or name.startswith("add_rms_norm") and i >= (4 if "backward" in name else 3))
         if case.name == "weight_norm_backward" and i == 3:
             per_channel = True
         return a.astype(stat if per_channel else dt)

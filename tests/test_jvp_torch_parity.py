@@ -76,6 +76,35 @@ def _torch_call(name, c, tangents):
             return pull(dy)
         return grads, (dy, x) + ((w,) if w is not None else ()), \
             (tangents[0], tangents[1]) + ((tangents[4],) if w is not None else ())
+    if name == "add_layer_norm":
+        # torch's composition; its mean / rstd tangents are zero (see above)
+        x, res, ns, w, b = p
+        return (lambda x, r, w, b: (aten.native_layer_norm(x + r, list(ns), w, b, EPS)[0], x + r)), \
+            (x, res, w, b), (tangents[0], tangents[1], tangents[3], tangents[4])
+    if name == "add_layer_norm_backward":
+        dy, dh, h, ns, mean, rstd, w, b = p
+        tm, tr = _ln_rstd_tangent(h, ns, tangents[2])
+
+        def f(dy, dh, h, m, r, w):
+            gx, gw, gb = aten.native_layer_norm_backward(dy, h, list(ns), m, r, w, _t(b),
+                                                         [True, True, True])
+            return gx + dh, gw, gb
+        return f, (dy, dh, h, mean, rstd, w), \
+            (tangents[0], tangents[1], tangents[2], tm, tr, tangents[6])
+    if name == "add_rms_norm":
+        x, res, ns, w = p
+        return (lambda x, r, w: (lambda y, rstd: (y, x + r, rstd))(
+            *aten._fused_rms_norm(x + r, list(ns), w, EPS))), (x, res, w), \
+            (tangents[0], tangents[1], tangents[3])
+    if name == "add_rms_norm_backward":
+        dy, dh, h, ns, _, w = p
+
+        def f(dy, dh, h, w):
+            _, pull = torch.func.vjp(
+                lambda h, w: torch.nn.functional.rms_norm(h, list(ns), w, EPS), h, w)
+            gh, gw = pull(dy)
+            return gh + dh, gw
+        return f, (dy, dh, h, w), (tangents[0], tangents[1], tangents[2], tangents[5])
     if name == "batch_norm train":
         x, w, b = p
         return (lambda x, w, b: aten.native_batch_norm(x, w, b, None, None, True, 0.1, EPS)), \
@@ -222,6 +251,8 @@ def test_jvp_matches_torch_func_jvp(name, rng):
     theirs = theirs if isinstance(theirs, tuple) else (theirs,)
     if name.startswith(FIRST_OUTPUT_ONLY):
         ours, theirs = ours[:1], theirs[:1]
+    if name == "add_layer_norm":        # y and h: torch's mean / rstd tangents are zero
+        ours = ours[:2]
     for a, b in zip(ours, theirs):
         if a is None or b is None or b.numel() == 0:
             continue

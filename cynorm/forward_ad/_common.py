@@ -73,6 +73,16 @@ def m(a, dtype):
     return None if a is None else np.asarray(a).astype(dtype, copy=False)
 
 
+def tangent_sum(a, b, dtype):
+    """a + b for tangents (None: zero) in the math dtype `dtype`; None when
+    both are None (h = x + residual's tangent)."""
+    if a is None and b is None:
+        return None
+    if a is None or b is None:
+        return m(a if b is None else b, dtype)
+    return m(a, dtype) + m(b, dtype)
+
+
 def cast_like(t, out, fresh=False):
     """Tangent t as out's dtype and shape (16-bit outputs round from float32
     as the kernels do); None where the output is None.  The result is a new

@@ -21,7 +21,7 @@ from cynorm import batchnorm as _bn
 from cynorm import layernorm as _ln
 from cynorm import weightnorm as _wn
 from cynorm.forward_ad._registry import register_jvp
-from cynorm.forward_ad._common import bind, cast_like, m, math_dtype, zeros_like
+from cynorm.forward_ad._common import bind, cast_like, m, math_dtype, tangent_sum, zeros_like
 from cynorm._validation import check_bool, check_updatable, normalize_dim
 
 
@@ -118,6 +118,43 @@ def _layer_norm_backward_jvp(primals, tangents, kwargs):
         tg = _layer_norm_backward_tangents(args["grad_out"], x, args["rstd"], args["weight"],
                                           t["grad_out"], t["x"], t["weight"], mask, M, N,
                                           math_dtype(x.dtype))
+    return outs, tuple(None if o is None else cast_like(tt, o, fresh=True)
+                       for o, tt in zip(outs, tg))
+
+
+@register_jvp(_ln.add_layer_norm, nondiff=("normalized_shape", "eps"))
+def _add_layer_norm_jvp(primals, tangents, kwargs):
+    # h = x + residual, then layer_norm(h): its rule with t_h = t_x + t_residual
+    args, t = bind(_ln.add_layer_norm, primals, tangents, kwargs)
+    outs = _ln.add_layer_norm(*primals, **kwargs)
+    y, h, mean, rstd = outs
+    if all(v is None for v in tangents):
+        return outs, zeros_like(outs)
+    t_h = tangent_sum(t["x"], t["residual"], math_dtype(h.dtype))
+    _, (ty, tmean, trstd) = _layer_norm_jvp(
+        (h, args["normalized_shape"], args["weight"], args["bias"]),
+        (t_h, None, t["weight"], t["bias"]), {"eps": args["eps"]})
+    return outs, (ty, cast_like(np.zeros(h.shape) if t_h is None else t_h, h), tmean, trstd)
+
+
+@register_jvp(_ln.add_layer_norm_backward, nondiff=("normalized_shape", "output_mask"),
+              ignored=("mean", "rstd", "bias"))
+def _add_layer_norm_backward_jvp(primals, tangents, kwargs):
+    # layer_norm_backward's rule at h, plus t_grad_h in grad_input's tangent
+    args, t = bind(_ln.add_layer_norm_backward, primals, tangents, kwargs)
+    outs = _ln.add_layer_norm_backward(*primals, **kwargs)
+    if all(t[k] is None for k in ("grad_out", "grad_h", "h", "weight")):
+        return outs, zeros_like(outs)
+    h = np.asarray(args["h"])
+    M, N = _ln_rows(h, args["normalized_shape"])
+    mask = [o is not None for o in outs]
+    dt = math_dtype(h.dtype)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tg = list(_layer_norm_backward_tangents(args["grad_out"], h, args["rstd"], args["weight"],
+                                                t["grad_out"], t["h"], t["weight"], mask, M, N,
+                                                dt))
+    if tg[0] is not None and t["grad_h"] is not None:
+        tg[0] = tg[0] + m(t["grad_h"], dt).reshape(tg[0].shape)
     return outs, tuple(None if o is None else cast_like(tt, o, fresh=True)
                        for o, tt in zip(outs, tg))
 

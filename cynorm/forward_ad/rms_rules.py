@@ -1,4 +1,5 @@
-"""JVP rules of RMS normalization, forward and backward.
+"""JVP rules of RMS normalization and its residual-fused form, forward and
+backward.
 
 Per row, with r = rstd = 1 / sqrt(mean(x**2) + eps), xhat = x * r and a
 tangent tx of x (eps held fixed):
@@ -18,7 +19,7 @@ import numpy as np
 
 from cynorm import rmsnorm as _rms
 from cynorm.forward_ad._registry import register_jvp
-from cynorm.forward_ad._common import bind, cast_like, m, math_dtype, zeros_like
+from cynorm.forward_ad._common import bind, cast_like, m, math_dtype, tangent_sum, zeros_like
 
 
 def _rows(x, normalized_shape):
@@ -35,11 +36,16 @@ def _row_mean(a, N):
 def _rms_norm_jvp(primals, tangents, kwargs):
     args, t = bind(_rms.rms_norm, primals, tangents, kwargs)
     outs = _rms.rms_norm(*primals, **kwargs)
-    y, rstd = outs
     if all(v is None for v in tangents):
         return outs, zeros_like(outs)
-    x, w = np.asarray(args["x"]), args["weight"]
-    M, N = _rows(x, args["normalized_shape"])
+    return outs, _rms_norm_tangents(outs, np.asarray(args["x"]), args["normalized_shape"],
+                                    args["weight"], t["x"], t["weight"])
+
+
+def _rms_norm_tangents(outs, x, normalized_shape, w, t_x, t_w):
+    """Tangents of rms_norm's (y, rstd) = outs at x, for tangents t_x, t_w (None: zero)."""
+    y, rstd = outs
+    M, N = _rows(x, normalized_shape)
     dt = math_dtype(x.dtype)
     r = m(rstd, dt).reshape(M, 1)
     xhat = m(x, dt).reshape(M, N) * r
@@ -47,15 +53,15 @@ def _rms_norm_jvp(primals, tangents, kwargs):
     ty = np.zeros((M, N), dt)
     t_rstd = np.zeros((M, 1), dt)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        if t["x"] is not None:
-            tx = m(t["x"], dt).reshape(M, N)
+        if t_x is not None:
+            tx = m(t_x, dt).reshape(M, N)
             a = _row_mean(xhat * tx, N)
             t_xhat = r * (tx - xhat * a)
             ty = t_xhat * wv if wv is not None else t_xhat
             t_rstd = -r * r * a
-        if t["weight"] is not None:
-            ty = ty + xhat * m(t["weight"], dt).reshape(N)
-    return outs, (cast_like(ty.reshape(y.shape), y), cast_like(t_rstd.reshape(rstd.shape), rstd))
+        if t_w is not None:
+            ty = ty + xhat * m(t_w, dt).reshape(N)
+    return cast_like(ty.reshape(y.shape), y), cast_like(t_rstd.reshape(rstd.shape), rstd)
 
 
 @register_jvp(_rms.rms_norm_backward, nondiff=("normalized_shape", "output_mask"),
@@ -65,17 +71,25 @@ def _rms_norm_backward_jvp(primals, tangents, kwargs):
     outs = _rms.rms_norm_backward(*primals, **kwargs)
     if all(t[k] is None for k in ("grad_out", "x", "weight")):
         return outs, zeros_like(outs)
-    x, w = np.asarray(args["x"]), args["weight"]
-    M, N = _rows(x, args["normalized_shape"])
+    return outs, _rms_norm_backward_tangents(outs, args["grad_out"], np.asarray(args["x"]),
+                                             args["normalized_shape"], args["rstd"],
+                                             args["weight"], t["grad_out"], t["x"], t["weight"])
+
+
+def _rms_norm_backward_tangents(outs, grad_out, x, normalized_shape, rstd, w, t_dy, t_x, t_w,
+                                t_extra=None):
+    """Tangents of rms_norm_backward's (grad_x, grad_weight) = outs; t_extra
+    (None: none) is added to grad_x's (add_rms_norm_backward's t_grad_h)."""
+    M, N = _rows(x, normalized_shape)
     dt = math_dtype(x.dtype)
     X = m(x, dt).reshape(M, N)
-    dy = m(args["grad_out"], dt).reshape(M, N)
-    r = m(args["rstd"], dt).reshape(M, 1)
+    dy = m(grad_out, dt).reshape(M, N)
+    r = m(rstd, dt).reshape(M, 1)
     wv = np.ones(N, dt) if w is None else m(w, dt).reshape(N)
     zero = np.zeros((M, N), dt)
-    tdy = zero if t["grad_out"] is None else m(t["grad_out"], dt).reshape(M, N)
-    tx = zero if t["x"] is None else m(t["x"], dt).reshape(M, N)
-    tw = np.zeros(N, dt) if t["weight"] is None else m(t["weight"], dt).reshape(N)
+    tdy = zero if t_dy is None else m(t_dy, dt).reshape(M, N)
+    tx = zero if t_x is None else m(t_x, dt).reshape(M, N)
+    tw = np.zeros(N, dt) if t_w is None else m(t_w, dt).reshape(N)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         xhat = X * r
         dr = -r * r * _row_mean(xhat * tx, N)
@@ -84,7 +98,35 @@ def _rms_norm_backward_jvp(primals, tangents, kwargs):
         c = _row_mean(g * xhat, N)
         dc = _row_mean(dg * xhat + g * dxhat, N)
         t_gx = dr * (g - xhat * c) + r * (dg - dxhat * c - xhat * dc)
+        if t_extra is not None:
+            t_gx = t_gx + m(t_extra, dt).reshape(M, N)
         t_gw = np.sum(tdy * xhat + dy * dxhat, axis=0)
-    tg = (t_gx, t_gw)
-    return outs, tuple(None if o is None else cast_like(tt, o, fresh=True)
-                       for o, tt in zip(outs, tg))
+    return tuple(None if o is None else cast_like(tt, o, fresh=True)
+                 for o, tt in zip(outs, (t_gx, t_gw)))
+
+
+@register_jvp(_rms.add_rms_norm, nondiff=("normalized_shape", "eps"))
+def _add_rms_norm_jvp(primals, tangents, kwargs):
+    # h = x + residual, then rms_norm(h): its rule with t_h = t_x + t_residual
+    args, t = bind(_rms.add_rms_norm, primals, tangents, kwargs)
+    outs = _rms.add_rms_norm(*primals, **kwargs)
+    y, h, rstd = outs
+    if all(v is None for v in tangents):
+        return outs, zeros_like(outs)
+    t_h = tangent_sum(t["x"], t["residual"], math_dtype(h.dtype))
+    ty, trstd = _rms_norm_tangents((y, rstd), h, args["normalized_shape"], args["weight"], t_h,
+                                   t["weight"])
+    return outs, (ty, cast_like(np.zeros(h.shape) if t_h is None else t_h, h), trstd)
+
+
+@register_jvp(_rms.add_rms_norm_backward, nondiff=("normalized_shape", "output_mask"),
+              ignored=("rstd",))
+def _add_rms_norm_backward_jvp(primals, tangents, kwargs):
+    args, t = bind(_rms.add_rms_norm_backward, primals, tangents, kwargs)
+    outs = _rms.add_rms_norm_backward(*primals, **kwargs)
+    if all(t[k] is None for k in ("grad_out", "grad_h", "h", "weight")):
+        return outs, zeros_like(outs)
+    return outs, _rms_norm_backward_tangents(outs, args["grad_out"], np.asarray(args["h"]),
+                                             args["normalized_shape"], args["rstd"],
+                                             args["weight"], t["grad_out"], t["h"], t["weight"],
+                                             t["grad_h"])

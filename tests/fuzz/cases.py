@@ -783,6 +783,107 @@ def gen_rms_norm_backward(g):
     return finish(g, c)
 
 
+# ================================================================== cynorm: residual-fused norms
+
+def _residual_args(g, c, shape, dt):
+    c.add("x", g.array(shape, dt), "array", huge=True)
+    c.add("residual", g.array(shape, dt), "array", dtypes=[dt], shapes=[tuple(shape)], huge=True)
+
+
+@target("cynorm.add_layer_norm", lambda: cynorm.add_layer_norm)
+def gen_add_layer_norm(g):
+    c = new("cynorm.add_layer_norm", g)
+    dt = g.dtype()
+    shape, k, ns, stat_shape = _ln_shape(g)
+    _residual_args(g, c, shape, dt)
+    c.add("normalized_shape", ns_form(g, ns), "custom", mutate=mut_ns, ns=ns, ndim=len(shape))
+    _affine_args(g, c, dt, ns)
+    draw_eps(g, c)
+    sd = STAT[dt]
+    add_out(g, c, [("y", shape, dt, "CF"), ("h", shape, dt, "CF"), ("mean", stat_shape, sd, "C"),
+                   ("rstd", stat_shape, sd, "C")])
+    c.oracle = lambda s, res, live: O.verify(O.ref_add_layer_norm(
+        s["x"], s["residual"], s["normalized_shape"], s["weight"], s["bias"], s["eps"]),
+        res) + out_identity(c, res)
+    return finish(g, c)
+
+
+@target("cynorm.add_rms_norm", lambda: cynorm.add_rms_norm)
+def gen_add_rms_norm(g):
+    c = new("cynorm.add_rms_norm", g)
+    dt = g.dtype()
+    shape, k, ns, stat_shape = _ln_shape(g)
+    _residual_args(g, c, shape, dt)
+    c.add("normalized_shape", ns_form(g, ns), "custom", mutate=mut_ns, ns=ns, ndim=len(shape))
+    v = g.maybe(lambda: coef(g, ns, COEF[dt]), 0.3)
+    c.add("weight", v, "array", kw=g.p(0.2), dtypes=COEF[dt], shapes=[tuple(ns)], optional=True)
+    c.add("eps", None if g.p(0.4) else scalar_eps(g), "custom", mutate=mut_eps_or_none,
+          kw=g.p(0.5))
+    add_out(g, c, [("y", shape, dt, "CF"), ("h", shape, dt, "CF"),
+                   ("rstd", stat_shape, STAT[dt], "C")])
+    c.oracle = lambda s, res, live: O.verify(O.ref_add_rms_norm(
+        s["x"], s["residual"], s["normalized_shape"], s["weight"], s["eps"]),
+        res) + out_identity(c, res)
+    return finish(g, c)
+
+
+def _grad_h_args(g, c, shape, dt):
+    """grad_out, grad_h (optional) and h; returns h."""
+    h = g.array(shape, dt)
+    c.add("grad_out", g.array(shape, dt), "array", huge=True)
+    c.add("grad_h", g.maybe(lambda: g.array(shape, dt), 0.3), "array", dtypes=[dt],
+          shapes=[tuple(shape)], optional=True)
+    c.add("h", h, "array")
+    return h
+
+
+@target("cynorm.add_layer_norm_backward", lambda: cynorm.add_layer_norm_backward)
+def gen_add_layer_norm_backward(g):
+    c = new("cynorm.add_layer_norm_backward", g)
+    dt = g.dtype()
+    shape, k, ns, stat_shape = _ln_shape(g)
+    h = _grad_h_args(g, c, shape, dt)
+    c.add("normalized_shape", ns_form(g, ns), "custom", mutate=mut_ns, ns=ns, ndim=len(shape))
+    mean, rstd = true_ln_stats(h, k)
+    M = math.prod(shape[:len(shape) - k])
+    shapes = [stat_shape, (M,)]
+    sshape = g.pick(shapes)
+    sd = _stat_dtype(g, dt)
+    c.add("mean", stat_array(g, mean, sshape, sd), "array", shapes=shapes)
+    c.add("rstd", stat_array(g, rstd, sshape, sd, positive_only=True), "array", shapes=shapes)
+    _affine_args(g, c, dt, ns)
+    c.add("output_mask", tuple(g.p(0.8) for _ in range(3)), "mask", kw=g.p(0.3))
+    c.oracle = lambda s, res, live: O.verify(O.ref_add_layer_norm_backward(
+        s["grad_out"], s["grad_h"], s["h"], s["normalized_shape"], s["mean"], s["rstd"],
+        s["weight"], s["bias"], tuple(s["output_mask"])), res)
+    return finish(g, c)
+
+
+@target("cynorm.add_rms_norm_backward", lambda: cynorm.add_rms_norm_backward)
+def gen_add_rms_norm_backward(g):
+    c = new("cynorm.add_rms_norm_backward", g)
+    dt = g.dtype()
+    shape, k, ns, stat_shape = _ln_shape(g)
+    h = _grad_h_args(g, c, shape, dt)
+    c.add("normalized_shape", ns_form(g, ns), "custom", mutate=mut_ns, ns=ns, ndim=len(shape))
+    h64 = np.asarray(h, np.float64)
+    with np.errstate(all="ignore"):
+        ms = (h64 * h64).mean(axis=tuple(range(len(shape) - k, len(shape))), keepdims=True) \
+            if h64.size else np.zeros(stat_shape)
+        rstd = 1 / np.sqrt(ms + 1e-5)
+    M = math.prod(shape[:len(shape) - k])
+    shapes = [stat_shape, (M,)]
+    c.add("rstd", stat_array(g, rstd, g.pick(shapes), _stat_dtype(g, dt), positive_only=True),
+          "array", shapes=shapes)
+    v = g.maybe(lambda: coef(g, ns, COEF[dt]), 0.3)
+    c.add("weight", v, "array", kw=g.p(0.2), dtypes=COEF[dt], shapes=[tuple(ns)], optional=True)
+    c.add("output_mask", tuple(g.p(0.8) for _ in range(2)), "mask", kw=g.p(0.3), n=2)
+    c.oracle = lambda s, res, live: O.verify(O.ref_add_rms_norm_backward(
+        s["grad_out"], s["grad_h"], s["h"], s["normalized_shape"], s["rstd"], s["weight"],
+        tuple(s["output_mask"])), res)
+    return finish(g, c)
+
+
 # ================================================================== cynorm: batch norm
 
 def _bn_shape(g):

@@ -770,6 +770,65 @@ def ref_rms_norm_backward(grad_out, x, normalized_shape, rstd, weight=None,
     return out
 
 
+def stored_sum(x, residual):
+    """x + residual as cynorm stores h: the math type's sum rounded to x's
+    dtype (16-bit: a float32 sum, then one rounding)."""
+    x, r = np.asarray(x), np.asarray(residual)
+    dt = data_dtype(x)
+    with np.errstate(all="ignore"):
+        if dt in (BF16, F16):
+            return (x.astype(np.float32) + r.astype(np.float32)).astype(dt)
+        return (x.astype(dt) + r.astype(dt)).astype(dt)
+
+
+def ref_add_layer_norm(x, residual, normalized_shape, weight=None, bias=None, eps=1e-5):
+    h = stored_sum(x, residual)
+    y, mean, rstd = ref_layer_norm(h, normalized_shape, weight, bias, eps)
+    return [y, Out("h", None, h.dtype, h.shape, exact=h), mean, rstd]
+
+
+def ref_add_rms_norm(x, residual, normalized_shape, weight=None, eps=None):
+    h = stored_sum(x, residual)
+    y, rstd = ref_rms_norm(h, normalized_shape, weight, eps)
+    return [y, Out("h", None, h.dtype, h.shape, exact=h), rstd]
+
+
+# the 16-bit storage formats with their largest finite values: a value stored
+# beyond them is inf (an element near that is not judged)
+STORED = {BF16: Prec("bfloat16", 2.0 ** -8, 2.0 ** -134, 3.3895313892515355e38),
+          F16: Prec("float16", 2.0 ** -11, 2.0 ** -25, 65504.0), F32: P32, F64: P64}
+
+
+def _plus_grad_h(outs, grad_h):
+    """The backward's expected outputs with grad_h added to grad_x: after its
+    rounding to the storage type, in the math type (the unfused composition's
+    two roundings)."""
+    gx = outs[0]
+    if grad_h is None or gx is None:
+        return outs
+    refs = gx.refs if isinstance(gx.refs, (list, tuple)) else [gx.refs]
+    DH = EB.of(np.asarray(grad_h)).reshape(tuple(gx.shape))
+    summed = []
+    for r in refs:
+        with at(STORED[gx.dtype]):
+            stored = r.rounded()
+        with at(math_prec(gx.dtype)):
+            summed.append(stored + DH)
+    return [Out(gx.name, summed, gx.dtype, gx.shape, gx.skip)] + list(outs[1:])
+
+
+def ref_add_layer_norm_backward(grad_out, grad_h, h, normalized_shape, mean, rstd, weight=None,
+                                bias=None, output_mask=(True, True, True)):
+    return _plus_grad_h(ref_layer_norm_backward(grad_out, h, normalized_shape, mean, rstd,
+                                                weight, bias, output_mask), grad_h)
+
+
+def ref_add_rms_norm_backward(grad_out, grad_h, h, normalized_shape, rstd, weight=None,
+                              output_mask=(True, True)):
+    return _plus_grad_h(ref_rms_norm_backward(grad_out, h, normalized_shape, rstd, weight,
+                                              output_mask), grad_h)
+
+
 def channels(a, axis):
     """a as (C, n) rows: the channel axis first, the rest flattened."""
     a = np.asarray(a)
