@@ -689,7 +689,7 @@ def parse_ops(spec):
     for tok in spec.split(","):
         tok = tok.strip().lower()
         for short, full in (("ln", "layer_norm"), ("rms", "rms_norm"), ("bn", "batch_norm")):
-            if tok == short or tok.startswith(short + "_"):
+            if (tok == short or tok.startswith(short + "_")) and not tok.startswith(full):
                 tok = full + tok[len(short):]
         tok = OP_ALIASES.get(tok, tok)
         hits = [op for op in OPS if tok in op]
