@@ -54,13 +54,17 @@ MOMENTUM = 0.1
 DRAM_BYTES = 16 << 20          # more than this moved: counted as DRAM-bound
 BUSY_WARN = 0.05               # warn when other processes take more of the CPUs than this
 DTYPES = ["float32", "bfloat16"]
-OPS = ["layer_norm_fwd", "layer_norm_bwd", "rms_norm_fwd", "rms_norm_bwd", "batch_norm_fwd_train",
+OPS = ["layer_norm_fwd", "layer_norm_bwd", "rms_norm_fwd", "rms_norm_bwd", "add_layer_norm_fwd",
+       "add_layer_norm_bwd", "add_rms_norm_fwd", "add_rms_norm_bwd", "batch_norm_fwd_train",
        "batch_norm_fwd_eval", "batch_norm_bwd"]
 OP_LABEL = {"layer_norm_fwd": "LN fwd", "layer_norm_bwd": "LN bwd", "rms_norm_fwd": "RMS fwd",
-            "rms_norm_bwd": "RMS bwd", "batch_norm_fwd_train": "BN fwd train",
+            "rms_norm_bwd": "RMS bwd", "add_layer_norm_fwd": "add+LN fwd",
+            "add_layer_norm_bwd": "add+LN bwd", "add_rms_norm_fwd": "add+RMS fwd",
+            "add_rms_norm_bwd": "add+RMS bwd", "batch_norm_fwd_train": "BN fwd train",
             "batch_norm_fwd_eval": "BN fwd eval", "batch_norm_bwd": "BN bwd"}
 OP_ALIASES = {"fwd": "_fwd", "bwd": "_bwd", "forward": "_fwd", "backward": "_bwd", "train": "_train",
-              "eval": "_eval"}          # --ops tokens; "ln" / "rms" / "bn" prefixes: layer_norm / rms_norm / batch_norm
+              "eval": "_eval"}          # --ops tokens; "ln" / "rms" / "bn" / "add" prefixes: layer_norm /
+                                        # rms_norm / batch_norm / the fused add_ forms
 # (family, logical shape, layout).  Layer norm normalizes over the last axis;
 # batch norm's channel axis is 1 of the logical shape.
 CASES = [
@@ -68,6 +72,8 @@ CASES = [
     ("layer_norm", (32768, 256), "last axis"),
     ("layer_norm", (64, 16384), "last axis"),
     ("rms_norm", (2048, 4096), "last axis"),      # LLaMA-7B: tokens x hidden
+    ("add_rms_norm", (2048, 4096), "last axis"),
+    ("add_layer_norm", (8192, 1024), "last axis"),
     ("batch_norm", (32, 64, 56, 56), "NCHW"),
     ("batch_norm", (32, 64, 56, 56), "NHWC"),
     ("batch_norm", (128, 256, 14, 14), "NCHW"),
@@ -79,14 +85,17 @@ CACHE_CASES = [
     ("layer_norm", (64, 768), "last axis"),
     ("layer_norm", (512, 768), "last axis"),
     ("rms_norm", (64, 4096), "last axis"),
+    ("add_rms_norm", (64, 4096), "last axis"),
+    ("add_layer_norm", (512, 768), "last axis"),
     ("batch_norm", (8, 64, 14, 14), "NCHW"),
     ("batch_norm", (8, 64, 14, 14), "NHWC"),
     ("batch_norm", (32, 256, 7, 7), "NCHW"),
     ("batch_norm", (64, 512), "NC"),
 ]
 CASE_SETS = {"all": CASES + CACHE_CASES, "dram": CASES, "cache": CACHE_CASES}
-CYNORM_FUNCS = ["layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward", "batch_norm",
-                "batch_norm_backward"]
+CYNORM_FUNCS = ["layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward",
+                "add_layer_norm", "add_layer_norm_backward", "add_rms_norm", "add_rms_norm_backward",
+                "batch_norm", "batch_norm_backward"]
 # max |out - ref| / max |ref| (ref: float64 on the same inputs) above which a check is reported
 CHECK_TOL = {"float32": 1e-3, "bfloat16": 2e-2}
 
@@ -372,6 +381,87 @@ def rms_norm_case(cn, shape, dtype, ops, rng, use_out, checks):
     return fn
 
 
+def add_norm_case(cn, family, shape, dtype, ops, rng, use_out, checks):
+    """h = x + residual and its layer norm (add_layer_norm) or RMS norm
+    (add_rms_norm) over the last axis, float32 parameters; torch runs the
+    composition, forward and autograd's backward from the gradients of y
+    and h.  Checked outputs: y and h; grad_input and grad_weight."""
+    import ml_dtypes
+    import torch
+    npdt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(np.float32)
+    centered = family == "add_layer_norm"
+    M, D = shape
+    x32, r32, dy32, dh32 = (rng.standard_normal(shape, dtype=np.float32) for _ in range(4))
+    w = rng.random(D, dtype=np.float32) + 0.5
+    b = rng.standard_normal(D, dtype=np.float32) if centered else None
+    x, res, dy, dh = (a.astype(npdt) for a in (x32, r32, dy32, dh32))
+    tx, tres, tdy, tdh, tw = map(to_torch, (x, res, dy, dh, w))
+    tb = to_torch(b) if centered else None
+    nx = M * D * npdt.itemsize
+    params = (w, b) if centered else (w,)
+    F = torch.nn.functional
+
+    def tnorm(h, w_):
+        return F.layer_norm(h, [D], w_, tb, EPS) if centered else F.rms_norm(h, [D], w_, EPS)
+
+    def ref_norm(h, w_):                 # float64 y (and the stats the backward needs)
+        if centered:
+            y, mean, rstd = numpy_layer_norm(h, w_, b.astype(np.float64))
+            return y, (mean, rstd)
+        y, rstd = numpy_rms_norm(h, w_)
+        return y, (rstd,)
+    ref_fwd = ref_bwd = None
+    h_st = (x.astype(np.float32) + res.astype(np.float32)).astype(npdt)     # h as stored
+    if checks:
+        h64, dy64, dh64 = f64(h_st, dy, dh)
+        y64, st = ref_norm(h64, w.astype(np.float64))
+        ref_fwd = (y64, h64)
+        if centered:
+            gx, gw, _ = numpy_layer_norm_backward(dy64, h64, *st, w.astype(np.float64))
+        else:
+            gx, gw = numpy_rms_norm_backward(dy64, h64, *st, w.astype(np.float64))
+        ref_bwd = (gx + dh64, gw)
+    has = (lambda f: cn is not None and hasattr(cn, f))
+    fn = {}
+    import warnings
+    warnings.filterwarnings("ignore", "Mismatch dtype")     # torch: bfloat16 x, float32 weight
+
+    if family + "_fwd" in ops:
+        # reads x, residual, the parameters; writes y, h and the statistics
+        op = fn[family + "_fwd"] = Op(4 * nx + 4 * D * len(params), nx, ref_fwd, ("y", "h"))
+        op.fns["torch"] = lambda: (lambda h: (tnorm(h, tw), h))(tx + tres)
+        op.check_against_ref("torch", op.fns["torch"]())
+        op.add_peer("onnxruntime", peers.ort_add_norm(x, res, w, b, EPS))
+        op.add_peer("jax", peers.jax_add_norm(x, res, w, b, EPS))
+        if has(family):
+            f = getattr(cn, family)
+            res0 = op.try_cynorm("cynorm", lambda: f(x, res, (D,), *params, eps=EPS))
+            op.check_against_ref("cynorm", res0)
+            if res0 is not None and use_out:
+                cynorm_out_call(op, lambda out: f(x, res, (D,), *params, eps=EPS, out=out), res0)
+        elif cn is not None:
+            op.notes["cynorm"] = f"cynorm.{family} missing"
+
+    if family + "_bwd" in ops:
+        # reads dy, dh, h, the statistics, weight; writes grad_input, grad_weight
+        op = fn[family + "_bwd"] = Op(4 * nx + 8 * D, nx, ref_bwd, ("grad_input", "grad_weight"))
+        gx_, gr_, gw_ = (a.clone().requires_grad_() for a in (tx, tres, tw))
+        th = gx_ + gr_
+        ty = tnorm(th, gw_)
+        op.fns["torch"] = lambda: torch.autograd.grad((ty, th), (gx_, gw_), (tdy, tdh),
+                                                      retain_graph=True)
+        op.check_against_ref("torch", op.fns["torch"]())
+        if has(family) and has(family + "_backward"):
+            _, ch, *stats = getattr(cn, family)(x, res, (D,), *params, eps=EPS)
+            fb = getattr(cn, family + "_backward")
+            bargs = (dy, dh, ch, (D,), *stats, *params)
+            res0 = op.try_cynorm("cynorm", lambda: fb(*bargs))
+            op.check_against_ref("cynorm", res0)
+        elif cn is not None:
+            op.notes["cynorm"] = f"cynorm.{family} / {family}_backward missing"
+    return fn
+
+
 def batch_norm_case(cn, shape, layout, dtype, ops, rng, use_out, checks):
     import ml_dtypes
     import torch
@@ -541,6 +631,9 @@ def run_setting(args):
                                        not args.no_check)
             elif family == "rms_norm":
                 case = rms_norm_case(cn, shape, dtype, ops, rng, not args.no_out, not args.no_check)
+            elif family.startswith("add_"):
+                case = add_norm_case(cn, family, shape, dtype, ops, rng, not args.no_out,
+                                     not args.no_check)
             else:
                 case = batch_norm_case(cn, shape, layout, dtype, ops, rng, not args.no_out, not args.no_check)
             for threads in args.threads:
@@ -688,11 +781,14 @@ def parse_ops(spec):
     chosen = set()
     for tok in spec.split(","):
         tok = tok.strip().lower()
-        for short, full in (("ln", "layer_norm"), ("rms", "rms_norm"), ("bn", "batch_norm")):
+        for short, full in (("ln", "layer_norm"), ("rms", "rms_norm"), ("bn", "batch_norm"),
+                            ("add", "add_")):
             if (tok == short or tok.startswith(short + "_")) and not tok.startswith(full):
                 tok = full + tok[len(short):]
         tok = OP_ALIASES.get(tok, tok)
-        hits = [op for op in OPS if tok in op]
+        # a family's name selects its ops (layer_norm: not add_layer_norm's); other tokens match
+        # anywhere in the name
+        hits = [op for op in OPS if op.startswith(tok)] or [op for op in OPS if tok in op]
         if not hits:
             raise SystemExit(f"--ops: {tok!r} matches none of {', '.join(OPS)}")
         chosen.update(hits)
@@ -703,8 +799,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="ops: " + ", ".join(OPS) + " (--ops takes substrings: "
-                                       "layer_norm, rms_norm, batch_norm, fwd, bwd, train, eval; "
-                                       "ln, rms, bn)")
+                                       "layer_norm, rms_norm, add_layer_norm, add_rms_norm, "
+                                       "batch_norm, fwd, bwd, train, eval; ln, rms, add, bn)")
     p.add_argument("--repeats", type=int, help="interleaved repeats per case (default 15, --quick 5; "
                    "x8 when the input is under 8 MiB)")
     p.add_argument("--quick", action="store_true", help="smoke run: 5 repeats")

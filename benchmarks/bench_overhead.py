@@ -90,6 +90,24 @@ def layer_norm_cases(cn, torch, arr, t):
         ("layer_norm out=", lambda: cn.layer_norm(x, (4,), w, b, out=out),
          lambda: aten.native_layer_norm.out(tx, [4], tw, tb, 1e-5, out0=tout[0], out1=tout[1],
                                             out2=tout[2])),
+    ] + rms_norm_cases(cn, torch, x, dy, w, t)
+
+
+def rms_norm_cases(cn, torch, x, dy, w, t):
+    """RMS norm and its fused add on layer norm's (2, 4); torch's backward is
+    autograd's over F.rms_norm (it has no CPU backward op)."""
+    if not hasattr(cn, "rms_norm"):
+        return []
+    tx, tdy, tw = t(x), t(dy), t(w)
+    _, rstd = cn.rms_norm(x, (4,), w)
+    gx, gw = tx.clone().requires_grad_(), tw.clone().requires_grad_()
+    ty = torch.nn.functional.rms_norm(gx, [4], gw)
+    return [
+        ("rms_norm", lambda: cn.rms_norm(x, (4,), w), lambda: torch._fused_rms_norm(tx, [4], tw, None)),
+        ("rms_norm_backward", lambda: cn.rms_norm_backward(dy, x, (4,), rstd, w),
+         lambda: torch.autograd.grad(ty, (gx, gw), tdy, retain_graph=True)),
+        ("add_rms_norm", lambda: cn.add_rms_norm(x, dy, (4,), w),
+         lambda: (lambda h: (torch._fused_rms_norm(h, [4], tw, None), h))(tx + tdy)),
     ]
 
 

@@ -32,13 +32,17 @@ def _onnx():
 
 
 def _model(onnx, node, inputs, outputs, opset=OPSET):
-    """A one-node model: inputs/outputs are (name, float32 shape) pairs."""
+    """A one-node model: inputs/outputs are (name, float32 shape) pairs; a
+    node of ONNX Runtime's com.microsoft domain gets that domain's opset."""
     from onnx import TensorProto, helper
     graph = helper.make_graph(
         [node], node.op_type,
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(s)) for n, s in inputs],
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(s)) for n, s in outputs])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    opsets = [helper.make_opsetid("", opset)]
+    if node.domain:
+        opsets.append(helper.make_opsetid(node.domain, 1))
+    model = helper.make_model(graph, opset_imports=opsets)
     onnx.checker.check_model(model)
     return model.SerializeToString()
 
@@ -98,6 +102,30 @@ def ort_rms_norm(x, w, eps):
     model = _model(onnx, node, [("X", (M, D)), ("W", (D,))], [("Y", (M, D))], opset=23)
     try:
         return _maker(ort, model, {"X": x, "W": w}), None
+    except Exception as e:  # noqa: BLE001
+        return None, f"{type(e).__name__}: {e}"
+
+
+def ort_add_norm(x, res, w, b, eps):
+    """(y, h): h = x + res and its layer norm (b given) or RMS norm (b None)
+    over the last axis (float32): ONNX Runtime's SkipLayerNormalization /
+    SkipSimplifiedLayerNormalization (com.microsoft)."""
+    onnx, ort, why = _onnx()
+    if onnx is None:
+        return None, why
+    if x.dtype != np.float32:
+        return None, f"{x.dtype}: the one-node models here are float32"
+    from onnx import helper
+    M, D = x.shape
+    op = "SkipLayerNormalization" if b is not None else "SkipSimplifiedLayerNormalization"
+    ins = ["X", "S", "W"] + (["B"] if b is not None else [])
+    node = helper.make_node(op, ins, ["Y", "", "", "H"], domain="com.microsoft",
+                            epsilon=float(eps))
+    feed = {"X": x, "S": res, "W": w, **({"B": b} if b is not None else {})}
+    model = _model(onnx, node, [(n, a.shape) for n, a in feed.items()],
+                   [("Y", (M, D)), ("H", (M, D))])
+    try:
+        return _maker(ort, model, feed), None
     except Exception as e:  # noqa: BLE001
         return None, f"{type(e).__name__}: {e}"
 
@@ -178,6 +206,25 @@ def jax_rms_norm(x, w, eps):
         rstd = jax.lax.rsqrt(jnp.square(x32).mean(-1, keepdims=True) + eps)
         return (x32 * rstd * w.astype(jnp.float32)).astype(x.dtype), rstd
     return _jax_maker(jax, f, (x, w)), None
+
+
+def jax_add_norm(x, res, w, b, eps):
+    """(y, h): h = x + res (rounded to x's dtype) and its layer norm (b
+    given) or RMS norm (b None) over the last axis, in float32."""
+    jax, why = _jax()
+    if jax is None:
+        return None, why
+    import jax.numpy as jnp
+
+    @jax.jit
+    def f(x, res, w, *b):
+        h = x + res
+        h32 = h.astype(jnp.float32)
+        if b:
+            h32 = h32 - h32.mean(-1, keepdims=True)
+        y = h32 * jax.lax.rsqrt(jnp.square(h32).mean(-1, keepdims=True) + eps) * w
+        return (y + b[0] if b else y).astype(x.dtype), h
+    return _jax_maker(jax, f, (x, res, w) + ((b,) if b is not None else ())), None
 
 
 def jax_batch_norm(x, w, b, rm, rv, eps, momentum, axis, training):

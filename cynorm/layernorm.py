@@ -170,59 +170,71 @@ def residual_array(residual):
     return as_float_array(residual, "residual")[0]
 
 
+# the outputs of each row norm, by (fused with a residual, centered): their
+# names (split_out's) and the labels their errors give
+_OUTPUTS = {(fused, centered): (("y",) + ("h",) * fused + ("mean",) * centered + ("rstd",))
+            for fused in (False, True) for centered in (False, True)}
+_LABELS = {k: tuple(f"out[{i}] ({n})" for i, n in enumerate(names)) for k, names in _OUTPUTS.items()}
+
+
+def _big_out(out, x):
+    # where the kernel writes an x-shaped output: out itself when C-ordered; an
+    # F-ordered out= takes a copy of the C-ordered rows
+    if out is not None and out.flags.c_contiguous:
+        return out
+    return _empty(x.shape, x.dtype, x.size * x.dtype.itemsize)
+
+
+def _copied_back(out, written):
+    if out is not None and out is not written:
+        out[...] = written
+        return out
+    return written
+
+
 def row_norm(x, residual, normalized_shape, weight, bias, eps, out, centered):
     """The Python path of every row norm: layer norm (centered) or RMS norm
     (not; bias None), of x or, with a residual (residual_array's), of
     h = x + residual.  Returns (y, [h,] [mean,] rstd); eps already a float
     for RMS norm."""
     x, policy = as_float_array(x, "x")
-    if residual is not None:
+    fused = residual is not None
+    if fused:
         check_same(residual, "residual", x.shape, x.dtype, ref="x")
     ns, (_, wvec), (_, bvec), M, N, stat_shape = _rows(x, normalized_shape, weight, bias, policy)
     eps = check_eps(eps)
-    names = (("y",) + (("h",) if residual is not None else ())
-             + (("mean",) if centered else ()) + ("rstd",))
-    outs = dict(zip(names, split_out(out, names)))
-    labels = {n: f"out[{i}] ({n})" for i, n in enumerate(names)}
-    for n in ("y", "h"):
-        if n in outs:
-            outs[n] = check_big_out(outs[n], labels[n], x.shape, x.dtype)
+    labels = _LABELS[fused, centered]
+    outs = split_out(out, _OUTPUTS[fused, centered])
+    y_out = check_big_out(outs[0], labels[0], x.shape, x.dtype)
+    h_out = check_big_out(outs[1], labels[1], x.shape, x.dtype) if fused else None
     if centered and (wvec is not None or bvec is not None):   # the kernel takes both or neither
         wvec = np.ones(N, policy.math) if wvec is None else wvec
         bvec = np.zeros(N, policy.math) if bvec is None else bvec
-    stats = {n: small_out(outs[n], labels[n], stat_shape, policy.stat)
-             for n in ("mean", "rstd") if n in names}
-    check_distinct((labels[n], outs[n]) for n in names)
-    given = tuple(outs[n] for n in names)
+    kmean, mean = small_out(outs[-2], labels[-2], stat_shape, policy.stat) if centered else (None,
+                                                                                           None)
+    krstd, rstd = small_out(outs[-1], labels[-1], stat_shape, policy.stat)
+    outs = (y_out,) + ((h_out,) if fused else ()) + tuple(outs[1 + fused:])
+    check_distinct(zip(labels, outs))
     # y or h may be x or residual itself: each row is read before it is written
-    x, residual = (a if a is None else unalias(
-        [a], given, keep=next((o for o in (outs["y"], outs.get("h")) if o is not None
-                               and same_array(a, o)), None))[0] for a in (x, residual))
-    wvec, bvec = unalias([wvec, bvec], given)
-    # the kernel writes C-ordered rows; an F-ordered out= takes a copy of them
-    big = {n: outs[n] if outs[n] is not None and outs[n].flags.c_contiguous
-           else _empty(x.shape, x.dtype, x.size * x.dtype.itemsize) for n in ("y", "h") if n in outs}
-    kmean = stats["mean"][0] if centered else None
-    krstd = stats["rstd"][0]
+    (x,) = unalias([x], outs, keep=h_out if h_out is not None and same_array(x, h_out) else y_out)
+    if fused:
+        (residual,) = unalias([residual], outs, keep=h_out if h_out is not None
+                              and same_array(residual, h_out) else y_out)
+    wvec, bvec = unalias([wvec, bvec], outs)
+    y = _big_out(y_out, x)
+    h = _big_out(h_out, x) if fused else None
     if N == 0:
         if centered:
             kmean[...] = 0.0
         krstd[...] = np.nan
     elif M:
-        extra = () if residual is None else (_flat(c_aligned(residual)), _flat(big["h"]))
-        _kernel("layer_norm_forward", policy)(_flat(c_aligned(x)), wvec, bvec, _flat(big["y"]),
+        extra = (_flat(c_aligned(residual)), _flat(h)) if fused else ()
+        _kernel("layer_norm_forward", policy)(_flat(c_aligned(x)), wvec, bvec, _flat(y),
                                               None if kmean is None else _flat(kmean),
                                               _flat(krstd), M, N, eps, _threads(), *extra)
-    result = []
-    for n in names:
-        if n in big:
-            if outs[n] is not None and outs[n] is not big[n]:
-                outs[n][...] = big[n]
-                big[n] = outs[n]
-            result.append(big[n])
-        else:
-            result.append(stats[n][1])
-    return tuple(result)
+    y = _copied_back(y_out, y)
+    stats = (mean, rstd) if centered else (rstd,)
+    return (y, _copied_back(h_out, h)) + stats if fused else (y,) + stats
 
 
 def layer_norm_backward(grad_out: ArrayLike, x: ArrayLike, normalized_shape: int | Sequence[int],
@@ -368,6 +380,10 @@ def add_layer_norm(x: ArrayLike, residual: ArrayLike, normalized_shape: int | Se
     >>> y.round(3), h
     (array([[-1.225,  0.   ,  1.225]], dtype=float32), array([[2., 3., 4.]], dtype=float32))
     """
+    if residual is not None:
+        result = _k.rows_plain(x, residual, normalized_shape, weight, bias, eps, out, True)
+        if result is not None:
+            return result
     return row_norm(x, residual_array(residual), normalized_shape, weight, bias, eps, out, True)
 
 
@@ -409,6 +425,10 @@ def add_layer_norm_backward(grad_out: ArrayLike, grad_h: ArrayLike | None, h: Ar
         As layer_norm_backward; also if grad_h's shape or dtype differs from
         h's.
     """
+    result = _k.row_grads_plain(grad_out, grad_h, h, normalized_shape, mean, rstd, weight, bias,
+                                output_mask, True)
+    if result is not None:
+        return result
     return row_norm_backward(grad_out, grad_h, h, normalized_shape, mean, rstd, weight, bias,
                              output_mask, "add_layer_norm", x_name="h")
 

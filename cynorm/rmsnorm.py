@@ -33,6 +33,8 @@ import numpy as np
 from cynorm._typing import Array, ArrayLike, OutArrays, Real
 from cynorm._validation import as_float_array, check_eps
 from cynorm.layernorm import residual_array, row_norm, row_norm_backward
+from cynorm import _kernels
+_k = _kernels.load("layer_norm")  # the plain case's entries (rows_plain, row_grads_plain)
 
 __all__ = ["add_rms_norm", "add_rms_norm_backward", "rms_norm", "rms_norm_backward"]
 
@@ -102,6 +104,9 @@ def rms_norm(x: ArrayLike, normalized_shape: int | Sequence[int],
     array([[ 0.84852815,  1.1313709 ],
            [ 1.        , -1.        ]], dtype=float32)
     """
+    result = _k.rows_plain(x, None, normalized_shape, weight, None, eps, out, False)
+    if result is not None:
+        return result
     return row_norm(x, None, normalized_shape, weight, None, _eps(eps, x), out, False)
 
 
@@ -149,6 +154,10 @@ def rms_norm_backward(grad_out: ArrayLike, x: ArrayLike, normalized_shape: int |
         match x, rstd or weight has the wrong shape, or output_mask has not
         two entries.
     """
+    result = _k.row_grads_plain(grad_out, None, x, normalized_shape, None, rstd, weight, None,
+                                output_mask, False)
+    if result is not None:
+        return result
     return row_norm_backward(grad_out, None, x, normalized_shape, None, rstd, weight, None,
                              output_mask, "rms_norm", centered=False)
 
@@ -198,6 +207,10 @@ def add_rms_norm(x: ArrayLike, residual: ArrayLike, normalized_shape: int | Sequ
     >>> h
     array([[3., 4.]], dtype=float32)
     """
+    if residual is not None:
+        result = _k.rows_plain(x, residual, normalized_shape, weight, None, eps, out, False)
+        if result is not None:
+            return result
     return row_norm(x, residual_array(residual), normalized_shape, weight, None, _eps(eps, x),
                     out, False)
 
@@ -238,5 +251,9 @@ def add_rms_norm_backward(grad_out: ArrayLike, grad_h: ArrayLike | None, h: Arra
         As rms_norm_backward; also if grad_h's shape or dtype differs from
         h's.
     """
+    result = _k.row_grads_plain(grad_out, grad_h, h, normalized_shape, None, rstd, weight, None,
+                                output_mask, False)
+    if result is not None:
+        return result
     return row_norm_backward(grad_out, grad_h, h, normalized_shape, None, rstd, weight, None,
                              output_mask, "add_rms_norm", centered=False, x_name="h")

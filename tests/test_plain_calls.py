@@ -111,6 +111,76 @@ def test_layer_norm_leaves_the_rest_to_python(call):
     assert call(x, w) is None
 
 
+@pytest.mark.parametrize("shape,ns", LN_SHAPES)
+@pytest.mark.parametrize("dtype,form,affine", AFFINE_FORMS)
+@pytest.mark.parametrize("eps", [None, 1e-6])
+def test_rms_norm(dtype, form, shape, ns, affine, eps, threads):
+    from cynorm import rmsnorm
+    x = data(shape, dtype, mean=0.5)
+    nsh = (ns,) if isinstance(ns, int) else ns
+    w = data(nsh, param_dtype(dtype, form), 1) if affine else None
+    assert rmsnorm._k.rows_plain(x, None, ns, w, None, eps, None, False) is not None
+    got = cynorm.rms_norm(x, ns, w, eps)
+    same_bits(got, cynorm.rms_norm(via_python(x), ns, w, eps))
+    dy = data(shape, dtype, 3)
+    _, rstd = got
+    for mask in [(True, True), (True, False), (False, True)]:
+        for r in (rstd, rstd.reshape(-1)):          # saved rstd as returned or (M,)
+            args = (dy, x, ns, r, w, mask)
+            assert rmsnorm._k.row_grads_plain(dy, None, x, ns, None, r, w, None, mask,
+                                              False) is not None
+            same_bits(cynorm.rms_norm_backward(*args),
+                      cynorm.rms_norm_backward(via_python(dy), *args[1:]))
+
+
+@pytest.mark.parametrize("shape,ns", LN_SHAPES)
+@pytest.mark.parametrize("dtype,form,affine", AFFINE_FORMS)
+@pytest.mark.parametrize("centered", [True, False])
+def test_add_norms(dtype, form, shape, ns, affine, centered, threads):
+    from cynorm import rmsnorm
+    x, res, dy, dh = (data(shape, dtype, seed) for seed in (0, 4, 3, 5))
+    nsh = (ns,) if isinstance(ns, int) else ns
+    p = (data(nsh, param_dtype(dtype, form), 1),) if affine else ()
+    if centered and affine:
+        p += (data(nsh, param_dtype(dtype, form, False), 2),)
+    fwd = cynorm.add_layer_norm if centered else cynorm.add_rms_norm
+    bwd = cynorm.add_layer_norm_backward if centered else cynorm.add_rms_norm_backward
+    pw, pb = (p + (None, None))[:2]
+    assert rmsnorm._k.rows_plain(x, res, ns, pw, pb, 1e-5, None, centered) is not None
+    got = fwd(x, res, ns, *p, eps=1e-5)
+    same_bits(got, fwd(via_python(x), res, ns, *p, eps=1e-5))
+    _, h, *stats = got
+    mean, rstd = (stats if centered else [None] + stats)
+    for g in (dh, None):
+        assert rmsnorm._k.row_grads_plain(dy, g, h, ns, mean, rstd, pw, pb,
+                                          (True,) * (2 + centered), centered) is not None
+        same_bits(bwd(dy, g, h, ns, *stats, *p), bwd(via_python(dy), g, h, ns, *stats, *p))
+
+
+@pytest.mark.parametrize("call", [
+    lambda x, w, k: k.rows_plain(x, None, (4,), w, None, 1, None, False),   # eps an int
+    lambda x, w, k: k.rows_plain(x, None, (4,), w, None, -1.0, None, False),
+    lambda x, w, k: k.rows_plain(x, None, (4,), w, None, 1e-5, (None,), False),  # out= of one
+    lambda x, w, k: k.rows_plain(x.astype(">f4"), None, (4,), w, None, None, None, False),
+    lambda x, w, k: k.rows_plain(x.tolist(), None, (4,), w, None, None, None, False),
+    lambda x, w, k: k.rows_plain(x, x[:1], (4,), w, None, None, None, False),   # residual's shape
+    lambda x, w, k: k.rows_plain(x, x.astype(np.float64), (4,), w, None, None, None, False),
+    lambda x, w, k: k.rows_plain(x, x, (4,), w, w, 1e-5, (x, None, None, None), True),  # y is x
+    lambda x, w, k: k.rows_plain(x, x, (4,), w, None, 1e-5, None, True),    # weight, no bias
+    lambda x, w, k: k.row_grads_plain(x, None, x, (4,), None, x[:, :1], w, None,
+                                      (True, True, True), False),
+    lambda x, w, k: k.row_grads_plain(x, None, x, (4,), None, x[:, :1], w, None, [True, True],
+                                      False),
+    lambda x, w, k: k.row_grads_plain(x, x[:1], x, (4,), None, x[:, :1], w, None, (True, True),
+                                      False),                                # grad_h's shape
+])
+def test_rms_norm_leaves_the_rest_to_python(call):
+    from cynorm import rmsnorm
+    x = data((2, 4), np.float32)
+    w = data(4, np.float32, 1)
+    assert call(x, w, rmsnorm._k) is None
+
+
 BN_SHAPES = [((2, 4, 1, 1), 1), ((2, 16, 32, 32), 1), ((3, 5, 200), 1), ((4, 6, 7, 3), -1),
              ((64, 10), 1), ((5, 9), -1), ((3, 70, 2), 1), ((2, 3, 20, 20), 1)]
 
