@@ -277,3 +277,28 @@ def test_float64_matches_the_reference_twin(kind, rng):
         dy, dh, want[1], ns, *want[2:], p[0])
     for g, w in zip(gg, wg):
         np.testing.assert_allclose(g, w, rtol=1e-11, atol=1e-11)
+
+
+@pytest.mark.parametrize("kind", ["layer", "rms"])
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=str)
+def test_dram_sized_calls_stream_the_same_bits(kind, dtype, rng):
+    # past the cache the kernels stream h, y and grad_input out from a row
+    # kept in cache: the same bits as the composition, NaN, inf and -0 included
+    fwd, bwd, norm, norm_bwd, _ = norms(kind)
+    shape, ns = (2048, 4096), (4096,)
+    x, res, dy, dh = (rng.standard_normal(shape, dtype=np.float32).astype(dtype) for _ in range(4))
+    x[0, :3] = [np.nan, np.inf, -0.0]
+    res[0, :3] = [1.0, 1.0, -0.0]
+    p = params(rng, kind, ns, F32)
+    y, h, *stats = fwd(x, res, ns, *p)
+    h_want = add_stored(x, res)
+    assert_bits((h,), (h_want,))
+    assert_bits((y, *stats), norm(h_want, ns, *p))
+    want = list(norm_bwd(dy, h, ns, *stats, *p))
+    with np.errstate(invalid="ignore"):
+        want[0] = add_stored(want[0], dh)
+    assert_bits(bwd(dy, dh, h, ns, *stats, *p), want)
+    want_x = add_stored(norm_bwd(dy, h, ns, *stats, *p, output_mask=(True,) + (False,) * (
+        len(want) - 1))[0], dh)
+    assert_bits(bwd(dy, dh, h, ns, *stats, *p, output_mask=(True,) + (False,) * (len(want) - 1))[:1],
+                (want_x,))
