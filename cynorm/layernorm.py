@@ -351,8 +351,16 @@ def add_layer_norm(x: ArrayLike, residual: ArrayLike, normalized_shape: int | Se
     x, residual : array_like
         The same shape and dtype (float64, float32, bfloat16 or float16);
         any strides, never modified (unless one is an output).
-    normalized_shape, weight, bias, eps
-        As in layer_norm.
+    normalized_shape : int or tuple of int
+        The trailing axes to normalize over; must equal ``x.shape[-k:]``.
+    weight : array_like, optional
+        Shape normalized_shape; x's dtype, or float32 for 16-bit x.
+        None: no scale.
+    bias : array_like, optional
+        Shape normalized_shape; x's dtype, or float32 for 16-bit x.
+        None: no shift.
+    eps : float, default 1e-5
+        Added to the variance; >= 0.
     out : tuple of four (numpy.ndarray or None), optional
         ``(y, h, mean, rstd)`` arrays (or None entries) to write into, as in
         layer_norm; y and h may be x or residual itself (h into residual is
@@ -408,9 +416,19 @@ def add_layer_norm_backward(grad_out: ArrayLike, grad_h: ArrayLike | None, h: Ar
         further.
     h : array_like
         The h add_layer_norm returned.
-    normalized_shape, mean, rstd, weight, bias, output_mask
-        As in layer_norm_backward (mean and rstd as add_layer_norm returned
-        them).
+    normalized_shape : int or tuple of int
+        As in the forward.
+    mean : array_like
+        The mean add_layer_norm returned (its shape, or 1-D).
+    rstd : array_like
+        The rstd add_layer_norm returned (its shape, or 1-D).
+    weight : array_like, optional
+        The forward's weight (None: no scale).
+    bias : array_like, optional
+        The forward's bias; it only sets grad_bias's dtype.
+    output_mask : sequence of three bool, default (True, True, True)
+        Which of (grad_input, grad_weight, grad_bias) to compute; the others
+        are returned as None.
 
     Returns
     -------

@@ -178,8 +178,14 @@ def add_rms_norm(x: ArrayLike, residual: ArrayLike, normalized_shape: int | Sequ
     x, residual : array_like
         The same shape and dtype (float64, float32, bfloat16 or float16);
         any strides, never modified (unless one is an output).
-    normalized_shape, weight, eps
-        As in rms_norm.
+    normalized_shape : int or tuple of int
+        The trailing axes to normalize over; must equal ``x.shape[-k:]``.
+    weight : array_like, optional
+        Shape normalized_shape; x's dtype, or float32 for 16-bit x.
+        None: no scale.
+    eps : float, optional
+        Added to the mean square; >= 0.  None (the default): the machine
+        epsilon of the math type, as in rms_norm.
     out : tuple of three (numpy.ndarray or None), optional
         ``(y, h, rstd)`` arrays (or None entries) to write into, as in
         rms_norm; y and h may be x or residual itself (h into residual is
@@ -235,8 +241,15 @@ def add_rms_norm_backward(grad_out: ArrayLike, grad_h: ArrayLike | None, h: Arra
         further.
     h : array_like
         The h add_rms_norm returned.
-    normalized_shape, rstd, weight, output_mask
-        As in rms_norm_backward (rstd as add_rms_norm returned it).
+    normalized_shape : int or tuple of int
+        As in the forward.
+    rstd : array_like
+        The rstd add_rms_norm returned (its shape, or 1-D).
+    weight : array_like, optional
+        The forward's weight (None: no scale).
+    output_mask : sequence of two bool, default (True, True)
+        Which of (grad_input, grad_weight) to compute; the other is returned
+        as None.
 
     Returns
     -------
