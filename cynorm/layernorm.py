@@ -53,7 +53,7 @@ _kernel = _kernels.by_storage(_k, ("layer_norm_forward", "layer_norm_backward",
                                    "layer_norm_backward_jvp"))
 
 
-def _normalized_shape(normalized_shape, x):
+def _normalized_shape(normalized_shape, x, x_name="x"):
     """normalized_shape as a tuple matching x's trailing axes; returns (shape, axis)."""
     if isinstance(normalized_shape, (bool, np.bool_)):
         raise TypeError(f"normalized_shape must be an int or a tuple of ints, "
@@ -70,7 +70,7 @@ def _normalized_shape(normalized_shape, x):
     if k == 0:
         raise ValueError("normalized_shape must name at least one axis, got ()")
     if k > x.ndim or tuple(x.shape[x.ndim - k:]) != ns:
-        raise ValueError(f"normalized_shape {ns} must match the trailing axes of x, "
+        raise ValueError(f"normalized_shape {ns} must match the trailing axes of {x_name}, "
                          f"whose shape is {x.shape}")
     return ns, x.ndim - k
 
@@ -87,11 +87,11 @@ def _affine(a, name, ns, policy):
     return a, np.ascontiguousarray(a, dtype=policy.math).reshape(-1)
 
 
-def _rows(x, normalized_shape, weight, bias, policy):
+def _rows(x, normalized_shape, weight, bias, policy, x_name="x"):
     """What forward and backward both derive from their arguments:
     (normalized_shape, checked weight and bias with their math-type copies,
     M rows, N per row, the shape of mean/rstd)."""
-    ns, axis = _normalized_shape(normalized_shape, x)
+    ns, axis = _normalized_shape(normalized_shape, x, x_name)
     w, wvec = _affine(weight, "weight", ns, policy)
     b, bvec = _affine(bias, "bias", ns, policy)
     M, N = math.prod(x.shape[:axis]), math.prod(ns)
@@ -308,7 +308,8 @@ def row_norm_backward(grad_out, grad_h, x, normalized_shape, mean, rstd, weight,
     if grad_h is not None:
         grad_h, _ = as_float_array(grad_h, "grad_h")
         check_same(grad_h, "grad_h", x.shape, x.dtype, ref="h")
-    ns, (w, wvec), (b, _), M, N, stat_shape = _rows(x, normalized_shape, weight, bias, policy)
+    ns, (w, wvec), (b, _), M, N, stat_shape = _rows(x, normalized_shape, weight, bias, policy,
+                                                    x_name)
     mask = check_mask(output_mask, n=3 if centered else 2)
     mvec = _stat(mean, "mean", stat_shape, M, policy, op) if centered else None
     rvec = _stat(rstd, "rstd", stat_shape, M, policy, op)

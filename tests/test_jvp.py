@@ -154,6 +154,21 @@ def test_split_stats_jvp_with_out_aliasing_an_input(op, aliased, rng):
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("name", ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm"])
+def test_row_norm_jvp_with_y_written_into_x(name, rng):
+    # out=(x, ...): the op overwrites x with y; the tangent still uses x's values
+    case = next(c for c in CASES if c.name == name)
+    t = case.tangents(rng)
+    outs, want = cn.jvp(case.op, case.primals, t, **case.kwargs)
+    primals = [np.array(a) if isinstance(a, np.ndarray) else a for a in case.primals]
+    out = (primals[0],) + (None,) * (len(outs) - 1)
+    got_outs, got = cn.jvp(case.op, tuple(primals), t, out=out, **case.kwargs)
+    assert got_outs[0] is primals[0]
+    for o, g, w_o, w in zip(got_outs, got, outs, want):
+        np.testing.assert_array_equal(o, w_o)
+        np.testing.assert_array_equal(g, w)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16, np.float16], ids=str)
 @pytest.mark.parametrize("name", ["layer_norm", "layer_norm_backward", "rms_norm",
                                   "rms_norm_backward", "add_layer_norm",

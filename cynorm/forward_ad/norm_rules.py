@@ -63,9 +63,10 @@ def _ln_rows(x, normalized_shape):
 @register_jvp(_ln.layer_norm, nondiff=("normalized_shape", "eps"))
 def _layer_norm_jvp(primals, tangents, kwargs):
     args, t = bind(_ln.layer_norm, primals, tangents, kwargs)
+    x = np.array(args["x"]) if kwargs.get("out") is not None else args["x"]  # out may be x's memory
     outs = _ln.layer_norm(*primals, **kwargs)
     y, mean, rstd = outs
-    x, w = np.asarray(args["x"]), args["weight"]     # the op took an array-like x too
+    x, w = np.asarray(x), args["weight"]     # the op took an array-like x too
     if all(v is None for v in tangents):
         return outs, zeros_like(outs)
     M, N = _ln_rows(np.asarray(x), args["normalized_shape"])

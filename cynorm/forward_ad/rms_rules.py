@@ -35,10 +35,11 @@ def _row_mean(a, N):
 @register_jvp(_rms.rms_norm, nondiff=("normalized_shape", "eps"))
 def _rms_norm_jvp(primals, tangents, kwargs):
     args, t = bind(_rms.rms_norm, primals, tangents, kwargs)
+    x = np.array(args["x"]) if kwargs.get("out") is not None else args["x"]  # out may be x's memory
     outs = _rms.rms_norm(*primals, **kwargs)
     if all(v is None for v in tangents):
         return outs, zeros_like(outs)
-    return outs, _rms_norm_tangents(outs, np.asarray(args["x"]), args["normalized_shape"],
+    return outs, _rms_norm_tangents(outs, np.asarray(x), args["normalized_shape"],
                                     args["weight"], t["x"], t["weight"])
 
 
