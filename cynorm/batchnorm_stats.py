@@ -442,7 +442,9 @@ def _backward_elemt(grad_out, x, mean, invstd, weight, sum_dy, sum_dy_xmu, count
     if not total > 0:
         raise ValueError(f"count must add up to a positive number, got {total:g}")
     gx_out = check_big_out(single_out(out), "out", x.shape, x.dtype)
-    grad_out, x = unalias([grad_out, x], (gx_out,), keep=gx_out)
+    # no sharing kept: where a float32 term overflows, grad_x's elements are
+    # recomputed from grad_out and x after the pass wrote them (exact_input_grad_)
+    grad_out, x = unalias([grad_out, x], (gx_out,))
     (kdy, kx), transposed, dims = prepare([grad_out, x], axis, (gx_out,))
     kgx, gx = big_out(gx_out, x.shape, x.dtype, transposed)
     backward_elemt_into(kdy, kx, kgx, m, inv, weight, sdy, sdx, total, dims)

@@ -507,3 +507,23 @@ def test_layer_norm_grad_x_where_dy_minus_its_mean_leaves_float32(shape, dtype, 
             close_sum(gx.reshape(-1, N), want, terms, f"grad_x {mask}")
     finally:
         _runtime.set_stream_min_bytes(old)
+
+
+@pytest.mark.parametrize("aliased", ["x", "grad_out"])
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16], ids=str)
+def test_backward_elemt_into_its_own_input_keeps_the_recompute(aliased, dtype):
+    # grad_x written over x or grad_out (out=): the elements a float32 term
+    # overflowed are recomputed from grad_out and x, which must still be there
+    rng = np.random.default_rng(31)
+    x = rng.standard_normal((4, 3, 50)).astype(dtype)
+    dy = (rng.standard_normal((4, 3, 50)) * 3e38).clip(-3.3e38, 3.3e38).astype(dtype)
+    w = rng.uniform(0.5, 1.0, 3).astype(np.float32)
+    mean, invstd = cynorm.batch_norm_stats(x)
+    sdy, sdx, _, _ = cynorm.batch_norm_backward_reduce(dy, x, mean, invstd, w)
+    want = cynorm.batch_norm_backward_elemt(dy, x, mean, invstd, w, sdy, sdx, [200])
+    args = {"x": x.copy(), "grad_out": dy.copy()}
+    out = args[aliased]
+    got = cynorm.batch_norm_backward_elemt(args["grad_out"], args["x"], mean, invstd, w, sdy, sdx,
+                                           [200], out=out)
+    assert got is out
+    np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))

@@ -705,14 +705,9 @@ def stat_array(g, values, shape, dtype, p_true=0.7, positive_only=False):
     return g.place(np.asarray(a), g.layout(len(shape))) if not g.moderate else np.array(a, order="C", copy=True)
 
 
-@target("cynorm.layer_norm_backward", lambda: cynorm.layer_norm_backward)
-def gen_layer_norm_backward(g):
-    c = new("cynorm.layer_norm_backward", g)
-    dt = g.dtype()
-    shape, k, ns, stat_shape = _ln_shape(g)
-    x = g.array(shape, dt)
-    c.add("grad_out", g.array(shape, dt), "array", huge=True)
-    c.add("x", x, "array")
+def _ln_backward_args(g, c, x, dt, shape, k, ns, stat_shape):
+    """The arguments of a layer-norm backward after its input x (or h):
+    normalized_shape, mean, rstd (x's, or drawn), weight, bias, output_mask."""
     c.add("normalized_shape", ns_form(g, ns), "custom", mutate=mut_ns, ns=ns, ndim=len(shape))
     mean, rstd = true_ln_stats(x, k)
     M = math.prod(shape[:len(shape) - k])
@@ -723,6 +718,17 @@ def gen_layer_norm_backward(g):
     c.add("rstd", stat_array(g, rstd, sshape, sd, positive_only=True), "array", shapes=shapes)
     _affine_args(g, c, dt, ns)
     c.add("output_mask", tuple(g.p(0.8) for _ in range(3)), "mask", kw=g.p(0.3))
+
+
+@target("cynorm.layer_norm_backward", lambda: cynorm.layer_norm_backward)
+def gen_layer_norm_backward(g):
+    c = new("cynorm.layer_norm_backward", g)
+    dt = g.dtype()
+    shape, k, ns, stat_shape = _ln_shape(g)
+    x = g.array(shape, dt)
+    c.add("grad_out", g.array(shape, dt), "array", huge=True)
+    c.add("x", x, "array")
+    _ln_backward_args(g, c, x, dt, shape, k, ns, stat_shape)
     c.oracle = lambda s, res, live: O.verify(O.ref_layer_norm_backward(
         s["grad_out"], s["x"], s["normalized_shape"], s["mean"], s["rstd"], s["weight"], s["bias"],
         tuple(s["output_mask"])), res)
@@ -739,17 +745,44 @@ def mut_eps_or_none(g, c, a):
     mutate_scalar(g, c, a, EPS_OR_NONE_BAD)
 
 
+def _rms_weight(g, c, dt, ns):
+    v = g.maybe(lambda: coef(g, ns, COEF[dt]), 0.3)
+    c.add("weight", v, "array", kw=g.p(0.2), dtypes=COEF[dt], shapes=[tuple(ns)], optional=True)
+
+
+def _rms_args(g, c, dt, shape, ns):
+    """An RMS-norm forward's arguments after x (and residual):
+    normalized_shape, weight, eps (None or drawn)."""
+    c.add("normalized_shape", ns_form(g, ns), "custom", mutate=mut_ns, ns=ns, ndim=len(shape))
+    _rms_weight(g, c, dt, ns)
+    c.add("eps", None if g.p(0.4) else scalar_eps(g), "custom", mutate=mut_eps_or_none,
+          kw=g.p(0.5))
+
+
+def _rms_backward_args(g, c, x, dt, shape, k, ns, stat_shape):
+    """An RMS-norm backward's arguments after its input x (or h):
+    normalized_shape, rstd (x's, or drawn), weight, output_mask."""
+    c.add("normalized_shape", ns_form(g, ns), "custom", mutate=mut_ns, ns=ns, ndim=len(shape))
+    x64 = np.asarray(x, np.float64)
+    with np.errstate(all="ignore"):
+        ms = (x64 * x64).mean(axis=tuple(range(len(shape) - k, len(shape))), keepdims=True) \
+            if x64.size else np.zeros(stat_shape)
+        rstd = 1 / np.sqrt(ms + 1e-5)
+    M = math.prod(shape[:len(shape) - k])
+    shapes = [stat_shape, (M,)]
+    c.add("rstd", stat_array(g, rstd, g.pick(shapes), _stat_dtype(g, dt), positive_only=True),
+          "array", shapes=shapes)
+    _rms_weight(g, c, dt, ns)
+    c.add("output_mask", tuple(g.p(0.8) for _ in range(2)), "mask", kw=g.p(0.3), n=2)
+
+
 @target("cynorm.rms_norm", lambda: cynorm.rms_norm)
 def gen_rms_norm(g):
     c = new("cynorm.rms_norm", g)
     dt = g.dtype()
     shape, k, ns, stat_shape = _ln_shape(g)
     c.add("x", g.array(shape, dt), "array", huge=True)
-    c.add("normalized_shape", ns_form(g, ns), "custom", mutate=mut_ns, ns=ns, ndim=len(shape))
-    v = g.maybe(lambda: coef(g, ns, COEF[dt]), 0.3)
-    c.add("weight", v, "array", kw=g.p(0.2), dtypes=COEF[dt], shapes=[tuple(ns)], optional=True)
-    c.add("eps", None if g.p(0.4) else scalar_eps(g), "custom", mutate=mut_eps_or_none,
-          kw=g.p(0.5))
+    _rms_args(g, c, dt, shape, ns)
     add_out(g, c, [("y", shape, dt, "CF"), ("rstd", stat_shape, STAT[dt], "C")])
     c.oracle = lambda s, res, live: O.verify(O.ref_rms_norm(
         s["x"], s["normalized_shape"], s["weight"], s["eps"]), res) + out_identity(c, res)
@@ -764,19 +797,7 @@ def gen_rms_norm_backward(g):
     x = g.array(shape, dt)
     c.add("grad_out", g.array(shape, dt), "array", huge=True)
     c.add("x", x, "array")
-    c.add("normalized_shape", ns_form(g, ns), "custom", mutate=mut_ns, ns=ns, ndim=len(shape))
-    x64 = np.asarray(x, np.float64)
-    with np.errstate(all="ignore"):
-        ms = (x64 * x64).mean(axis=tuple(range(len(shape) - k, len(shape))), keepdims=True) \
-            if x64.size else np.zeros(stat_shape)
-        rstd = 1 / np.sqrt(ms + 1e-5)
-    M = math.prod(shape[:len(shape) - k])
-    shapes = [stat_shape, (M,)]
-    c.add("rstd", stat_array(g, rstd, g.pick(shapes), _stat_dtype(g, dt), positive_only=True),
-          "array", shapes=shapes)
-    v = g.maybe(lambda: coef(g, ns, COEF[dt]), 0.3)
-    c.add("weight", v, "array", kw=g.p(0.2), dtypes=COEF[dt], shapes=[tuple(ns)], optional=True)
-    c.add("output_mask", tuple(g.p(0.8) for _ in range(2)), "mask", kw=g.p(0.3), n=2)
+    _rms_backward_args(g, c, x, dt, shape, k, ns, stat_shape)
     c.oracle = lambda s, res, live: O.verify(O.ref_rms_norm_backward(
         s["grad_out"], s["x"], s["normalized_shape"], s["rstd"], s["weight"],
         tuple(s["output_mask"])), res)
@@ -814,11 +835,7 @@ def gen_add_rms_norm(g):
     dt = g.dtype()
     shape, k, ns, stat_shape = _ln_shape(g)
     _residual_args(g, c, shape, dt)
-    c.add("normalized_shape", ns_form(g, ns), "custom", mutate=mut_ns, ns=ns, ndim=len(shape))
-    v = g.maybe(lambda: coef(g, ns, COEF[dt]), 0.3)
-    c.add("weight", v, "array", kw=g.p(0.2), dtypes=COEF[dt], shapes=[tuple(ns)], optional=True)
-    c.add("eps", None if g.p(0.4) else scalar_eps(g), "custom", mutate=mut_eps_or_none,
-          kw=g.p(0.5))
+    _rms_args(g, c, dt, shape, ns)
     add_out(g, c, [("y", shape, dt, "CF"), ("h", shape, dt, "CF"),
                    ("rstd", stat_shape, STAT[dt], "C")])
     c.oracle = lambda s, res, live: O.verify(O.ref_add_rms_norm(
@@ -843,16 +860,7 @@ def gen_add_layer_norm_backward(g):
     dt = g.dtype()
     shape, k, ns, stat_shape = _ln_shape(g)
     h = _grad_h_args(g, c, shape, dt)
-    c.add("normalized_shape", ns_form(g, ns), "custom", mutate=mut_ns, ns=ns, ndim=len(shape))
-    mean, rstd = true_ln_stats(h, k)
-    M = math.prod(shape[:len(shape) - k])
-    shapes = [stat_shape, (M,)]
-    sshape = g.pick(shapes)
-    sd = _stat_dtype(g, dt)
-    c.add("mean", stat_array(g, mean, sshape, sd), "array", shapes=shapes)
-    c.add("rstd", stat_array(g, rstd, sshape, sd, positive_only=True), "array", shapes=shapes)
-    _affine_args(g, c, dt, ns)
-    c.add("output_mask", tuple(g.p(0.8) for _ in range(3)), "mask", kw=g.p(0.3))
+    _ln_backward_args(g, c, h, dt, shape, k, ns, stat_shape)
     c.oracle = lambda s, res, live: O.verify(O.ref_add_layer_norm_backward(
         s["grad_out"], s["grad_h"], s["h"], s["normalized_shape"], s["mean"], s["rstd"],
         s["weight"], s["bias"], tuple(s["output_mask"])), res)
@@ -865,19 +873,7 @@ def gen_add_rms_norm_backward(g):
     dt = g.dtype()
     shape, k, ns, stat_shape = _ln_shape(g)
     h = _grad_h_args(g, c, shape, dt)
-    c.add("normalized_shape", ns_form(g, ns), "custom", mutate=mut_ns, ns=ns, ndim=len(shape))
-    h64 = np.asarray(h, np.float64)
-    with np.errstate(all="ignore"):
-        ms = (h64 * h64).mean(axis=tuple(range(len(shape) - k, len(shape))), keepdims=True) \
-            if h64.size else np.zeros(stat_shape)
-        rstd = 1 / np.sqrt(ms + 1e-5)
-    M = math.prod(shape[:len(shape) - k])
-    shapes = [stat_shape, (M,)]
-    c.add("rstd", stat_array(g, rstd, g.pick(shapes), _stat_dtype(g, dt), positive_only=True),
-          "array", shapes=shapes)
-    v = g.maybe(lambda: coef(g, ns, COEF[dt]), 0.3)
-    c.add("weight", v, "array", kw=g.p(0.2), dtypes=COEF[dt], shapes=[tuple(ns)], optional=True)
-    c.add("output_mask", tuple(g.p(0.8) for _ in range(2)), "mask", kw=g.p(0.3), n=2)
+    _rms_backward_args(g, c, h, dt, shape, k, ns, stat_shape)
     c.oracle = lambda s, res, live: O.verify(O.ref_add_rms_norm_backward(
         s["grad_out"], s["grad_h"], s["h"], s["normalized_shape"], s["rstd"], s["weight"],
         tuple(s["output_mask"])), res)

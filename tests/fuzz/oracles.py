@@ -634,6 +634,13 @@ def ref_layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
 
 def ref_layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight=None, bias=None,
                             output_mask=(True, True, True)):
+    return _ref_row_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight, bias,
+                                  output_mask)
+
+
+def _ref_row_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight, bias, output_mask):
+    """Layer norm's backward outputs, or (mean None: rows not centered) RMS
+    norm's, whose output_mask has two entries."""
     x, lead, k, M, N = _ln_rows(x, normalized_shape)
     dt = data_dtype(x)
     pm, sd = math_prec(dt), STAT[dt]
@@ -641,25 +648,26 @@ def ref_layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight=No
     X = EB.of(x).reshape(M, N)
     DY = EB.of(np.asarray(grad_out)).reshape(M, N)
     # the saved statistics, as the kernel reads them (rounded to the stats dtype)
-    mu = EB(_round_to(ld(mean).reshape(M, 1), sd))
     rs = EB(_round_to(ld(rstd).reshape(M, 1), sd))
     W = EB(np.ones((1, N), LD)) if weight is None else EB.of(np.asarray(weight).reshape(1, N))
+    centered = mean is not None
     with at(pm):
-        xhat = (X - mu) * rs
+        xc = X - EB(_round_to(ld(mean).reshape(M, 1), sd)) if centered else X
+        xhat = xc * rs
         g = DY * W
         gx_terms = g * xhat
         dyx = DY * xhat
-    A = g.ksum(1, True, pm) / max(N, 1)
     Bm = gx_terms.ksum(1, True, pm) / max(N, 1)
     gw = dyx.ksum(0, False, pm)
-    gb = DY.ksum(0, False, pm)
+    gb = DY.ksum(0, False, pm) if centered else None
     with at(pm):
-        gx = rs * (g - A - xhat * Bm)
+        gx = rs * (g - g.ksum(1, True, pm) / max(N, 1) - xhat * Bm) if centered else \
+            rs * (g - xhat * Bm)
         # kernels may form dy * w * (x - mean) before scaling by rstd: rows where
         # that overflows the math type are not judged
-        raw = g * (X - mu)
+        raw = g * xc
         raw2 = rs * rs * g
-        raw3 = raw2 * rs * (X - mu)
+        raw3 = raw2 * rs * xc
     rowbad = np.any(~np.isfinite(raw.e) | ~np.isfinite(raw2.e) | ~np.isfinite(raw3.e), axis=1,
                     keepdims=True) if raw.e.size else np.zeros((M, 1), bool)
     gx = EB(gx.v, np.where(rowbad, LD(np.inf), gx.e))
@@ -671,7 +679,8 @@ def ref_layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight=No
                        x.shape, np.broadcast_to(skip, (M, N)).reshape(x.shape) if M and N else None))
     else:
         out.append(None)
-    for name, val, i, p in (("grad_weight", gw, 1, weight), ("grad_bias", gb, 2, bias)):
+    sums = (("grad_weight", gw, 1, weight),) + ((("grad_bias", gb, 2, bias),) if centered else ())
+    for name, val, i, p in sums:
         if not output_mask[i]:
             out.append(None)
             continue
@@ -727,47 +736,8 @@ def ref_rms_norm(x, normalized_shape, weight=None, eps=None):
 
 def ref_rms_norm_backward(grad_out, x, normalized_shape, rstd, weight=None,
                           output_mask=(True, True)):
-    x, lead, k, M, N = _ln_rows(x, normalized_shape)
-    dt = data_dtype(x)
-    pm, sd = math_prec(dt), STAT[dt]
-    ns = x.shape[x.ndim - k:]
-    X = EB.of(x).reshape(M, N)
-    DY = EB.of(np.asarray(grad_out)).reshape(M, N)
-    # the saved rstd, as the kernel reads it (rounded to the stats dtype)
-    rs = EB(_round_to(ld(rstd).reshape(M, 1), sd))
-    W = EB(np.ones((1, N), LD)) if weight is None else EB.of(np.asarray(weight).reshape(1, N))
-    with at(pm):
-        xhat = X * rs
-        g = DY * W
-        gx_terms = g * xhat
-        dyx = DY * xhat
-    Bm = gx_terms.ksum(1, True, pm) / max(N, 1)
-    gw = dyx.ksum(0, False, pm)
-    with at(pm):
-        gx = rs * (g - xhat * Bm)
-        # kernels form dy * w * x before scaling by rstd: rows where that
-        # overflows the math type are not judged
-        raw = g * X
-        raw2 = rs * rs * g
-        raw3 = raw2 * rs * X
-    rowbad = np.any(~np.isfinite(raw.e) | ~np.isfinite(raw2.e) | ~np.isfinite(raw3.e), axis=1,
-                    keepdims=True) if raw.e.size else np.zeros((M, 1), bool)
-    gx = EB(gx.v, np.where(rowbad, LD(np.inf), gx.e))
-    skip = ~f64_range_ok(np.max(np.abs(X.v) ** 2, axis=1, keepdims=True, initial=0), N, dt) \
-        if M and N else np.zeros((M, 1), bool)
-    out = []
-    if output_mask[0]:
-        out.append(Out("grad_x", gx.reshape(x.shape) if M and N else EB(np.zeros(x.shape, LD)), dt,
-                       x.shape, np.broadcast_to(skip, (M, N)).reshape(x.shape) if M and N else None))
-    else:
-        out.append(None)
-    if output_mask[1]:
-        odt = data_dtype(weight) if weight is not None else dt
-        v = gw.reshape(ns) if M and N else EB(np.zeros(ns, LD))
-        out.append(Out("grad_weight", v, odt, ns, None if np.all(~skip) else True))
-    else:
-        out.append(None)
-    return out
+    return _ref_row_norm_backward(grad_out, x, normalized_shape, None, rstd, weight, None,
+                                  output_mask)
 
 
 def stored_sum(x, residual):
