@@ -210,8 +210,9 @@ def row_norm(x, residual, normalized_shape, weight, bias, eps, out, centered):
     if centered and (wvec is not None or bvec is not None):   # the kernel takes both or neither
         wvec = np.ones(N, policy.math) if wvec is None else wvec
         bvec = np.zeros(N, policy.math) if bvec is None else bvec
-    kmean, mean = small_out(outs[-2], labels[-2], stat_shape, policy.stat) if centered else (None,
-                                                                                           None)
+    kmean = mean = None
+    if centered:
+        kmean, mean = small_out(outs[-2], labels[-2], stat_shape, policy.stat)
     krstd, rstd = small_out(outs[-1], labels[-1], stat_shape, policy.stat)
     outs = (y_out,) + ((h_out,) if fused else ()) + tuple(outs[1 + fused:])
     check_distinct(zip(labels, outs))
