@@ -195,14 +195,14 @@ def _copied_back(out, written):
 def row_norm(x, residual, normalized_shape, weight, bias, eps, out, centered):
     """The Python path of every row norm: layer norm (centered) or RMS norm
     (not; bias None), of x or, with a residual (residual_array's), of
-    h = x + residual.  Returns (y, [h,] [mean,] rstd); eps already a float
-    for RMS norm."""
+    h = x + residual.  Returns (y, [h,] [mean,] rstd); eps None (RMS norm
+    only) is the math type's machine epsilon."""
     x, policy = as_float_array(x, "x")
     fused = residual is not None
     if fused:
         check_same(residual, "residual", x.shape, x.dtype, ref="x")
     ns, (_, wvec), (_, bvec), M, N, stat_shape = _rows(x, normalized_shape, weight, bias, policy)
-    eps = check_eps(eps)
+    eps = float(np.finfo(policy.math).eps) if eps is None and not centered else check_eps(eps)
     labels = _LABELS[fused, centered]
     outs = split_out(out, _OUTPUTS[fused, centered])
     y_out = check_big_out(outs[0], labels[0], x.shape, x.dtype)

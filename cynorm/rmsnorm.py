@@ -28,23 +28,12 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import numpy as np
-
 from cynorm._typing import Array, ArrayLike, OutArrays, Real
-from cynorm._validation import as_float_array, check_eps
 from cynorm.layernorm import residual_array, row_norm, row_norm_backward
 from cynorm import _kernels
 _k = _kernels.load("layer_norm")  # the plain case's entries (rows_plain, row_grads_plain)
 
 __all__ = ["add_rms_norm", "add_rms_norm_backward", "rms_norm", "rms_norm_backward"]
-
-
-def _eps(eps, x):
-    """eps as a float >= 0; None: the machine epsilon of x's math type."""
-    if eps is None:
-        _, policy = as_float_array(x, "x")
-        return float(np.finfo(policy.math).eps)
-    return check_eps(eps)
 
 
 def rms_norm(x: ArrayLike, normalized_shape: int | Sequence[int],
@@ -107,7 +96,7 @@ def rms_norm(x: ArrayLike, normalized_shape: int | Sequence[int],
     result = _k.rows_plain(x, None, normalized_shape, weight, None, eps, out, False)
     if result is not None:
         return result
-    return row_norm(x, None, normalized_shape, weight, None, _eps(eps, x), out, False)
+    return row_norm(x, None, normalized_shape, weight, None, eps, out, False)
 
 
 def rms_norm_backward(grad_out: ArrayLike, x: ArrayLike, normalized_shape: int | Sequence[int],
@@ -217,8 +206,7 @@ def add_rms_norm(x: ArrayLike, residual: ArrayLike, normalized_shape: int | Sequ
         result = _k.rows_plain(x, residual, normalized_shape, weight, None, eps, out, False)
         if result is not None:
             return result
-    return row_norm(x, residual_array(residual), normalized_shape, weight, None, _eps(eps, x),
-                    out, False)
+    return row_norm(x, residual_array(residual), normalized_shape, weight, None, eps, out, False)
 
 
 def add_rms_norm_backward(grad_out: ArrayLike, grad_h: ArrayLike | None, h: ArrayLike,
