@@ -8,6 +8,8 @@ Cython + OpenMP kernels behind a NumPy API, with PyTorch's semantics:
 * RMS normalization: `rms_norm`, `rms_norm_backward`
 * the residual add fused into either: `add_layer_norm`, `add_rms_norm` and
   their backward ops `add_layer_norm_backward`, `add_rms_norm_backward`
+* group and instance normalization, channels first or last: `group_norm`,
+  `group_norm_backward`, `instance_norm`, `instance_norm_backward`
 * batch normalization: `batch_norm`, `batch_norm_backward`, and the
   split-statistics ops synchronized batch norm is built from:
   `batch_norm_stats`, `batch_norm_gather_stats`, `batch_norm_elemt`,
@@ -54,6 +56,9 @@ from cynorm.rmsnorm import (  # noqa: E402
     add_rms_norm, add_rms_norm_backward, rms_norm, rms_norm_backward,
 )
 from cynorm.batchnorm import batch_norm, batch_norm_backward  # noqa: E402
+from cynorm.groupnorm import (  # noqa: E402
+    group_norm, group_norm_backward, instance_norm, instance_norm_backward,
+)
 from cynorm.batchnorm_stats import (  # noqa: E402
     batch_norm_backward_elemt,
     batch_norm_backward_reduce,
@@ -105,6 +110,8 @@ __all__ = [
     "aten",
     "cudnn_batch_norm_backward",
     "distributed",
+    "instance_norm",
+    "instance_norm_backward",
     "jvp",
     "jvp_rules",
     "log_sigmoid_forward",
@@ -126,6 +133,8 @@ __all__ = [
     "trace",
     "tune_threads",
     "get_team_policy",
+    "group_norm",
+    "group_norm_backward",
     "set_team_policy",
     "thread_team_info",
     "clear_alloc_cache",

@@ -53,6 +53,9 @@ def resnet50_activations():
 LAYER_NORM_SHAPES = [("vit.ln", (2, 197, 768)), ("vit.mlp", (2, 197, 3072))]
 # a LLaMA-7B block's RMSNorm input: (batch, tokens, hidden)
 RMS_NORM_SHAPES = [("llama-7b.rms", (1, 256, 4096))]
+# a Stable Diffusion UNet block's GroupNorm (32 groups) at a 64x64 latent,
+# and an nnU-Net-style 3-D instance norm: (name, N,C,*spatial shape, groups)
+GROUP_NORM_SHAPES = [("unet.gn", (1, 320, 64, 64), 32), ("nnunet.in", (2, 32, 16, 16, 16), 32)]
 
 
 class Progress:
@@ -130,7 +133,7 @@ def run_norms(dtype, activations, rng, progress):
     """Times and errors of layer norm, RMS norm and batch norm (training,
     inference, backward) over the workload, for one storage dtype."""
     keys = ("layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward",
-            "batch_norm (training)",
+            "group_norm", "group_norm_backward", "batch_norm (training)",
             "batch_norm (inference)", "batch_norm_backward")
     results = {k: [0.0, 0.0, 0] for k in keys}
     pdt = _dtypes.FLOAT32 if _dtypes.is_16bit(dtype) else dtype
@@ -169,6 +172,26 @@ def run_norms(dtype, activations, rng, progress):
         refs = ref.rms_norm_backward(dy, x, F, rstd_ref, w)
         record("rms_norm_backward", secs,
                max(normwise_error(g, r) for g, r in zip(grads, refs)), x.nbytes)
+        progress.step(f"{dtype} {name}")
+
+    for name, shape, G in GROUP_NORM_SHAPES:
+        C = shape[1]
+        for axis in (1, -1):
+            x = rng.standard_normal(shape).astype(dtype)
+            dy = rng.standard_normal(shape).astype(dtype)
+            if axis == -1:      # the same activation stored channels-last
+                x, dy = np.moveaxis(x, 1, -1).copy(), np.moveaxis(dy, 1, -1).copy()
+            w = (rng.random(C) + 0.5).astype(pdt)
+            b = rng.standard_normal(C).astype(pdt)
+            (y, mean, rstd), secs = _timed(lambda: cynorm.group_norm(x, G, w, b, axis=axis))
+            y_ref, mean_ref, rstd_ref = ref.group_norm(x, G, w, b, axis=axis)
+            record("group_norm", secs, max(normwise_error(y, y_ref), normwise_error(
+                mean, mean_ref), normwise_error(rstd, rstd_ref)), x.nbytes)
+            grads, secs = _timed(lambda: cynorm.group_norm_backward(dy, x, mean, rstd, w, G,
+                                                                    axis=axis))
+            refs = ref.group_norm_backward(dy, x, mean_ref, rstd_ref, w, G, axis=axis)
+            record("group_norm_backward", secs,
+                   max(normwise_error(g, r) for g, r in zip(grads, refs)), x.nbytes)
         progress.step(f"{dtype} {name}")
 
     for name, shape in activations:
@@ -286,12 +309,15 @@ def main(argv=None):
           f"  batch norm of {len(activations)} ResNet-50 activations (batch 1), "
           f"N,C,H,W and channels-last\n"
           f"  layer norm of {len(LAYER_NORM_SHAPES)} ViT-B activations\n"
-          f"  RMS norm of a LLaMA-7B block's activations {RMS_NORM_SHAPES[0][1]}")
+          f"  RMS norm of a LLaMA-7B block's activations {RMS_NORM_SHAPES[0][1]}\n"
+          f"  group norm of a UNet block's activations {GROUP_NORM_SHAPES[0][1]} (32 groups) and "
+          f"instance norm\n  (a group per channel) of 3-D volumes {GROUP_NORM_SHAPES[1][1]}, "
+          f"N,C,... and channels-last")
     rng = np.random.default_rng(0)
     cpus = os.cpu_count() or 1
     started, busy_before = time.perf_counter(), cpu_busy_seconds()
     progress = Progress((len(layers) + len(activations) + len(LAYER_NORM_SHAPES)
-                         + len(RMS_NORM_SHAPES)) * len(names))
+                         + len(RMS_NORM_SHAPES) + len(GROUP_NORM_SHAPES)) * len(names))
     rows = []
     for n in names:
         measured = run_dtype(known[n], layers, rng, progress)

@@ -2,7 +2,8 @@
 (cynorm.batchnorm_stats) and sync batch norm (cynorm.distributed) share:
 the checks of per-channel arguments, the calls into the batch-norm kernels
 over (A, C, B) views, and the float64 arithmetic of the per-channel
-coefficients.  Only this module calls the batch_norm kernel module."""
+coefficients.  Only this module calls the batch_norm kernel module's
+batch-norm entries (groupnorm.py calls its group-norm ones)."""
 import collections
 import math
 

@@ -351,6 +351,101 @@ def batch_norm_backward(grad_out, x, weight, running_mean, running_var, save_mea
     return _from_channels(gx, np.shape(x), a), grad_weight, grad_bias
 
 
+# ---------------------------------------------------------------- group norm
+
+def _groups(x, G, axis):
+    """x in float64 as (N, G, D, HW): each sample's groups of D channels."""
+    x64 = np.asarray(x, dtype=np.float64)
+    a = axis % x64.ndim
+    first = np.moveaxis(x64, a, 1) if a != 1 else x64
+    N, C = first.shape[:2]
+    return first.reshape(N, G, C // G, -1), a
+
+
+def _ungroup(g, shape, a):
+    """_groups' inverse: (N, G, D, HW) back to the caller's shape and axes."""
+    moved = (shape[0], shape[a]) + tuple(s for i, s in enumerate(shape) if i not in (0, a))
+    first = g.reshape(moved)
+    return np.moveaxis(first, 1, a) if a != 1 else first
+
+
+def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5, axis=1):
+    """(y, mean, rstd) in float64; mean and rstd (N, G), biased variance."""
+    g, a = _groups(x, num_groups, axis)
+    N, G, D, HW = g.shape
+    mean = g.mean(axis=(2, 3))
+    var = ((g - mean[:, :, None, None]) ** 2).mean(axis=(2, 3))
+    rstd = 1.0 / np.sqrt(var + eps)
+    w = _vec(weight, G * D, 1.0).reshape(G, D)
+    b = _vec(bias, G * D, 0.0).reshape(G, D)
+    y = ((g - mean[:, :, None, None]) * rstd[:, :, None, None] * w[None, :, :, None]
+         + b[None, :, :, None])
+    return _ungroup(y, np.shape(x), a), mean, rstd
+
+
+def group_norm_backward(grad_out, x, mean, rstd, weight, num_groups, axis=1):
+    """(grad_x, grad_weight, grad_bias) in float64 from the saved mean/rstd."""
+    g, a = _groups(x, num_groups, axis)
+    dy, _ = _groups(grad_out, num_groups, axis)
+    N, G, D, HW = g.shape
+    m = np.asarray(mean, np.float64).reshape(N, G)[:, :, None, None]
+    r = np.asarray(rstd, np.float64).reshape(N, G)[:, :, None, None]
+    w = _vec(weight, G * D, 1.0).reshape(1, G, D, 1)
+    xhat = (g - m) * r
+    gg = dy * w
+    M = D * HW
+    gx = r * (gg - gg.sum(axis=(2, 3), keepdims=True) / M
+              - xhat * (gg * xhat).sum(axis=(2, 3), keepdims=True) / M)
+    gw = (dy * xhat).sum(axis=(0, 3)).reshape(G * D)
+    gb = dy.sum(axis=(0, 3)).reshape(G * D)
+    return _ungroup(gx, np.shape(x), a), gw, gb
+
+
+def instance_norm(x, weight=None, bias=None, running_mean=None, running_var=None,
+                  use_input_stats=True, momentum=0.1, eps=1e-5, axis=1):
+    """(y, mean, rstd, new_running_mean, new_running_var) in float64: each
+    instance normalized with its own mean and biased variance, the running
+    stats moved towards the batch average of the instances' mean and
+    unbiased variance; or (use_input_stats False) normalized with the
+    running stats (mean, rstd then those, per sample)."""
+    g, a = _groups(x, np.shape(x)[axis % np.ndim(x)], axis)
+    N, C, _, HW = g.shape
+    rm = None if running_mean is None else np.asarray(running_mean, np.float64).copy()
+    rv = None if running_var is None else np.asarray(running_var, np.float64).copy()
+    if use_input_stats:
+        y, mean, rstd = group_norm(x, C, weight, bias, eps, axis)
+        var = ((g - mean[:, :, None, None]) ** 2).sum(axis=(2, 3))
+        if rm is not None:
+            rm = (1.0 - momentum) * rm + momentum * mean.mean(axis=0)
+        if rv is not None:
+            rv = (1.0 - momentum) * rv + momentum * (var / (HW - 1)).mean(axis=0)
+        return y, mean, rstd, rm, rv
+    mean = np.broadcast_to(rm, (N, C))
+    rstd = np.broadcast_to(1.0 / np.sqrt(rv + eps), (N, C))
+    w = _vec(weight, C, 1.0).reshape(1, C, 1, 1)
+    b = _vec(bias, C, 0.0).reshape(1, C, 1, 1)
+    y = (g - mean[:, :, None, None]) * rstd[:, :, None, None] * w + b
+    return _ungroup(y, np.shape(x), a), mean, rstd, rm, rv
+
+
+def instance_norm_backward(grad_out, x, mean, rstd, weight=None, use_input_stats=True, axis=1):
+    """(grad_x, grad_weight, grad_bias) in float64; use_input_stats False:
+    the statistics are constants, grad_x = grad_out * weight * rstd."""
+    C = np.shape(x)[axis % np.ndim(x)]
+    if use_input_stats:
+        return group_norm_backward(grad_out, x, mean, rstd, weight, C, axis)
+    g, a = _groups(x, C, axis)
+    dy, _ = _groups(grad_out, C, axis)
+    N = g.shape[0]
+    m = np.asarray(mean, np.float64).reshape(N, C, 1, 1)
+    r = np.asarray(rstd, np.float64).reshape(N, C, 1, 1)
+    w = _vec(weight, C, 1.0).reshape(1, C, 1, 1)
+    gx = dy * w * r
+    gw = (dy * (g - m) * r).sum(axis=(0, 2, 3))
+    gb = dy.sum(axis=(0, 2, 3))
+    return _ungroup(gx, np.shape(x), a), gw, gb
+
+
 def layer_norm_backward_jvp(grad_out, x, normalized_shape, rstd, weight, t_grad_out, t_x, t_weight):
     """Tangents of layer_norm_backward's (grad_x, grad_weight, grad_bias) in
     float64, differentiating grad_x = r (g - mean(g) - xhat mean(g xhat)),

@@ -36,6 +36,10 @@ def _rms_stat(x, ns):
     return cn.rms_norm(x, ns, eps=EPS)[1]
 
 
+def _gn_stats(x, G, axis=1):
+    return cn.group_norm(x, G, eps=EPS, axis=axis)[1:]
+
+
 def _bn_stats(x, axis=1):
     return cn.batch_norm(x, training=True, eps=EPS, axis=axis)[1:]
 
@@ -80,6 +84,33 @@ def cases(rng):
                     (dy, dh, h, (4, 9), _rms_stat(h, (4, 9)), w), (0, 1, 2, 5),
                     f=lambda dy, dh, h, ns, rstd, w: cn.add_rms_norm_backward(
                         dy, dh, h, ns, _rms_stat(h, ns), w), ignored=(4,)))
+    # group norm and instance norm, channels first and last
+    xg, dyg = r((3, 6, 4, 5)), r((3, 6, 4, 5))
+    gw, gb = rng.random(6) + 0.5, r(6)
+    xgl, dygl = (np.ascontiguousarray(np.moveaxis(a, 1, -1)) for a in (xg, dyg))
+    out.append(Case("group_norm", cn.group_norm, (xg, 3, gw, gb), (0, 2, 3)))
+    out.append(Case("group_norm channels-last", cn.group_norm, (xgl, 2, gw, gb), (0, 2, 3),
+                    kwargs=dict(axis=-1)))
+    out.append(Case("group_norm_backward", cn.group_norm_backward,
+                    (dyg, xg, *_gn_stats(xg, 3), gw, 3), (0, 1, 4),
+                    f=lambda dy, x, mean, rstd, w, G: cn.group_norm_backward(
+                        dy, x, *_gn_stats(x, G), w, G), ignored=(2, 3)))
+    out.append(Case("group_norm_backward channels-last", cn.group_norm_backward,
+                    (dygl, xgl, *_gn_stats(xgl, 2, -1), gw, 2), (0, 1, 4), kwargs=dict(axis=-1),
+                    f=lambda dy, x, mean, rstd, w, G: cn.group_norm_backward(
+                        dy, x, *_gn_stats(x, G, -1), w, G, axis=-1)))
+    irm, irv = r(6) * 0.1, rng.random(6) + 0.5
+    out.append(Case("instance_norm", cn.instance_norm, (xg, gw, gb), (0, 1, 2)))
+    out.append(Case("instance_norm running stats", cn.instance_norm,
+                    (xgl, gw, gb, irm, irv, False), (0, 1, 2, 3, 4), kwargs=dict(axis=-1)))
+    im, ir = cn.instance_norm(xg)[1:]
+    out.append(Case("instance_norm_backward", cn.instance_norm_backward,
+                    (dyg, xg, im, ir, gw), (0, 1, 4),
+                    f=lambda dy, x, mean, rstd, w: cn.instance_norm_backward(
+                        dy, x, *cn.instance_norm(x)[1:], w), ignored=(2, 3)))
+    em, er = cn.instance_norm(xg, running_mean=irm, running_var=irv, use_input_stats=False)[1:]
+    out.append(Case("instance_norm_backward running stats", cn.instance_norm_backward,
+                    (dyg, xg, em, er, gw, False), (0, 1, 2, 3, 4)))
     # batch norm
     C = x4.shape[1]
     bw, bb = rng.random(C) + 0.5, r(C)

@@ -33,7 +33,9 @@ from cynorm._dtypes import POLICY
 from cynorm._typing import Array
 from cynorm.forward_ad._registry import _op_name, jvp_rules, register_jvp
 # the rule modules register their rules on import
-from cynorm.forward_ad import norm_rules, rms_rules, seed_rules, split_stats_rules  # noqa: F401
+from cynorm.forward_ad import (  # noqa: F401
+    group_rules, norm_rules, rms_rules, seed_rules, split_stats_rules,
+)
 
 def _differentiable(x):
     """Whether primal x can carry a tangent: a floating array (not a scalar,

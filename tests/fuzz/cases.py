@@ -360,12 +360,13 @@ def _compatible(a, shape, dtype, order):
         return False
     if not a.flags.writeable:
         return False
-    return a.flags.c_contiguous or (order == "CF" and a.flags.f_contiguous)
+    return a.flags.c_contiguous or (order in ("CF", "any") and a.flags.f_contiguous) \
+        or order == "any"
 
 
 def add_out(g, c, slots, single=False, p=0.55, kw_name="out", result_index=None):
     """Maybe give out=: slots is a list of (name, shape, dtype, order) with
-    order "C" or "CF" (either contiguous order).  Entries may be None,
+    order "C", "CF" (either contiguous order) or "any" (any strides).  Entries may be None,
     fresh, guard-padded, an input itself, a view overlapping an input, or
     the same array twice."""
     if g.moderate or getattr(g, "no_out", False) or not g.p(p):
@@ -403,11 +404,12 @@ def add_out(g, c, slots, single=False, p=0.55, kw_name="out", result_index=None)
                 c.aliased = True
                 c.want("either")
         elif r < 0.85:
-            arr, parent = guarded(g, tuple(shape), dtype, g.pick(("C", "F")) if order == "CF" else "C")
+            arr, parent = guarded(g, tuple(shape), dtype,
+                                  g.pick(("C", "F")) if order in ("CF", "any") else "C")
             c.watch.append(parent)
             entries.append(arr)
         else:
-            fo = "F" if order == "CF" and g.p(0.4) else "C"
+            fo = "F" if order in ("CF", "any") and g.p(0.4) else "C"
             entries.append(_stale(shape, dtype, fo))
     value = entries[0] if single else tuple(entries)
     if g.p(0.12):
@@ -469,7 +471,7 @@ def _break_out(g, c, value, slots, single):
         d = g.pick([x for x in FLOATS + WRONG_DTYPES[:4] if x != dtype])
         bad_arr = np.zeros(shape, d)
         c.want("error", f"out ({name}) of dtype {d}")
-    elif r == 4 and math.prod(shape) > 1 and len(shape) >= 1:
+    elif r == 4 and math.prod(shape) > 1 and len(shape) >= 1 and order != "any":
         big = _stale(tuple(shape[:-1]) + (2 * shape[-1],), dtype)
         bad_arr = big[..., ::2]
         if bad_arr.flags.c_contiguous or bad_arr.flags.f_contiguous:
@@ -961,6 +963,152 @@ def gen_batch_norm(g):
     if not getattr(g, "no_out", False) and isinstance(tr, (bool, np.bool_)) and tr and _is_zero(c.value("eps")):
         c.want("error", "eps=0 in training (README: as torch.nn.functional.batch_norm)")
     return c
+
+
+# ================================================================== cynorm: group norm, instance norm
+
+def _gn_shape(g):
+    """(shape, ndim, axis, C, num_groups): channels first (axis 1) or last."""
+    shape = g.shape(rank=g.int(2, 5))
+    nd = len(shape)
+    axis = g.pick((1, 1, -1, nd - 1))
+    C = shape[axis % nd]
+    divisors = [d for d in range(1, C + 1) if C % d == 0] if C else [1, 2, 3]
+    return shape, nd, axis, C, g.pick(divisors)
+
+
+def mut_groups(g, c, a):
+    C = a.spec["C"]
+    bad = [0, -1, 1.0, True, "2", None] + ([C + 1] if C else []) + \
+        [d for d in range(2, C) if C % d][:2]
+    a.value = g.pick(bad)
+    c.want("error", f"num_groups={a.value!r}")
+
+
+def _gn_groups_arg(g, c, G, C):
+    c.add("num_groups", g.pick((int, np.int64, np.int32))(G), "custom", mutate=mut_groups, C=C)
+
+
+@target("cynorm.group_norm", lambda: cynorm.group_norm)
+def gen_group_norm(g):
+    c = new("cynorm.group_norm", g)
+    dt = g.dtype()
+    shape, nd, axis, C, G = _gn_shape(g)
+    c.add("x", g.array(shape, dt), "array", huge=True)
+    _gn_groups_arg(g, c, G, C)
+    _affine_args(g, c, dt, (C,))
+    draw_eps(g, c)
+    c.add("axis", axis, "axis", kw=g.p(0.5), ndim=nd, none_ok="error", dependent=True)
+    N = shape[0]
+    sd = STAT[dt]
+    add_out(g, c, [("y", shape, dt, "any"), ("mean", (N, G), sd, "C"),
+                   ("rstd", (N, G), sd, "C")])
+    c.oracle = lambda s, res, live: O.verify(O.ref_group_norm(
+        s["x"], s["num_groups"], s["weight"], s["bias"], s["eps"], s["axis"]),
+        res) + out_identity(c, res)
+    return finish(g, c)
+
+
+def _gn_backward_args(g, c, dt, shape, axis, G, stat_name):
+    """A group-norm backward's arguments grad_out, x, mean, rstd (x's own or
+    drawn); G groups per sample."""
+    x = g.array(shape, dt)
+    c.add("grad_out", g.array(shape, dt), "array", huge=True)
+    c.add("x", x, "array")
+    x64 = np.moveaxis(np.asarray(x, np.float64), axis % len(shape), 1)
+    N = shape[0]
+    with np.errstate(all="ignore"):
+        rows = x64.reshape(N * G, -1) if N * G else np.zeros((0, 1))
+        mean = rows.mean(axis=1) if rows.shape[1] else np.zeros(N * G)
+        rstd = 1 / np.sqrt(((rows - mean[:, None]) ** 2).mean(axis=1) + 1e-5) \
+            if rows.shape[1] else np.full(N * G, np.nan)
+    shapes = [(N, G), (N * G,)]
+    sd = _stat_dtype(g, dt)
+    c.add("mean", stat_array(g, mean, g.pick(shapes), sd), "array", shapes=shapes)
+    c.add("rstd", stat_array(g, rstd, g.pick(shapes), sd, positive_only=True), "array",
+          shapes=shapes)
+
+
+@target("cynorm.group_norm_backward", lambda: cynorm.group_norm_backward)
+def gen_group_norm_backward(g):
+    c = new("cynorm.group_norm_backward", g)
+    dt = g.dtype()
+    shape, nd, axis, C, G = _gn_shape(g)
+    _gn_backward_args(g, c, dt, shape, axis, G, "group")
+    c.add("weight", g.maybe(lambda: coef(g, (C,), COEF[dt]), 0.3), "array", dtypes=COEF[dt],
+          shapes=[(C,)], optional=True)
+    _gn_groups_arg(g, c, G, C)
+    c.add("output_mask", tuple(g.p(0.8) for _ in range(3)), "mask", kw=g.p(0.3))
+    c.add("axis", axis, "axis", kw=g.p(0.5), ndim=nd, none_ok="error", dependent=True)
+    c.oracle = lambda s, res, live: O.verify(O.ref_group_norm_backward(
+        s["grad_out"], s["x"], s["mean"], s["rstd"], s["weight"], s["num_groups"],
+        tuple(s["output_mask"]), s["axis"]), res)
+    return finish(g, c)
+
+
+@target("cynorm.instance_norm", lambda: cynorm.instance_norm)
+def gen_instance_norm(g):
+    c = new("cynorm.instance_norm", g)
+    dt = g.dtype()
+    shape, nd, axis, C, _ = _gn_shape(g)
+    use_input_stats = g.p(0.7)
+    c.add("x", g.array(shape, dt), "array", huge=True)
+    _affine_args(g, c, dt, (C,))
+    for name, var in (("running_mean", False), ("running_var", True)):
+        v = g.maybe(lambda: running_array(g, C, g.pick(COEF[dt]), var, use_input_stats),
+                    0.4 if use_input_stats else 0.0)
+        c.add(name, v, "array", kw=g.p(0.2), dtypes=COEF[dt], shapes=[(C,)],
+              optional=use_input_stats, updatable=use_input_stats)
+    c.add("use_input_stats", use_input_stats, "flag", kw=g.p(0.3))
+    c.add("momentum", g.pick((0.1, 0.1, 0.0, 1.0, 0.5)), "real", kw=g.p(0.5))
+    draw_eps(g, c)
+    c.add("axis", axis, "axis", kw=g.p(0.5), ndim=nd, none_ok="error", dependent=True)
+    c.inplace |= {"running_mean", "running_var"}
+    N = shape[0]
+    sd = STAT[dt]
+    add_out(g, c, [("y", shape, dt, "any"), ("mean", (N, C), sd, "C"),
+                   ("rstd", (N, C), sd, "C")])
+
+    def oracle(s, res, live):
+        outs, rm, rv = O.ref_instance_norm(s["x"], s["weight"], s["bias"], s["running_mean"],
+                                           s["running_var"], s["use_input_stats"],
+                                           s["momentum"], s["eps"], s["axis"])
+        probs = O.verify(outs, res) + out_identity(c, res)
+        used = bool(s["use_input_stats"])
+        for name, ref in (("running_mean", rm), ("running_var", rv)):
+            after = live[name]
+            if c.aliased and isinstance(after, np.ndarray) and any(
+                    np.shares_memory(after, o) for _, o in c.out_slots):
+                continue        # an out= array overlapping it was written: the aliasing is the caller's
+            probs += O.running_checks(name, s[name], ref if used else None, after, False)
+        return probs
+    c.oracle = oracle
+    c = finish(g, c)
+    used = c.value("use_input_stats")
+    if not (isinstance(used, (bool, np.bool_)) and used):
+        c.inplace -= {"running_mean", "running_var"}
+    elif (c.value("running_mean") is not None or c.value("running_var") is not None) \
+            and isinstance(c.value("x"), np.ndarray) and c.value("x").shape == shape \
+            and math.prod(shape) // max(shape[0] * C, 1) < 2 and shape[0] * C:
+        c.want("error", "fewer than 2 spatial positions with running statistics to update")
+    return c
+
+
+@target("cynorm.instance_norm_backward", lambda: cynorm.instance_norm_backward)
+def gen_instance_norm_backward(g):
+    c = new("cynorm.instance_norm_backward", g)
+    dt = g.dtype()
+    shape, nd, axis, C, _ = _gn_shape(g)
+    _gn_backward_args(g, c, dt, shape, axis, C, "instance")
+    c.add("weight", g.maybe(lambda: coef(g, (C,), COEF[dt]), 0.3), "array", dtypes=COEF[dt],
+          shapes=[(C,)], optional=True)
+    c.add("use_input_stats", g.p(0.7), "flag", kw=g.p(0.3))
+    c.add("output_mask", tuple(g.p(0.8) for _ in range(3)), "mask", kw=g.p(0.3))
+    c.add("axis", axis, "axis", kw=g.p(0.5), ndim=nd, none_ok="error", dependent=True)
+    c.oracle = lambda s, res, live: O.verify(O.ref_instance_norm_backward(
+        s["grad_out"], s["x"], s["mean"], s["rstd"], s["weight"], s["use_input_stats"],
+        tuple(s["output_mask"]), s["axis"]), res)
+    return finish(g, c)
 
 
 def true_bn_stats(x, axis, eps=1e-5):

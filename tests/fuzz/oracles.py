@@ -1023,6 +1023,152 @@ def ref_batch_norm_backward_elemt(grad_out, x, mean, invstd, weight, sum_dy, sum
     return [Out("grad_x", gx, dt, x.shape)]
 
 
+# ---------------------------------------------------------------- group norm
+
+def _grouped(a, G, ax):
+    """a (x's shape) as EB rows (N * G, D, HW): each sample's groups."""
+    a = np.asarray(a)
+    first = np.moveaxis(a, ax, 1)
+    N, C = first.shape[:2]
+    return EB.of(first.reshape(N * G, C // G, -1))
+
+
+def _ungrouped(rows, shape, ax):
+    moved = (shape[0], shape[ax]) + tuple(s for i, s in enumerate(shape) if i not in (0, ax))
+    return EB(np.moveaxis(rows.v.reshape(moved), 1, ax), np.moveaxis(rows.e.reshape(moved), 1, ax))
+
+
+def _group_param(a, N, G, D, fill):
+    """A per-channel weight or bias as (N * G, D, 1), each sample's copy."""
+    v = np.full(G * D, fill, LD) if a is None else np.asarray(a, np.float64).reshape(G * D)
+    return EB.of(np.tile(v.reshape(G, D), (N, 1)).reshape(N * G, D, 1))
+
+
+def _group_dims(x, num_groups, axis):
+    ax = axis % x.ndim
+    N, C = x.shape[0], x.shape[ax]
+    G = int(num_groups)
+    HW = math.prod(s for i, s in enumerate(x.shape) if i not in (0, ax))
+    return ax, N, C, G, C // G if G else 0, HW
+
+
+def ref_group_norm(x, num_groups, weight=None, bias=None, eps=1e-5, axis=1, given=None):
+    """group_norm's (y, mean, rstd); given: (mean, rstd) per (n, g) that
+    normalize instead (instance norm from running statistics)."""
+    x = np.asarray(x)
+    dt = data_dtype(x)
+    pm, sd = math_prec(dt), STAT[dt]
+    ax, N, C, G, D, HW = _group_dims(x, num_groups, axis)
+    if N * C == 0 or HW == 0:
+        mean = EB(np.zeros((N, G), LD))
+        rstd = EB(np.full((N, G), np.nan, LD))
+        if given is not None:
+            mean, rstd = (EB.of(np.asarray(a, np.float64).reshape(N, G)) for a in given)
+        return [Out("y", EB(np.zeros(x.shape, LD)), dt, x.shape), Out("mean", mean, sd, (N, G)),
+                Out("rstd", rstd, sd, (N, G))]
+    X = _grouped(x, G, ax)
+    W, B = _group_param(weight, N, G, D, 1.0), _group_param(bias, N, G, D, 0.0)
+    if given is None:
+        mean, var, big, dev2 = moments(X, (1, 2), dt)
+        inv = inv_sqrt(var, float(eps))
+        skip = ~f64_range_ok(np.maximum(big * big, dev2), D * HW, dt)
+    else:
+        mean, inv = (EB.of(np.asarray(a, np.float64).reshape(N * G, 1, 1)) for a in given)
+        skip = np.zeros((N * G, 1, 1), bool)
+
+    def y_from(mu, iv):
+        with at(P64):
+            s = iv * W
+        return _ungrouped(_normalize(X, mu, s, B, pm), x.shape, ax)
+    ys = [y_from(mean, inv)]
+    if given is None:
+        ys.append(y_from(stat_variant(mean, sd), stat_variant(inv, sd)))
+    yskip = np.moveaxis(np.broadcast_to(skip, X.shape).reshape(
+        (N, C) + tuple(s for i, s in enumerate(x.shape) if i not in (0, ax))), 1, ax)
+    return [Out("y", ys, dt, x.shape, yskip),
+            Out("mean", mean.reshape(N, G), sd, (N, G), skip.reshape(N, G)),
+            Out("rstd", inv.reshape(N, G), sd, (N, G), skip.reshape(N, G))]
+
+
+def ref_group_norm_backward(grad_out, x, mean, rstd, weight, num_groups,
+                            output_mask=(True, True, True), axis=1, fixed=False):
+    """group_norm_backward's (grad_x, grad_weight, grad_bias) from the saved
+    statistics as the kernels read them (rounded to the stat dtype):
+    grad_x = (dy * k - p) - (x - mean) * q per instance with k = w r,
+    p = mean_g(w dy) r, q = mean_g(w dy (x - mean)) r^3 (fixed: p = q = 0)."""
+    x = np.asarray(x)
+    dt = data_dtype(x)
+    pm, sd = math_prec(dt), STAT[dt]
+    ax, N, C, G, D, HW = _group_dims(x, num_groups, axis)
+    gdt = data_dtype(weight) if weight is not None else dt
+    if N * C == 0 or HW == 0:
+        gx = EB(np.zeros(x.shape, LD))
+        gw = gb = EB(np.zeros(C, LD))
+    else:
+        X, DY = _grouped(x, G, ax), _grouped(grad_out, G, ax)
+        M = EB(_round_to(np.asarray(mean, np.float64), sd).astype(LD).reshape(N * G, 1, 1))
+        I = EB(_round_to(np.asarray(rstd, np.float64), sd).astype(LD).reshape(N * G, 1, 1))
+        W = _group_param(weight, N, G, D, 1.0)
+        with at(pm):          # gradient sums: their float32 terms may overflow (not judged then)
+            prod = DY * (X - M)
+        s2 = prod.ksum(2, True, pm)
+        s1 = DY.ksum(2, True, pm)
+        with at(P64):
+            gw = (s2 * I).reshape(N, C).sum(axis=0)
+            gb = s1.reshape(N, C).sum(axis=0)
+            k = W * I
+            if fixed:
+                p = q = EB(np.zeros((N * G, 1, 1), LD))
+            else:
+                p = (W * s1).sum(axis=1, keepdims=True) / (D * HW) * I
+                q = (W * s2).sum(axis=1, keepdims=True) / (D * HW) * I * I * I
+        with at(pm):
+            gx = DY * k.rounded() - p.rounded()
+            if not fixed:
+                gx = gx - (X - M) * q.rounded()
+        gx = _ungrouped(gx, x.shape, ax)
+    return [Out("grad_x", gx, dt, x.shape) if output_mask[0] else None,
+            Out("grad_weight", gw, gdt, (C,)) if output_mask[1] else None,
+            Out("grad_bias", gb, gdt, (C,)) if output_mask[2] else None]
+
+
+def ref_instance_norm(x, weight=None, bias=None, running_mean=None, running_var=None,
+                      use_input_stats=True, momentum=0.1, eps=1e-5, axis=1):
+    """instance_norm's (y, mean, rstd) and the running statistics after it
+    (None: unchanged)."""
+    x = np.asarray(x)
+    ax = axis % x.ndim
+    N, C = x.shape[0], x.shape[ax]
+    HW = math.prod(s for i, s in enumerate(x.shape) if i not in (0, ax))
+    if not use_input_stats:
+        rm = np.asarray(running_mean, np.float64)
+        with np.errstate(all="ignore"):
+            r = 1.0 / np.sqrt(np.asarray(running_var, np.float64) + float(eps))
+        given = (np.tile(rm, N), np.tile(r, N))
+        return ref_group_norm(x, C, weight, bias, eps, axis, given), None, None
+    outs = ref_group_norm(x, C, weight, bias, eps, axis)
+    rm = rv = None
+    if N * C and HW > 1:
+        X = _grouped(x, C, ax)
+        mean, var, _, _ = moments(X, (1, 2), data_dtype(x))
+        with at(P64):
+            if running_mean is not None:
+                rm = momentum * mean.reshape(N, C).mean(axis=0) + (1.0 - momentum) * EB.of(
+                    np.asarray(running_mean).reshape(C))
+            if running_var is not None:
+                rv = momentum * (var.reshape(N, C).mean(axis=0) * (HW / (HW - 1))) + (
+                    1.0 - momentum) * EB.of(np.asarray(running_var).reshape(C))
+    return outs, rm, rv
+
+
+def ref_instance_norm_backward(grad_out, x, mean, rstd, weight=None, use_input_stats=True,
+                               output_mask=(True, True, True), axis=1):
+    x = np.asarray(x)
+    C = x.shape[axis % x.ndim]
+    return ref_group_norm_backward(grad_out, x, mean, rstd, weight, C, output_mask, axis,
+                                   fixed=not use_input_stats)
+
+
 def ref_batch_norm_gather_stats(mean, invstd, counts, running_mean=None, running_var=None,
                                 momentum=0.1, eps=1e-5):
     m = np.asarray(mean)
