@@ -314,8 +314,44 @@ def softmax_grid(grid, rng):
         grid.put(f"log_sigmoid/{_name(dt)}", cynorm.log_sigmoid_forward(x))
 
 
+# (channels-first shape, groups): each of the kernels' shapes (groups, samples,
+# instances; short and long rows), at both channel axes
+GN_CASES = [((2, 6, 3, 4), 3), ((3, 8, 50), 2), ((6, 64, 7, 7), 64), ((4, 32, 8, 8), 8),
+            ((2, 4, 200, 400), 1), ((2, 48, 96, 80), 3), ((5, 4), 2)]
+
+
+def group_norm_grid(grid, rng):
+    import cynorm
+    for dt in _dtypes():
+        for shape, G in GN_CASES:
+            for axis in (1, -1):
+                key = f"gn/{_name(dt)}/{shape}/{G}/{axis}"
+                x = _data(rng, shape, dt, scale=3.0, offset=float(rng.standard_normal()))
+                if axis == -1:
+                    x = np.ascontiguousarray(np.moveaxis(x, 1, -1))
+                C = shape[1]
+                w, b = _data(rng, (C,), _math(dt)), _data(rng, (C,), _math(dt))
+                y, m, r = cynorm.group_norm(x, G, w, b, axis=axis)
+                grid.put(f"{key}/forward", (y, m, r))
+                dy = _data(rng, x.shape, dt)
+                grid.put(f"{key}/backward", cynorm.group_norm_backward(dy, x, m, r, w, G,
+                                                                       axis=axis))
+                rm, rv = _data(rng, (C,), _math(dt)), np.abs(_data(rng, (C,), _math(dt))) + 0.5
+                for use in (True, False):
+                    if use and x.size // max(C, 1) < 2 * shape[0]:
+                        continue        # one position per instance: no running update
+                    out = cynorm.instance_norm(x, w, b, rm, rv, use, 0.1, 1e-5, axis)
+                    grid.put(f"{key}/instance/{use}", out + (rm.copy(), rv.copy()))
+                    grid.put(f"{key}/instance_backward/{use}", cynorm.instance_norm_backward(
+                        dy, x, out[1], out[2], w, use, axis=axis))
+                grid.put(f"{key}/jvp", cynorm.jvp(
+                    cynorm.group_norm, (x, G, w, b),
+                    (_data(rng, x.shape, dt), None, _data(rng, (C,), _math(dt)), None),
+                    axis=axis))
+
+
 STRUCTURED = [weight_norm_grid, layer_norm_grid, batch_norm_grid, nested_grid, softmax_grid,
-              rms_norm_grid, add_norm_grid]
+              rms_norm_grid, add_norm_grid, group_norm_grid]
 
 
 def structured(grid, prefix):
