@@ -1,4 +1,4 @@
-"""Layer norm, RMS norm and batch norm: cynorm vs PyTorch (CPU), NumPy, ONNX Runtime and JAX, in one process, interleaved.
+"""Layer norm, RMS norm, group norm, instance norm and batch norm: cynorm vs PyTorch (CPU), NumPy, ONNX Runtime and JAX, in one process, interleaved.
 
     python benchmarks/bench_norms.py                  # both allocation settings, 1 and 2 threads
     python benchmarks/bench_norms.py --quick          # smoke run: 5 repeats
@@ -13,7 +13,10 @@ pinned to that many CPUs (XLA sizes JAX's thread pool from them):
                   freed memory is reused and fresh outputs cost no page faults.
 Ops: layer norm forward/backward over the last axis (weight and bias), RMS
 norm forward/backward over the last axis (weight; torch: _fused_rms_norm, and
-autograd's gradients of F.rms_norm, as it has no CPU backward op), batch
+autograd's gradients of F.rms_norm, as it has no CPU backward op), group
+norm (32 groups; torch.native_group_norm and its backward) and instance norm
+(torch.instance_norm, autograd's gradients) stored channels first or last
+(ONNX Runtime: GroupNormalization / InstanceNormalization on N,C,...), batch
 norm forward in training and in eval mode and backward (training), on NCHW,
 channels-last (NHWC storage; cynorm gets the N,H,W,C array with axis=-1,
 torch a channels_last tensor) and (N, C) inputs.  bfloat16 inputs get float32
@@ -55,12 +58,15 @@ DRAM_BYTES = 16 << 20          # more than this moved: counted as DRAM-bound
 BUSY_WARN = 0.05               # warn when other processes take more of the CPUs than this
 DTYPES = ["float32", "bfloat16"]
 OPS = ["layer_norm_fwd", "layer_norm_bwd", "rms_norm_fwd", "rms_norm_bwd", "add_layer_norm_fwd",
-       "add_layer_norm_bwd", "add_rms_norm_fwd", "add_rms_norm_bwd", "batch_norm_fwd_train",
+       "add_layer_norm_bwd", "add_rms_norm_fwd", "add_rms_norm_bwd", "group_norm_fwd",
+       "group_norm_bwd", "instance_norm_fwd", "instance_norm_bwd", "batch_norm_fwd_train",
        "batch_norm_fwd_eval", "batch_norm_bwd"]
 OP_LABEL = {"layer_norm_fwd": "LN fwd", "layer_norm_bwd": "LN bwd", "rms_norm_fwd": "RMS fwd",
             "rms_norm_bwd": "RMS bwd", "add_layer_norm_fwd": "add+LN fwd",
             "add_layer_norm_bwd": "add+LN bwd", "add_rms_norm_fwd": "add+RMS fwd",
-            "add_rms_norm_bwd": "add+RMS bwd", "batch_norm_fwd_train": "BN fwd train",
+            "add_rms_norm_bwd": "add+RMS bwd", "group_norm_fwd": "GN fwd",
+            "group_norm_bwd": "GN bwd", "instance_norm_fwd": "IN fwd", "instance_norm_bwd": "IN bwd",
+            "batch_norm_fwd_train": "BN fwd train",
             "batch_norm_fwd_eval": "BN fwd eval", "batch_norm_bwd": "BN bwd"}
 OP_ALIASES = {"fwd": "_fwd", "bwd": "_bwd", "forward": "_fwd", "backward": "_bwd", "train": "_train",
               "eval": "_eval"}          # --ops tokens; "ln" / "rms" / "bn" / "add" prefixes: layer_norm /
@@ -74,6 +80,10 @@ CASES = [
     ("rms_norm", (2048, 4096), "last axis"),      # LLaMA-7B: tokens x hidden
     ("add_rms_norm", (2048, 4096), "last axis"),
     ("add_layer_norm", (8192, 1024), "last axis"),
+    ("group_norm", (8, 320, 64, 64), "NCHW"),     # a Stable Diffusion UNet block, 32 groups
+    ("group_norm", (8, 320, 64, 64), "NHWC"),
+    ("instance_norm", (2, 64, 32, 32, 32), "NCDHW"),   # an InstanceNorm3d volume
+    ("instance_norm", (2, 64, 32, 32, 32), "NDHWC"),
     ("batch_norm", (32, 64, 56, 56), "NCHW"),
     ("batch_norm", (32, 64, 56, 56), "NHWC"),
     ("batch_norm", (128, 256, 14, 14), "NCHW"),
@@ -87,6 +97,10 @@ CACHE_CASES = [
     ("rms_norm", (64, 4096), "last axis"),
     ("add_rms_norm", (64, 4096), "last axis"),
     ("add_layer_norm", (512, 768), "last axis"),
+    ("group_norm", (2, 320, 16, 16), "NCHW"),
+    ("group_norm", (2, 320, 16, 16), "NHWC"),
+    ("instance_norm", (8, 64, 16, 16), "NCHW"),
+    ("instance_norm", (8, 64, 16, 16), "NHWC"),
     ("batch_norm", (8, 64, 14, 14), "NCHW"),
     ("batch_norm", (8, 64, 14, 14), "NHWC"),
     ("batch_norm", (32, 256, 7, 7), "NCHW"),
@@ -95,6 +109,7 @@ CACHE_CASES = [
 CASE_SETS = {"all": CASES + CACHE_CASES, "dram": CASES, "cache": CACHE_CASES}
 CYNORM_FUNCS = ["layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward",
                 "add_layer_norm", "add_layer_norm_backward", "add_rms_norm", "add_rms_norm_backward",
+                "group_norm", "group_norm_backward", "instance_norm", "instance_norm_backward",
                 "batch_norm", "batch_norm_backward"]
 # max |out - ref| / max |ref| (ref: float64 on the same inputs) above which a check is reported
 CHECK_TOL = {"float32": 1e-3, "bfloat16": 2e-2}
@@ -462,6 +477,109 @@ def add_norm_case(cn, family, shape, dtype, ops, rng, use_out, checks):
     return fn
 
 
+def group_norm_case(cn, family, shape, layout, dtype, ops, rng, use_out, checks):
+    """Group norm with 32 groups (family group_norm) or instance norm (a group
+    per channel) of N,C,... data stored channels first or last (cynorm: the
+    N,...,C array with axis=-1; torch: a channels_last tensor), float32
+    weight and bias.  torch: native_group_norm and its backward;
+    instance_norm and autograd's gradients of it (no running statistics)."""
+    import ml_dtypes
+    import torch
+    npdt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(np.float32)
+    N, C = shape[:2]
+    HW = int(np.prod(shape[2:]))
+    G = C if family == "instance_norm" else 32
+    last = layout in ("NHWC", "NDHWC")
+    arr_shape = (N,) + tuple(shape[2:]) + (C,) if last else shape
+    axis = -1 if last else 1
+    x32 = rng.standard_normal(arr_shape, dtype=np.float32) * 2 + 0.5
+    dy32 = rng.standard_normal(arr_shape, dtype=np.float32)
+    w32 = rng.random(C, dtype=np.float32) + 0.5
+    b32 = rng.standard_normal(C, dtype=np.float32)
+    x, dy = x32.astype(npdt), dy32.astype(npdt)
+
+    def tview(a):
+        t = to_torch(a)
+        return t.permute(0, a.ndim - 1, *range(1, a.ndim - 1)) if last else t
+    tx, tdy = tview(x), tview(dy)
+    tw, tb = to_torch(w32), to_torch(b32)
+    nx = x.nbytes
+    has = (lambda f: cn is not None and hasattr(cn, f))
+    ref_fwd = ref_bwd = None
+    if checks:
+        from cynorm import reference
+        x64, dy64 = f64(x, dy)
+        ref_fwd = reference.group_norm(x64, G, w32, b32, EPS, axis)
+        ref_bwd = reference.group_norm_backward(dy64, x64, ref_fwd[1], ref_fwd[2], w32, G, axis)
+        del x64, dy64
+    fwd, bwd = f"{family}_fwd", f"{family}_bwd"
+    fn = {}
+    tm, tr = torch.native_group_norm(tx, tw, tb, N, C, HW, G, EPS)[1:]
+
+    if fwd in ops:
+        # reads x, weight, bias; writes y, mean, rstd
+        op = fn[fwd] = Op(2 * nx + 8 * C + 8 * N * G, nx, ref_fwd, ("y", "mean", "rstd"))
+        if family == "instance_norm":
+            op.fns["torch"] = lambda: torch.instance_norm(tx, tw, tb, None, None, True, MOMENTUM,
+                                                          EPS, False)
+            op.check_against_ref("torch", (torch_layout(op.fns["torch"](), last),))
+        else:
+            op.fns["torch"] = lambda: torch.native_group_norm(tx, tw, tb, N, C, HW, G, EPS)
+            res = op.fns["torch"]()
+            op.check_against_ref("torch", (torch_layout(res[0], last),) + tuple(res[1:]))
+        if not last:
+            op.add_peer("onnxruntime", peers.ort_group_norm(x, w32, b32, G, EPS))
+        else:
+            op.notes["onnxruntime"] = "ONNX's norms take the channels on axis 1"
+        op.add_peer("jax", peers.jax_group_norm(x, w32, b32, G, EPS, last))
+        name = family
+        if has(name):
+            call = (lambda: cn.instance_norm(x, w32, b32, axis=axis)) if family == "instance_norm" \
+                else (lambda: cn.group_norm(x, G, w32, b32, EPS, axis))
+            res = op.try_cynorm("cynorm", call)
+            op.check_against_ref("cynorm", res)
+            if res is not None and use_out:
+                cynorm_out_call(op, (lambda out: cn.instance_norm(x, w32, b32, axis=axis, out=out))
+                                if family == "instance_norm" else
+                                (lambda out: cn.group_norm(x, G, w32, b32, EPS, axis, out=out)),
+                                res)
+        elif cn is not None:
+            op.notes["cynorm"] = f"cynorm.{name} missing"
+
+    if bwd in ops:
+        # reads dy, x, mean, rstd, weight; writes grad_x, grad_weight, grad_bias
+        op = fn[bwd] = Op(3 * nx + 8 * N * G + 12 * C, nx, ref_bwd,
+                          ("grad_x", "grad_weight", "grad_bias"))
+        if family == "instance_norm":
+            gx_, gw_, gb_ = (t.detach().clone().requires_grad_() for t in (tx, tw, tb))
+            ty = torch.instance_norm(gx_, gw_, gb_, None, None, True, MOMENTUM, EPS, False)
+            op.fns["torch"] = lambda: torch.autograd.grad(ty, (gx_, gw_, gb_), tdy,
+                                                          retain_graph=True)
+        else:
+            op.fns["torch"] = lambda: torch.ops.aten.native_group_norm_backward(
+                tdy, tx, tm, tr, tw, N, C, HW, G, [True, True, True])
+        res = op.fns["torch"]()
+        op.check_against_ref("torch", (torch_layout(res[0], last),) + tuple(res[1:]))
+        back = family + "_backward"
+        if has(family) and has(back):
+            if family == "instance_norm":
+                _, cm, cr = cn.instance_norm(x, w32, b32, axis=axis)
+                call = (lambda: cn.instance_norm_backward(dy, x, cm, cr, w32, axis=axis))
+            else:
+                _, cm, cr = cn.group_norm(x, G, w32, b32, EPS, axis)
+                call = (lambda: cn.group_norm_backward(dy, x, cm, cr, w32, G, axis=axis))
+            res = op.try_cynorm("cynorm", call)
+            op.check_against_ref("cynorm", res)
+        elif cn is not None:
+            op.notes["cynorm"] = f"cynorm.{family} / {back} missing"
+    return fn
+
+
+def torch_layout(t, last):
+    """A torch result in the layout of cynorm's array (N,...,C when last)."""
+    return t.permute(0, *range(2, t.ndim), 1) if last and t.ndim > 2 else t
+
+
 def batch_norm_case(cn, shape, layout, dtype, ops, rng, use_out, checks):
     import ml_dtypes
     import torch
@@ -634,6 +752,9 @@ def run_setting(args):
             elif family.startswith("add_"):
                 case = add_norm_case(cn, family, shape, dtype, ops, rng, not args.no_out,
                                      not args.no_check)
+            elif family in ("group_norm", "instance_norm"):
+                case = group_norm_case(cn, family, shape, layout, dtype, ops, rng,
+                                       not args.no_out, not args.no_check)
             else:
                 case = batch_norm_case(cn, shape, layout, dtype, ops, rng, not args.no_out, not args.no_check)
             for threads in args.threads:
@@ -782,7 +903,7 @@ def parse_ops(spec):
     for tok in spec.split(","):
         tok = tok.strip().lower()
         for short, full in (("ln", "layer_norm"), ("rms", "rms_norm"), ("bn", "batch_norm"),
-                            ("add", "add_")):
+                            ("add", "add_"), ("gn", "group_norm"), ("in", "instance_norm")):
             if (tok == short or tok.startswith(short + "_")) and not tok.startswith(full):
                 tok = full + tok[len(short):]
         tok = OP_ALIASES.get(tok, tok)
@@ -800,7 +921,8 @@ def main():
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="ops: " + ", ".join(OPS) + " (--ops takes substrings: "
                                        "layer_norm, rms_norm, add_layer_norm, add_rms_norm, "
-                                       "batch_norm, fwd, bwd, train, eval; ln, rms, add, bn)")
+                                       "group_norm, instance_norm, batch_norm, fwd, bwd, train, "
+                                       "eval; ln, rms, add, gn, in, bn)")
     p.add_argument("--repeats", type=int, help="interleaved repeats per case (default 15, --quick 5; "
                    "x8 when the input is under 8 MiB)")
     p.add_argument("--quick", action="store_true", help="smoke run: 5 repeats")

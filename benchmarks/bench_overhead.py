@@ -49,8 +49,8 @@ def cases(cn, torch, dtype=np.float32):
     arr.torch_dtype = t(np.zeros(1, dtype)).dtype
 
     # one function per family: each keeps its own inputs for its lambdas
-    return [c for family in (weight_norm_cases, layer_norm_cases, batch_norm_cases, softmax_cases,
-                             nll_cases, nested_cases)
+    return [c for family in (weight_norm_cases, layer_norm_cases, group_norm_cases,
+                             batch_norm_cases, softmax_cases, nll_cases, nested_cases)
             for c in family(cn, torch, arr, t)]
 
 
@@ -108,6 +108,32 @@ def rms_norm_cases(cn, torch, x, dy, w, t):
          lambda: torch.autograd.grad(ty, (gx, gw), tdy, retain_graph=True)),
         ("add_rms_norm", lambda: cn.add_rms_norm(x, dy, (4,), w),
          lambda: (lambda h: (torch._fused_rms_norm(h, [4], tw, None), h))(tx + tdy)),
+    ]
+
+
+def group_norm_cases(cn, torch, arr, t):
+    """(2, 4, 3, 3), 2 groups, channels first; instance norm without running
+    statistics (torch: instance_norm and autograd's gradients of it)."""
+    if not hasattr(cn, "group_norm"):
+        return []
+    aten = torch.ops.aten
+    x, dy, w, b = arr(2, 4, 3, 3), arr(2, 4, 3, 3), arr(4), arr(4)
+    tx, tdy, tw, tb = t(x), t(dy), t(w), t(b)
+    _, mean, rstd = cn.group_norm(x, 2, w, b)
+    _, tmean, trstd = torch.native_group_norm(tx, tw, tb, 2, 4, 9, 2, 1e-5)
+    _, imean, irstd = cn.instance_norm(x, w, b)
+    gx, gw, gb = (a.clone().requires_grad_() for a in (tx, tw, tb))
+    ty = torch.instance_norm(gx, gw, gb, None, None, True, 0.1, 1e-5, False)
+    return [
+        ("group_norm", lambda: cn.group_norm(x, 2, w, b),
+         lambda: torch.native_group_norm(tx, tw, tb, 2, 4, 9, 2, 1e-5)),
+        ("group_norm_backward", lambda: cn.group_norm_backward(dy, x, mean, rstd, w, 2),
+         lambda: aten.native_group_norm_backward(tdy, tx, tmean, trstd, tw, 2, 4, 9, 2,
+                                                 [True] * 3)),
+        ("instance_norm", lambda: cn.instance_norm(x, w, b),
+         lambda: torch.instance_norm(tx, tw, tb, None, None, True, 0.1, 1e-5, False)),
+        ("instance_norm_backward", lambda: cn.instance_norm_backward(dy, x, imean, irstd, w),
+         lambda: torch.autograd.grad(ty, (gx, gw, gb), tdy, retain_graph=True)),
     ]
 
 

@@ -130,6 +130,33 @@ def ort_add_norm(x, res, w, b, eps):
         return None, f"{type(e).__name__}: {e}"
 
 
+def ort_group_norm(x, w, b, groups, eps):
+    """y of group norm over N,C,... x (float32): ONNX's InstanceNormalization
+    where each channel is a group, else GroupNormalization (opset 21, its
+    scale and bias per channel)."""
+    onnx, ort, why = _onnx()
+    if onnx is None:
+        return None, why
+    if x.dtype != np.float32:
+        return None, f"{x.dtype}: the one-node models here are float32"
+    from onnx import helper
+    C = x.shape[1]
+    if groups == C:
+        node = helper.make_node("InstanceNormalization", ["X", "scale", "B"], ["Y"],
+                                epsilon=float(eps))
+        opset = OPSET
+    else:
+        node = helper.make_node("GroupNormalization", ["X", "scale", "B"], ["Y"],
+                                epsilon=float(eps), num_groups=int(groups))
+        opset = 21
+    model = _model(onnx, node, [("X", x.shape), ("scale", (C,)), ("B", (C,))], [("Y", x.shape)],
+                   opset=opset)
+    try:
+        return _maker(ort, model, {"X": x, "scale": w, "B": b}), None
+    except Exception as e:  # noqa: BLE001
+        return None, f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+
+
 def ort_batch_norm_eval(x, w, b, rm, rv, eps, channels_last):
     """y = (x - rm) / sqrt(rv + eps) * w + b per channel (axis 1), float32."""
     onnx, ort, why = _onnx()
@@ -256,3 +283,31 @@ def jax_batch_norm(x, w, b, rm, rv, eps, momentum, axis, training):
         y = x.astype(jnp.float32) * scale.reshape(bshape) + (b - rm * scale).reshape(bshape)
         return y.astype(x.dtype)
     return _jax_maker(jax, train if training else infer, (x, w, b, rm, rv)), None
+
+
+def jax_group_norm(x, w, b, groups, eps, channels_last):
+    """(y, mean, rstd) of group norm (channels on axis 1, or last); 16-bit x
+    computed in float32 and y rounded back."""
+    jax, why = _jax()
+    if jax is None:
+        return None, why
+    import jax.numpy as jnp
+    N = x.shape[0]
+    C = x.shape[-1] if channels_last else x.shape[1]
+
+    @jax.jit
+    def f(x, w, b):
+        x32 = x.astype(jnp.float32)
+        if channels_last:
+            g = x32.reshape(N, -1, groups, C // groups)
+            axes = (1, 3)
+        else:
+            g = x32.reshape(N, groups, -1)
+            axes = (2,)
+        mean = g.mean(axes, keepdims=True)
+        rstd = jax.lax.rsqrt(jnp.square(g - mean).mean(axes, keepdims=True) + eps)
+        xhat = ((g - mean) * rstd).reshape(x.shape)
+        pshape = (C,) if channels_last else (C,) + (1,) * (x.ndim - 2)
+        y = xhat * w.astype(jnp.float32).reshape(pshape) + b.astype(jnp.float32).reshape(pshape)
+        return y.astype(x.dtype), mean.reshape(N, groups), rstd.reshape(N, groups)
+    return _jax_maker(jax, f, (x, w, b)), None

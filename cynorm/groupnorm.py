@@ -220,6 +220,9 @@ def group_norm(x: ArrayLike, num_groups: int, weight: ArrayLike | None = None,
         eps < 0, or an output has the wrong shape or layout, is read-only,
         or overlaps another output.
     """
+    result = _k.group_forward_plain(x, num_groups, weight, bias, eps, axis, out)
+    if result is not None:
+        return result
     x, policy = as_float_array(x, "x")
     lay = _Layout(x, axis)
     G = _groups(num_groups, lay.C)
@@ -312,6 +315,10 @@ def group_norm_backward(grad_out: ArrayLike, x: ArrayLike, mean: ArrayLike, rstd
         last, num_groups does not divide C, a statistic or weight has the
         wrong shape, or output_mask has not three entries.
     """
+    result = _k.group_backward_plain(grad_out, x, mean, rstd, weight, num_groups, output_mask,
+                                     axis)
+    if result is not None:
+        return result
     grad_out, x, policy, lay = _grad_args(grad_out, x, axis)
     G = _groups(num_groups, lay.C)
     weight = channel_vector(weight, "weight", lay.C, policy)
@@ -389,6 +396,11 @@ def instance_norm(x: ArrayLike, weight: ArrayLike | None = None, bias: ArrayLike
         undefined), eps < 0, momentum is not finite, or an output is not as
         described.
     """
+    if (running_mean is None and running_var is None and use_input_stats is True
+            and type(momentum) is float and math.isfinite(momentum)):
+        result = _k.instance_forward_plain(x, weight, bias, eps, axis, out)
+        if result is not None:
+            return result
     x, policy = as_float_array(x, "x")
     lay = _Layout(x, axis)
     C = lay.C
@@ -476,6 +488,10 @@ def instance_norm_backward(grad_out: ArrayLike, x: ArrayLike, mean: ArrayLike, r
         last, a statistic or weight has the wrong shape, or output_mask has
         not three entries.
     """
+    result = _k.instance_backward_plain(grad_out, x, mean, rstd, weight, use_input_stats,
+                                        output_mask, axis)
+    if result is not None:
+        return result
     grad_out, x, policy, lay = _grad_args(grad_out, x, axis)
     fixed = not check_bool(use_input_stats, "use_input_stats")
     weight = channel_vector(weight, "weight", lay.C, policy)

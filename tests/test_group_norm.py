@@ -288,6 +288,9 @@ def test_out_argument(dtype, rng):
     with pytest.raises(ValueError, match=r"share memory"):
         m = np.empty((4, 3), sd)
         cynorm.group_norm(x, 3, w, b, out=(None, m, m))
+    # a bad parameter beside out=: an error, not a read of its memory
+    with pytest.raises(TypeError, match="bias must be a NumPy array"):
+        cynorm.group_norm(x, 3, w, "abc", out=(np.empty_like(x), None, None))
 
 
 def test_bad_arguments_name_the_argument(rng):

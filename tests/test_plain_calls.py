@@ -333,3 +333,109 @@ def test_batch_norm_leaves_the_rest_to_python(call):
     v = np.abs(data(4, np.float32, 1)) + 0.5
     rv = v.copy()
     assert call(x, rv) is None
+
+
+# (channels-first shape, groups): each of the kernels' shapes, short and long rows
+GN_SHAPES = [((2, 6, 3, 4), 3), ((3, 8, 50), 2), ((6, 64, 7, 7), 64), ((2, 4, 200, 400), 1),
+             ((5, 4), 2), ((2, 48, 40, 30), 3)]
+
+
+def gn_layout(a, axis, moved):
+    """a (channels first) as the caller holds it: channels last for axis -1;
+    moved: the memory in the other channel order (a torch channels_last view)."""
+    if axis == -1:
+        return np.moveaxis(np.ascontiguousarray(a), 1, -1) if moved else \
+            np.ascontiguousarray(np.moveaxis(a, 1, -1))
+    return np.moveaxis(np.ascontiguousarray(np.moveaxis(a, 1, -1)), -1, 1) if moved else a
+
+
+@pytest.mark.parametrize("shape,G", GN_SHAPES)
+@pytest.mark.parametrize("dtype,form,affine", AFFINE_FORMS)
+@pytest.mark.parametrize("axis,moved", [(1, False), (-1, False), (1, True), (-1, True)])
+def test_group_norm(dtype, form, shape, G, affine, axis, moved, threads):
+    from cynorm import groupnorm
+    if moved and len(shape) == 2:
+        pytest.skip("(N, C): one memory order")
+    C = shape[1]
+    x = gn_layout(data(shape, dtype, mean=1e4 if dtype == np.float32 else 0.5), axis, moved)
+    w = data(C, param_dtype(dtype, form), 1) if affine else None
+    b = data(C, param_dtype(dtype, form, False), 2) if affine else None
+    assert groupnorm._k.group_forward_plain(x, G, w, b, 1e-5, axis) is not None
+    got = cynorm.group_norm(x, G, w, b, 1e-5, axis)
+    want = cynorm.group_norm(via_python(x), G, w, b, 1e-5, axis)
+    assert got[0].strides == want[0].strides
+    same_bits(tuple(np.ascontiguousarray(a) for a in got),
+              tuple(np.ascontiguousarray(a) for a in want))
+    dy = gn_layout(data(shape, dtype, 3), axis, moved)
+    _, mean, rstd = got
+    for mask in [(True, True, True), (True, False, False), (False, True, True)]:
+        for m, r in ((mean, rstd), (mean.reshape(-1), rstd.reshape(-1))):
+            args = (dy, x, m, r, w, G, mask, axis)
+            assert groupnorm._k.group_backward_plain(*args) is not None
+            g1 = cynorm.group_norm_backward(*args)
+            g2 = cynorm.group_norm_backward(via_python(dy), *args[1:])
+            same_bits(tuple(None if a is None else np.ascontiguousarray(a) for a in g1),
+                      tuple(None if a is None else np.ascontiguousarray(a) for a in g2))
+    # instance norm: a group per channel, its own statistics
+    assert groupnorm._k.instance_forward_plain(x, w, b, 1e-5, axis) is not None
+    got = cynorm.instance_norm(x, w, b, eps=1e-5, axis=axis)
+    same_bits(tuple(np.ascontiguousarray(a) for a in got),
+              tuple(np.ascontiguousarray(a) for a in cynorm.instance_norm(
+                  via_python(x), w, b, eps=1e-5, axis=axis)))
+    for use in (True, False):
+        args = (dy, x, got[1], got[2], w, use, (True, True, True), axis)
+        assert groupnorm._k.instance_backward_plain(*args) is not None
+        same_bits(tuple(np.ascontiguousarray(a) for a in cynorm.instance_norm_backward(*args)),
+                  tuple(np.ascontiguousarray(a) for a in cynorm.instance_norm_backward(
+                      via_python(dy), *args[1:])))
+
+
+@pytest.mark.parametrize("call", [
+    lambda k, x, w: k.group_forward_plain(x, 2, w, w, 1, 1),            # eps an int
+    lambda k, x, w: k.group_forward_plain(x, 2.0, w, w, 1e-5, 1),       # num_groups a float
+    lambda k, x, w: k.group_forward_plain(x, True, w, w, 1e-5, 1),
+    lambda k, x, w: k.group_forward_plain(x, 3, w, w, 1e-5, 1),         # not dividing C
+    lambda k, x, w: k.group_forward_plain(x, 0, w, w, 1e-5, 1),
+    lambda k, x, w: k.group_forward_plain(x, 10 ** 30, w, w, 1e-5, 1),
+    lambda k, x, w: k.group_forward_plain(x, 2, w, w, 1e-5, 2),         # not a channel axis
+    lambda k, x, w: k.group_forward_plain(x, 2, w, w, 1e-5, 10 ** 30),
+    lambda k, x, w: k.group_forward_plain(x, 2, w, w, 1e-5, 1.0),
+    lambda k, x, w: k.group_forward_plain(x[:, :, ::2], 2, w, w, 1e-5, 1),   # strided
+    lambda k, x, w: k.group_forward_plain(x.astype(">f4"), 2, w, w, 1e-5, 1),
+    lambda k, x, w: k.group_forward_plain(x, 2, w.astype(np.float64), w, 1e-5, 1),
+    lambda k, x, w: k.group_forward_plain(x[:0], 2, w, w, 1e-5, 1),    # no sample
+    lambda k, x, w: k.group_forward_plain(x.tolist(), 2, w, w, 1e-5, 1),
+    lambda k, x, w: k.group_backward_plain(x, x, x[:, :2, 0], x[:, :2, 0], w, 2,
+                                           [True] * 3, 1),
+    lambda k, x, w: k.group_backward_plain(x, x[:1], x[:1, :2, 0], x[:1, :2, 0], w, 2,
+                                           (True,) * 3, 1),
+    lambda k, x, w: k.group_backward_plain(x, x, x[:, :2, 0].astype(np.float64),
+                                           x[:, :2, 0], w, 2, (True,) * 3, 1),
+    lambda k, x, w: k.instance_backward_plain(x, x, x[:, :, 0], x[:, :, 0], w, 1,
+                                              (True,) * 3, 1),
+])
+def test_group_norm_leaves_the_rest_to_python(call):
+    from cynorm import groupnorm
+    x = data((2, 4, 6), np.float32)
+    w = data(4, np.float32, 1)
+    assert call(groupnorm._k, x, w) is None
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("axis", [1, -1])
+def test_group_norm_out(dtype, axis, threads):
+    from cynorm import groupnorm
+    x = gn_layout(data((3, 8, 5, 6), dtype), axis, False)
+    w, b = data(8, math_dtype(dtype), 1), data(8, math_dtype(dtype), 2)
+    want = cynorm.group_norm(via_python(x), 4, w, b, 1e-5, axis)
+    sd = math_dtype(dtype)
+    for keep in [(True, True, True), (True, False, False), (False, True, True)]:
+        outs = tuple(np.full(s, 7, d) if k else None
+                     for k, s, d in zip(keep, (x.shape, (3, 4), (3, 4)), (dtype, sd, sd)))
+        assert groupnorm._k.group_forward_plain(x, 4, w, b, 1e-5, axis, outs) is not None
+        got = cynorm.group_norm(x, 4, w, b, 1e-5, axis, out=outs)
+        for g, o in zip(got, outs):
+            assert o is None or g is o
+        same_bits(got, want)
+    # out=x (in place) and outputs over the inputs: the Python layer's
+    assert groupnorm._k.group_forward_plain(x, 4, w, b, 1e-5, axis, (x, None, None)) is None
