@@ -407,7 +407,18 @@ def moments(X, axis, dtype):
     pm = math_prec(dtype)
     with np.errstate(all="ignore"):
         v = X.v
-        mean = np.sum(v, axis=axis, keepdims=True) / LD(max(n, 1))
+        # the mean from the group's first value k and the sum of v - k, as
+        # the kernels shift: exact for constant data (a plain sum of many
+        # equal values rounds even in long double, and its "variance" then
+        # is that rounding)
+        axes = tuple(int(a) % v.ndim for a in np.atleast_1d(axis)) if v.ndim else ()
+        k = LD(0)
+        if axes and n and v.size:
+            moved = np.moveaxis(v, axes, range(v.ndim - len(axes), v.ndim))
+            first = moved.reshape(moved.shape[:v.ndim - len(axes)] + (-1,))[..., :1]
+            k = first.reshape([1 if i in axes else s for i, s in enumerate(v.shape)])
+            k = np.where(np.isfinite(k), k, LD(0))
+        mean = k + np.sum(v - k, axis=axis, keepdims=True) / LD(max(n, 1))
         d = v - mean
         var = np.sum(d * d, axis=axis, keepdims=True) / LD(max(n, 1))
         re = np.real(v)
