@@ -129,6 +129,17 @@ def _timed(fn):
     return out, statistics.median(times)
 
 
+def channel_layouts(rng, shape, dtype):
+    """(axis, x, dy): an N,C,... activation and its gradient, stored channels
+    first (axis 1), then a new draw stored channels last (axis -1)."""
+    for axis in (1, -1):
+        x = rng.standard_normal(shape).astype(dtype)
+        dy = rng.standard_normal(shape).astype(dtype)
+        if axis == -1:
+            x, dy = np.moveaxis(x, 1, -1).copy(), np.moveaxis(dy, 1, -1).copy()
+        yield axis, x, dy
+
+
 def run_norms(dtype, activations, rng, progress):
     """Times and errors of layer norm, RMS norm and batch norm (training,
     inference, backward) over the workload, for one storage dtype."""
@@ -176,11 +187,7 @@ def run_norms(dtype, activations, rng, progress):
 
     for name, shape, G in GROUP_NORM_SHAPES:
         C = shape[1]
-        for axis in (1, -1):
-            x = rng.standard_normal(shape).astype(dtype)
-            dy = rng.standard_normal(shape).astype(dtype)
-            if axis == -1:      # the same activation stored channels-last
-                x, dy = np.moveaxis(x, 1, -1).copy(), np.moveaxis(dy, 1, -1).copy()
+        for axis, x, dy in channel_layouts(rng, shape, dtype):
             w = (rng.random(C) + 0.5).astype(pdt)
             b = rng.standard_normal(C).astype(pdt)
             (y, mean, rstd), secs = _timed(lambda: cynorm.group_norm(x, G, w, b, axis=axis))
@@ -196,11 +203,7 @@ def run_norms(dtype, activations, rng, progress):
 
     for name, shape in activations:
         C = shape[1]
-        for axis in (1, -1):
-            x = rng.standard_normal(shape).astype(dtype)
-            dy = rng.standard_normal(shape).astype(dtype)
-            if axis == -1:      # the same activation stored channels-last
-                x, dy = np.moveaxis(x, 1, -1).copy(), np.moveaxis(dy, 1, -1).copy()
+        for axis, x, dy in channel_layouts(rng, shape, dtype):
             w = (rng.random(C) + 0.5).astype(pdt)
             b = rng.standard_normal(C).astype(pdt)
             rm, rv = np.zeros(C, pdt), np.ones(C, pdt)

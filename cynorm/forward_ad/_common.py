@@ -4,6 +4,7 @@ import inspect
 import numpy as np
 
 from cynorm._dtypes import is_16bit
+from cynorm._validation import check_updatable
 
 
 _POSITIONAL, _KEYWORD = inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY
@@ -107,3 +108,12 @@ def zeros_like(outputs):
     if isinstance(outputs, tuple):
         return tuple(None if o is None else np.zeros_like(o) for o in outputs)
     return None if outputs is None else np.zeros_like(outputs)
+
+
+def check_running_tangents(t, updating):
+    """The tangents of running_mean / running_var (positional arguments 3
+    and 4) must be updatable arrays where the op updates the statistics (the
+    rule updates the tangents in place, as the op does the statistics)."""
+    for i, name in ((3, "running_mean"), (4, "running_var")):
+        if updating and t[name] is not None:
+            check_updatable(t[name], f"tangents[{i}] (for {name})")

@@ -19,9 +19,11 @@ import numpy as np
 
 from cynorm import groupnorm as _gn
 from cynorm.forward_ad._registry import register_jvp
-from cynorm.forward_ad._common import bind, cast_like, m, math_dtype, zeros_like
+from cynorm.forward_ad._common import (
+    bind, cast_like, check_running_tangents, m, math_dtype, zeros_like,
+)
 from cynorm.forward_ad.norm_rules import _update_in_place
-from cynorm._validation import check_bool, check_updatable, normalize_dim
+from cynorm._validation import check_bool, normalize_dim
 
 
 def _axis(x, axis):
@@ -154,9 +156,7 @@ def _group_norm_backward_jvp(primals, tangents, kwargs):
 def _instance_norm_jvp(primals, tangents, kwargs):
     args, t = bind(_gn.instance_norm, primals, tangents, kwargs)
     use_input_stats = check_bool(args["use_input_stats"], "use_input_stats")
-    for i, name in ((3, "running_mean"), (4, "running_var")):
-        if use_input_stats and t[name] is not None:     # updated in place below, as the statistic
-            check_updatable(t[name], f"tangents[{i}] (for {name})")
+    check_running_tangents(t, use_input_stats)      # updated in place below, as the statistics
     x = np.array(args["x"]) if kwargs.get("out") is not None else np.asarray(args["x"])
     outs = _gn.instance_norm(*primals, **kwargs)
     y, mean, rstd = outs

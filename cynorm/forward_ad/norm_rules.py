@@ -21,8 +21,10 @@ from cynorm import batchnorm as _bn
 from cynorm import layernorm as _ln
 from cynorm import weightnorm as _wn
 from cynorm.forward_ad._registry import register_jvp
-from cynorm.forward_ad._common import bind, cast_like, m, math_dtype, tangent_sum, zeros_like
-from cynorm._validation import check_bool, check_updatable, normalize_dim
+from cynorm.forward_ad._common import (
+    bind, cast_like, check_running_tangents, m, math_dtype, tangent_sum, zeros_like,
+)
+from cynorm._validation import check_bool, normalize_dim
 
 
 def _axes(axes):
@@ -178,9 +180,7 @@ def _vec(a, dt, C, fill=None):
 def _batch_norm_jvp(primals, tangents, kwargs):
     args, t = bind(_bn.batch_norm, primals, tangents, kwargs)
     training = check_bool(args["training"], "training")
-    for i, name in ((3, "running_mean"), (4, "running_var")):
-        if training and t[name] is not None:    # updated in place below, as the statistic
-            check_updatable(t[name], f"tangents[{i}] (for {name})")
+    check_running_tangents(t, training)      # updated in place below, as the statistics
     outs = _bn.batch_norm(*primals, **kwargs)    # checks the arguments
     x = np.asarray(args["x"])     # the op took an array-like x too
     axis = normalize_dim(args["axis"], x.ndim, "axis")

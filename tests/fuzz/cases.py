@@ -921,6 +921,19 @@ def _is_zero(v):
         and v == 0
 
 
+def running_problems(c, s, live, refs, skip):
+    """Problems of the running statistics an op updates in place: refs the
+    expected (running_mean, running_var) after it (None: unchanged)."""
+    probs = []
+    for name, ref in zip(("running_mean", "running_var"), refs):
+        after = live[name]
+        if c.aliased and isinstance(after, np.ndarray) and any(
+                np.shares_memory(after, o) for _, o in c.out_slots):
+            continue        # an out= array overlapping it was written: the aliasing is the caller's
+        probs += O.running_checks(name, s[name], ref, after, skip)
+    return probs
+
+
 @target("cynorm.batch_norm", lambda: cynorm.batch_norm)
 def gen_batch_norm(g):
     c = new("cynorm.batch_norm", g)
@@ -943,14 +956,8 @@ def gen_batch_norm(g):
                                               s["running_var"], s["training"], s["momentum"],
                                               s["eps"], s["axis"])
         tr = bool(s["training"])
-        probs = O.verify(outs, res) + out_identity(c, res)
-        for name, ref in (("running_mean", rm), ("running_var", rv)):
-            after = live[name]
-            if c.aliased and isinstance(after, np.ndarray) and any(
-                    np.shares_memory(after, o) for _, o in c.out_slots):
-                continue        # an out= array overlapping it was written: the aliasing is the caller's
-            probs += O.running_checks(name, s[name], ref if tr else None, after, skip)
-        return probs
+        return (O.verify(outs, res) + out_identity(c, res)
+                + running_problems(c, s, live, (rm, rv) if tr else (None, None), skip))
     c.oracle = oracle
     c = finish(g, c)
     tr = c.value("training")
@@ -1073,15 +1080,9 @@ def gen_instance_norm(g):
         outs, rm, rv = O.ref_instance_norm(s["x"], s["weight"], s["bias"], s["running_mean"],
                                            s["running_var"], s["use_input_stats"],
                                            s["momentum"], s["eps"], s["axis"])
-        probs = O.verify(outs, res) + out_identity(c, res)
         used = bool(s["use_input_stats"])
-        for name, ref in (("running_mean", rm), ("running_var", rv)):
-            after = live[name]
-            if c.aliased and isinstance(after, np.ndarray) and any(
-                    np.shares_memory(after, o) for _, o in c.out_slots):
-                continue        # an out= array overlapping it was written: the aliasing is the caller's
-            probs += O.running_checks(name, s[name], ref if used else None, after, False)
-        return probs
+        return (O.verify(outs, res) + out_identity(c, res)
+                + running_problems(c, s, live, (rm, rv) if used else (None, None), False))
     c.oracle = oracle
     c = finish(g, c)
     used = c.value("use_input_stats")
