@@ -49,10 +49,6 @@ ROOT = os.path.dirname(HERE)
 BUILDS = {"wheel": "none", "native": "native"}   # name -> CYNORM_MARCH
 # the module of the Python layer that calls each kernel module (its _k, _kernel)
 PY_MODULES = {"layer_norm": "cynorm.layernorm", "batch_norm": "cynorm._channels"}
-LABEL = {"layer_norm_fwd": "LN fwd", "layer_norm_bwd": "LN bwd", "batch_norm_fwd_train": "BN train",
-         "batch_norm_fwd_eval": "BN eval", "batch_norm_bwd": "BN bwd"}
-
-
 def install(march, target):
     env = dict(os.environ, CYNORM_MARCH=march)
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
@@ -126,7 +122,7 @@ def child(args):
                 rows.append({"op": opname, "dtype": dtype, "shape": list(shape), "layout": layout,
                              "ms": {w: median_ms(s) for w, s in samples.items()},
                              "ratios": [a / b for a, b in zip(samples["A"], samples["B"])]})
-                print(f"  {LABEL[opname]:8s} {dtype:8s} {str(shape):18s} {layout:9s} A/B "
+                print(f"  {bn.OP_LABEL[opname]:12s} {dtype:8s} {str(shape):18s} {layout:9s} A/B "
                       f"{rows[-1]['ms']['A'] / rows[-1]['ms']['B']:.3f}", file=sys.stderr, flush=True)
     json.dump(rows, sys.stdout)
 
@@ -194,12 +190,9 @@ def norms_cases(cn, dtype, ops, rng, evict, which="dram"):
         fops = [op for op in ops if op.startswith(family)]
         if not fops:
             continue
-        if family == "layer_norm":
-            case = bn.layer_norm_case(cn, shape, dtype, fops, rng, False, "float32", False)
-        else:
-            case = bn.batch_norm_case(cn, shape, layout, dtype, fops, rng, False, False)
+        case = bn.family_case(cn, family, shape, layout, dtype, fops, rng, False, "float32", False)
         for op in fops:
-            out.append((f"{LABEL[op]} {dtype} {shape} {layout}", case[op].size_bytes,
+            out.append((f"{bn.OP_LABEL[op]} {dtype} {shape} {layout}", case[op].size_bytes,
                         case[op].fns["cynorm"], case[op].fns["torch"],
                         bn.cold_caches(evict, case[op])))
     return out

@@ -710,6 +710,19 @@ def batch_norm_case(cn, shape, layout, dtype, ops, rng, use_out, checks):
 
 # --------------------------------------------------------------------------- #
 # one allocation setting, run in a child process
+def family_case(cn, family, shape, layout, dtype, ops, rng, use_out, ln_param_dtype, checks):
+    """The ops of one op family on one case (CASES' rows): {op name: its timed calls}."""
+    if family == "layer_norm":
+        return layer_norm_case(cn, shape, dtype, ops, rng, use_out, ln_param_dtype, checks)
+    if family == "rms_norm":
+        return rms_norm_case(cn, shape, dtype, ops, rng, use_out, checks)
+    if family.startswith("add_"):
+        return add_norm_case(cn, family, shape, dtype, ops, rng, use_out, checks)
+    if family in ("group_norm", "instance_norm"):
+        return group_norm_case(cn, family, shape, layout, dtype, ops, rng, use_out, checks)
+    return batch_norm_case(cn, shape, layout, dtype, ops, rng, use_out, checks)
+
+
 def pin_to(threads):
     """Run this process on `threads` CPUs (of those it may use), so that a
     library that sizes its pool from them (XLA) gets that many; False where
@@ -744,19 +757,8 @@ def run_setting(args):
         if not ops:
             continue
         for dtype in args.dtypes:
-            if family == "layer_norm":
-                case = layer_norm_case(cn, shape, dtype, ops, rng, not args.no_out, args.ln_param_dtype,
-                                       not args.no_check)
-            elif family == "rms_norm":
-                case = rms_norm_case(cn, shape, dtype, ops, rng, not args.no_out, not args.no_check)
-            elif family.startswith("add_"):
-                case = add_norm_case(cn, family, shape, dtype, ops, rng, not args.no_out,
-                                     not args.no_check)
-            elif family in ("group_norm", "instance_norm"):
-                case = group_norm_case(cn, family, shape, layout, dtype, ops, rng,
-                                       not args.no_out, not args.no_check)
-            else:
-                case = batch_norm_case(cn, shape, layout, dtype, ops, rng, not args.no_out, not args.no_check)
+            case = family_case(cn, family, shape, layout, dtype, ops, rng, not args.no_out,
+                               args.ln_param_dtype, not args.no_check)
             for threads in args.threads:
                 torch.set_num_threads(threads)
                 if cn is not None:

@@ -191,19 +191,60 @@ def test_either_entry_to_one_memory_layout_gives_the_same_bits(dtype, rng):
         np.testing.assert_array_equal(bits(a), bits(c))
 
 
+# (channels-first shape, num_groups): each pairs one of the kernels' shapes
+# channels first (groups, instances) with one channels last (samples,
+# instances); 80000 positions run past the row chunk; 7x7 and HW = 1 are
+# short rows
+LAYOUT_CASES = [((4, 24, 9, 10), 6), ((3, 8, 1), 8), ((6, 64, 7, 7), 64), ((2, 12, 5, 4, 3), 4),
+                ((2, 64, 48, 48), 2), ((2, 4, 200, 400), 1)]
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-def test_channels_last_and_first_agree(dtype, rng):
-    # the two layouts' statistics are sums in different orders: they agree
-    # to rounding (and y to its dtype's last place), not bit for bit
-    x = make_input(rng, (4, 24, 9, 10), dtype, 3.0, 100.0)
-    w, b = make_affine(rng, 24, param_dtypes(dtype)[-1])
-    y1, m1, r1 = cynorm.group_norm(x, 6, w, b)
-    y2, m2, r2 = cynorm.group_norm(np.ascontiguousarray(np.moveaxis(x, 1, -1)), 6, w, b, axis=-1)
-    _, m_ref, r_ref = ref.group_norm(x, 6, w, b)
-    assert_close(m2, m1, stat_dtype(dtype), scale=np.abs(m_ref) + 1 / r_ref,
-                 rtol=stat_rtol(dtype))
-    assert_close(np.moveaxis(y2, -1, 1), y1, dtype,
-                 scale=2 * y_scale(x, 6, m_ref, r_ref, w, b, 1))
+@pytest.mark.parametrize("shape,G", LAYOUT_CASES, ids=[f"{s}-G{g}" for s, g in LAYOUT_CASES])
+@pytest.mark.parametrize("scale", [1.0, 1e30], ids=["data", "1e30"])
+def test_channels_last_and_first_give_the_same_bits(shape, G, scale, dtype, rng, team_always,
+                                                     restore_threads):
+    # the statistics are summed in one order in either layout: y, mean,
+    # rstd and every gradient are the same bits channels first and last,
+    # at any thread count; 1e30 data take the float64 squares and (with
+    # dy of 1e30) the float64 gradient sums
+    if scale > 1 and np.dtype(dtype).itemsize == 2:
+        pytest.skip("beyond the dtype's range")
+    C = shape[1]
+    x = make_input(rng, shape, dtype, 3.0 * scale, 10.0 * scale)
+    dy = make_input(rng, shape, dtype, scale, 0.0)
+    w, b = make_affine(rng, C, param_dtypes(dtype)[-1])
+    last = lambda a: np.ascontiguousarray(np.moveaxis(a, 1, -1))
+    got = []
+    for n in (1, 2):
+        cynorm.set_num_threads(n)
+        y, m, r = cynorm.group_norm(x, G, w, b)
+        g = cynorm.group_norm_backward(dy, x, m, r, w, G)
+        got.append((y, m, r) + g)
+        y, m, r = cynorm.group_norm(last(x), G, w, b, axis=-1)
+        g = cynorm.group_norm_backward(last(dy), last(x), m, r, w, G, axis=-1)
+        got.append((channels_first(y, -1), m, r, channels_first(g[0], -1)) + g[1:])
+    for other in got[1:]:
+        for a, c in zip(got[0], other):
+            np.testing.assert_array_equal(bits(np.ascontiguousarray(a)),
+                                          bits(np.ascontiguousarray(c)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_instance_norm_layouts_give_the_same_bits(dtype, rng):
+    # instance norm, its running statistics and its backward, both layouts
+    x = make_input(rng, (3, 16, 6, 7), dtype, 2.0, 5.0)
+    dy = make_input(rng, x.shape, dtype)
+    w, b = make_affine(rng, 16, param_dtypes(dtype)[-1])
+    last = lambda a: np.ascontiguousarray(np.moveaxis(a, 1, -1))
+    got = []
+    for xx, dd, axis in ((x, dy, 1), (last(x), last(dy), -1)):
+        rm, rv = np.zeros(16, w.dtype), np.ones(16, w.dtype)
+        y, m, r = cynorm.instance_norm(xx, w, b, rm, rv, axis=axis)
+        g = cynorm.instance_norm_backward(dd, xx, m, r, w, axis=axis)
+        got.append((channels_first(y, axis), m, r, rm, rv, channels_first(g[0], axis)) + g[1:])
+    for a, c in zip(*got):
+        np.testing.assert_array_equal(bits(np.ascontiguousarray(a)), bits(np.ascontiguousarray(c)))
 
 
 def test_finite_differences(rng):
