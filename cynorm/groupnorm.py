@@ -172,7 +172,8 @@ def group_norm(x: ArrayLike, num_groups: int, weight: ArrayLike | None = None,
 
     with rstd = 1 / sqrt(var + eps) (biased variance).  Statistics are
     float64 sums of each channel's shifted moments, merged per group;
-    bitwise the same at any thread count.
+    bitwise the same at any thread count and in either layout (axis=-1
+    data gives the bits of the same values channels first).
 
     Parameters
     ----------
