@@ -165,6 +165,19 @@ CN_ALWAYS_INLINE void cn_prefetch_rows(const void *p, ptrdiff_t n, ptrdiff_t ld,
             cn_prefetch_read((const char *)p + (ahead + q) * ld * isz, n * isz);
 }
 
+/* the same into L2 only (a further look-ahead, which would evict from L1
+ * the rows in use): rows `ahead` .. `ahead` + R - 1 on from p */
+CN_ALWAYS_INLINE void cn_prefetch_rows_l2(const void *p, ptrdiff_t n, ptrdiff_t ld,
+                                          ptrdiff_t ahead, int R, ptrdiff_t isz) {
+#if defined(__GNUC__) || defined(__clang__)
+    for (int q = 0; q < R; q++)
+        for (ptrdiff_t line = 0; line < n * isz; line += 64)
+            __builtin_prefetch((const char *)p + (ahead + q) * ld * isz + line, 0, 1);
+#else
+    (void)p; (void)n; (void)ld; (void)ahead; (void)R; (void)isz;
+#endif
+}
+
 /* a loop over R long rows at p, at a 64-byte step: the same line of the
  * next R rows (a hardware stream per row restarts at every row group) */
 CN_ALWAYS_INLINE void cn_prefetch_next_group(const void *p, ptrdiff_t ld, int R, ptrdiff_t isz) {
