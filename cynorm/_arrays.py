@@ -102,10 +102,8 @@ def check_big_out(out: Any, name: str, shape: tuple[int, ...], dtype: Any) -> Op
 def small_out(out: Any, name: str, shape: tuple[int, ...], dtype: Any) -> tuple[Array, Array]:
     """A per-channel output: (contiguous array the kernel writes, array returned).
     The kernels see only the data of per-channel arrays, so no reshape."""
-    if out is None:
-        arr = np.empty(shape, dtype)
-        return arr, arr
-    return check_out(out, name, shape, dtype), out
+    arr = np.empty(shape, dtype) if out is None else check_out(out, name, shape, dtype)
+    return arr, arr
 
 
 def kernel_dims(shape: tuple[int, ...], dim: Optional[int], transposed: bool) -> tuple[int, int, int]:

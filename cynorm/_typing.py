@@ -2,7 +2,9 @@
 
 These are what a type checker (mypy, pyright) sees in users' code: cynorm
 ships a ``py.typed`` marker.  The aliases stay broad where the functions
-are: every array argument takes anything ``numpy.asarray`` takes, every
+are: every array argument takes anything ``numpy.asarray`` takes (torch
+and JAX tensors among them, by their ``__array__``; cynorm reads them
+through ``__dlpack__``), every
 array returned is a NumPy array (float64, float32, bfloat16 or float16:
 NumPy's typing cannot spell ml_dtypes' bfloat16, so the dtype is Any).
 """

@@ -9,17 +9,40 @@ import numpy as np
 from numpy.exceptions import AxisError
 
 from cynorm._dtypes import POLICY, SUPPORTED_NAMES, Policy
+from cynorm._kernels._dlpack import from_dlpack
 from cynorm._typing import Array, ArrayLike, OutArray, OutArrays
+
+
+def is_dlpack(x: Any) -> bool:
+    """Whether x is read through DLPack: a tensor of another library (torch,
+    JAX, ...) that exports ``__dlpack__``; never an ndarray."""
+    return not isinstance(x, np.ndarray) and hasattr(type(x), "__dlpack__")
+
+
+def dlpack_array(x: Any, name: str, writable: bool = False) -> Array:
+    """x (is_dlpack) as an ndarray over its memory, zero-copy, bfloat16
+    included; writable: the op writes into it (out=, running statistics),
+    so memory its producer marks read-only, or a JAX array's (immutable),
+    is refused."""
+    a, ok = from_dlpack(x, name)
+    if writable and (not ok or type(x).__module__.split(".")[0] in ("jax", "jaxlib")):
+        raise ValueError(f"{name} is read-only ({type(x).__name__} exports its memory "
+                         f"read-only through DLPack): pass a writable array")
+    return a
 
 
 def as_float_array(x: ArrayLike, name: str) -> tuple[Array, Policy]:
     """x as an ndarray of a supported floating dtype; returns (array, policy).
 
-    Array-likes (lists, objects with __array__) are converted as np.asarray
-    does; non-native byte order is converted to native (a copy).  Masked
-    arrays are refused: their mask would be silently ignored."""
+    Tensors of other libraries that export ``__dlpack__`` (torch, JAX) are
+    read in place (is_dlpack); other array-likes (lists, objects with
+    __array__) are converted as np.asarray does; non-native byte order is
+    converted to native (a copy).  Masked arrays are refused: their mask
+    would be silently ignored."""
     if type(x) is not np.ndarray:
-        if isinstance(x, np.ndarray) or hasattr(x, "__array__") or isinstance(
+        if is_dlpack(x):
+            x = dlpack_array(x, name)
+        elif isinstance(x, np.ndarray) or hasattr(x, "__array__") or isinstance(
                 x, (list, tuple, float, int, np.generic)):
             x = as_array(x, name)
         else:
@@ -36,9 +59,12 @@ def as_float_array(x: ArrayLike, name: str) -> tuple[Array, Policy]:
 
 def as_array(x: ArrayLike, name: str) -> Array:
     """np.asarray(x), its errors (ragged nested lists, ...) naming the
-    argument.  Masked arrays are refused: their mask would be silently ignored."""
+    argument; a DLPack tensor read in place (is_dlpack).  Masked arrays are
+    refused: their mask would be silently ignored."""
     if isinstance(x, np.ma.MaskedArray):
         raise TypeError(f"{name} is a masked array: pass its data and handle the mask yourself")
+    if is_dlpack(x):
+        return dlpack_array(x, name)
     try:
         return np.asarray(x)
     except (TypeError, ValueError, OverflowError) as e:
@@ -189,9 +215,14 @@ def check_same(x: Array, name: str, shape: tuple[int, ...], dtype: Any, ref: str
 
 def check_out(out: Any, name: str, shape: tuple[int, ...], dtype: Any, order: str = "C") -> Array:
     """A caller-provided output: an ndarray of exactly shape/dtype, writeable,
-    and contiguous in `order`: "C", or "CF" for either order."""
+    and contiguous in `order`: "C", or "CF" for either order.  A writable
+    DLPack tensor (a torch tensor) is written in place through an ndarray
+    view of its memory, which the op returns."""
+    if is_dlpack(out):
+        out = dlpack_array(out, name, writable=True)
     if not isinstance(out, np.ndarray):
-        raise TypeError(f"{name} must be a NumPy array or None, got {type(out).__name__}")
+        raise TypeError(f"{name} must be a NumPy array, a writable DLPack tensor or None, "
+                        f"got {type(out).__name__}")
     if isinstance(out, np.ma.MaskedArray):
         raise TypeError(f"{name} is a masked array: its mask would be ignored (pass a plain "
                         f"array, e.g. its .data)")
@@ -300,10 +331,14 @@ def check_vector(a: ArrayLike, name: str, length: int, dtypes: Collection[Any], 
 
 def check_updatable(a: Any, name: str) -> Array:
     """An array the op updates in place (running statistics): it must be an
-    ndarray the result can be written back to, never a converted copy."""
+    ndarray the result can be written back to, never a converted copy, or a
+    writable DLPack tensor (a torch tensor), updated through a view of its
+    memory."""
+    if is_dlpack(a):
+        a = dlpack_array(a, name, writable=True)
     if not isinstance(a, np.ndarray) or isinstance(a, np.ma.MaskedArray):
-        raise TypeError(f"{name} must be a NumPy array (it is updated in place), "
-                        f"got {type(a).__name__}")
+        raise TypeError(f"{name} must be a NumPy array or a writable DLPack tensor (it is "
+                        f"updated in place), got {type(a).__name__}")
     if a.dtype.byteorder not in ("=", "|") and a.dtype.newbyteorder("=") != a.dtype:
         raise ValueError(f"{name} must have native byte order (it is updated in place), "
                          f"got {a.dtype}")

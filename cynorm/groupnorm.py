@@ -181,8 +181,8 @@ def group_norm(x: ArrayLike, num_groups: int, weight: ArrayLike | None = None,
         ``(N, C, *spatial)`` with axis=1, or ``(N, *spatial, C)`` with
         axis=-1; float64, float32, bfloat16 or float16; never modified (unless it is
         ``out[0]``).  Either layout is read in place when its memory is
-        C-ordered in either channel order (a torch channels_last tensor's
-        NumPy view included); other strides are copied once.
+        C-ordered in either channel order (a torch channels_last tensor
+        included); other strides are copied once.
     num_groups : int
         The number of groups; must divide C.
     weight : array_like, optional

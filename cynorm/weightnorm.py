@@ -122,7 +122,7 @@ def norm_except_dim(v: ArrayLike, pow: Real = 2, dim: int | None = 0, *,
     kind, p = _norm_kind(pow)
     shape = () if dim is None else kept_shape(v.shape, dim)
     if out is not None:
-        check_out(out, "out", shape, v.dtype)
+        out = check_out(out, "out", shape, v.dtype)
     (kv,), transposed = _layout([v], ())
     A, D, B = _kernel_dims(v.shape, dim, transposed)
     norms = np.empty(D, np.float64)

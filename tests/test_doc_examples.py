@@ -9,6 +9,8 @@ uses).  A comment line right before a block says how to run it instead:
     <!-- example: gpu cupy -->  /  <!-- example: gpu torch -->
         needs a CUDA GPU with cuDNN (and CuPy / a CUDA build of PyTorch):
         skipped, with the reason, without one.
+    <!-- example: torch -->  /  <!-- example: jax -->
+        needs PyTorch / JAX (CPU): skipped, with the reason, without it.
 
 Run from a copy of the tests outside the checkout (the wheel's CI job) there
 is no README to read: the tests then skip and say so.
@@ -117,6 +119,8 @@ def test_example_runs(code, how, tmp_path, monkeypatch):
         return
     if how.startswith("gpu"):
         _skip_without_gpu(how)
+    elif how in ("torch", "jax"):
+        pytest.importorskip(how, reason=f"needs {'PyTorch' if how == 'torch' else 'JAX'}")
     elif how:
         raise AssertionError(f"unknown example marker {how!r}")
     exec(compile(code, "<example>", "exec"), {"__name__": "__example__"})

@@ -89,5 +89,6 @@ def test_wrong_out_forms_are_refused_with_the_expected_form():
         cn.weight_norm(v, g, 0, out=(buf, buf))
     with pytest.raises(TypeError, match=r"tuple of 2 arrays/None \(w, norm\), got ndarray"):
         cn.weight_norm_interface(v, g, 0, out=buf)
-    with pytest.raises(TypeError, match="out must be a NumPy array or None, got list"):
+    with pytest.raises(TypeError,
+                       match="out must be a NumPy array, a writable DLPack tensor or None, got list"):
         cn.weight_norm(v, g, 0, out=[buf])

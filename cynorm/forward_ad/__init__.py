@@ -31,6 +31,7 @@ import numpy as np
 
 from cynorm._dtypes import POLICY
 from cynorm._typing import Array
+from cynorm._validation import dlpack_array, is_dlpack
 from cynorm.forward_ad._registry import _op_name, jvp_rules, register_jvp
 # the rule modules register their rules on import
 from cynorm.forward_ad import (  # noqa: F401
@@ -111,7 +112,11 @@ def jvp(op: Callable[..., Any], primals: Sequence[Any], tangents: Sequence[Optio
     if len(tangents) != len(primals):
         raise ValueError(f"jvp: tangents must have one entry per primal ({len(primals)}), "
                          f"got {len(tangents)}")
-    primals = tuple(primals)
+    # tensors of other libraries (DLPack) as arrays over their memory
+    primals = tuple(dlpack_array(p, f"primals[{i}]") if is_dlpack(p) else p
+                    for i, p in enumerate(primals))
+    tangents = [dlpack_array(t, f"tangents[{i}]") if is_dlpack(t) else t
+                for i, t in enumerate(tangents)]
     checked = []
     for i, (p, t) in enumerate(zip(primals, tangents)):
         if t is not None:

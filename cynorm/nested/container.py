@@ -14,7 +14,8 @@ from numpy.typing import NDArray
 
 from cynorm._dtypes import SUPPORTED_DTYPES
 from cynorm._typing import Array, ArrayLike, DTypeLike, Real
-from cynorm._validation import as_array, as_dtype, as_float_array, int_tuple, real_number
+from cynorm._validation import (as_array, as_dtype, as_float_array, dlpack_array, int_tuple,
+                                is_dlpack, real_number)
 
 
 class NestedArray:
@@ -62,7 +63,7 @@ class NestedArray:
     __slots__ = ("_buffer", "_sizes", "_offsets", "_numels", "_derived")
 
     def __init__(self, buffer: Array, sizes: ArrayLike) -> None:
-        _check_buffer(buffer)
+        buffer = _check_buffer(buffer)
         sizes = as_array(sizes, "sizes")
         if sizes.ndim != 2 or (sizes.size and sizes.dtype.kind not in "iu"):
             raise ValueError(f"sizes must be a 2-D integer array (ntensors x component ndim), "
@@ -294,7 +295,7 @@ class NestedArray:
             If buffer is not 1-D and contiguous, or holds another number of
             elements.
         """
-        _check_buffer(buffer)
+        buffer = _check_buffer(buffer)
         _check_count(self._buffer.size, buffer)
         # the structure is this one's, checked when it was made: shared, as
         # its arrays are read-only
@@ -349,16 +350,22 @@ class NestedArray:
                 f"shapes=[{', '.join(map(str, shapes))}{more}])")
 
 
-def _check_buffer(buffer: object) -> None:
-    """A NestedArray's buffer: a 1-D C-contiguous array of a supported dtype."""
+def _check_buffer(buffer: object) -> Array:
+    """A NestedArray's buffer: a 1-D C-contiguous array of a supported dtype
+    (a DLPack tensor's memory, read in place, included); returns it as an
+    ndarray."""
+    if is_dlpack(buffer):
+        buffer = dlpack_array(buffer, "buffer")
     if not isinstance(buffer, np.ndarray):
-        raise TypeError(f"buffer must be a NumPy array, got {type(buffer).__name__}")
+        raise TypeError(f"buffer must be a NumPy array or a DLPack tensor, got "
+                        f"{type(buffer).__name__}")
     if buffer.ndim != 1 or not buffer.flags.c_contiguous:
         raise ValueError(f"buffer must be a contiguous 1-D array, got shape {buffer.shape}"
                          + ("" if buffer.flags.c_contiguous else " (not contiguous)"))
     if buffer.dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"buffer must have a floating dtype "
                         f"({', '.join(map(str, SUPPORTED_DTYPES))}), got {buffer.dtype}")
+    return buffer
 
 
 def _check_count(described: int, buffer: Array) -> None:
@@ -397,7 +404,7 @@ def _element_count(structure: _Structure) -> int:
 def wrap_checked(buffer: Array, structure: _Structure) -> NestedArray:
     """`_wrap` after the cheap checks of buffer: its type, layout, dtype and
     element count."""
-    _check_buffer(buffer)
+    buffer = _check_buffer(buffer)
     _check_count(_element_count(structure), buffer)
     return _wrap(buffer, structure)
 

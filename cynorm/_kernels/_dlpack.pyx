@@ -1,0 +1,200 @@
+# cython: language_level=3
+"""DLPack tensors (torch, JAX, any producer of ``__dlpack__``) read in place
+as NumPy arrays, bfloat16 included.
+
+NumPy's own ``np.from_dlpack`` refuses bfloat16 (DLPack's kDLBfloat has no
+NumPy dtype); cynorm reads it as ml_dtypes.bfloat16, the dtype its kernels
+take.  The array's base owns the producer's tensor and calls its deleter when
+the last view of it goes.
+"""
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+
+cimport numpy as cnp
+from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid, PyCapsule_SetName
+from cpython.ref cimport Py_INCREF
+
+import numpy as np
+
+cnp.import_array()
+
+cdef extern from "numpy/arrayobject.h":
+    # (commented out in NumPy's .pxd); steals a reference to descr
+    object PyArray_NewFromDescr(void* subtype, void* descr, int nd, cnp.npy_intp* dims,
+                                cnp.npy_intp* strides, void* data, int flags, void* obj)
+
+
+# dlpack.h (v1.0), as the producers lay it out
+cdef struct DLDevice:
+    int32_t device_type
+    int32_t device_id
+
+cdef struct DLDataType:
+    uint8_t code
+    uint8_t bits
+    uint16_t lanes
+
+cdef struct DLTensor:
+    void* data
+    DLDevice device
+    int32_t ndim
+    DLDataType dtype
+    int64_t* shape
+    int64_t* strides
+    uint64_t byte_offset
+
+cdef struct DLManagedTensor:
+    DLTensor dl_tensor
+    void* manager_ctx
+    void (*deleter)(DLManagedTensor*) noexcept
+
+cdef struct DLPackVersion:
+    uint32_t major
+    uint32_t minor
+
+cdef struct DLManagedTensorVersioned:
+    DLPackVersion version
+    void* manager_ctx
+    void (*deleter)(DLManagedTensorVersioned*) noexcept
+    uint64_t flags
+    DLTensor dl_tensor
+
+cdef enum:
+    KDL_CPU = 1
+    KDL_CUDA_HOST = 3           # pinned host memory: the CPU reads it
+    FLAG_READ_ONLY = 1
+
+# DLPack's device types, for the error on a tensor that is not in host memory
+DEVICE_NAMES = {1: "CPU", 2: "CUDA", 3: "CUDA host", 4: "OpenCL", 7: "Vulkan", 8: "Metal",
+                9: "VPI", 10: "ROCm", 11: "ROCm host", 13: "CUDA managed", 14: "oneAPI",
+                15: "WebGPU", 16: "Hexagon", 17: "MAIA"}
+# DLPack's type codes: kDLInt, kDLUInt, kDLFloat, kDLBfloat, kDLComplex, kDLBool
+_CODES = {0: "int", 1: "uint", 2: "float", 4: "bfloat", 5: "complex", 6: "bool"}
+
+
+cdef class _Producer:
+    """The base of an array read from a DLPack tensor: it owns the managed
+    tensor and hands it back (the producer's deleter) when freed."""
+    cdef void* managed
+    cdef bint versioned
+
+    def __dealloc__(self):
+        cdef DLManagedTensor* m
+        cdef DLManagedTensorVersioned* v
+        if self.managed == NULL:
+            return
+        if self.versioned:
+            v = <DLManagedTensorVersioned*>self.managed
+            if v.deleter != NULL:
+                v.deleter(v)
+        else:
+            m = <DLManagedTensor*>self.managed
+            if m.deleter != NULL:
+                m.deleter(m)
+        self.managed = NULL
+
+
+def _dtype(int code, int bits, int lanes, str name):
+    """The NumPy dtype of a DLPack element type."""
+    if lanes == 1:
+        if code == 4 and bits == 16:
+            import ml_dtypes
+            return np.dtype(ml_dtypes.bfloat16)
+        if code == 6 and bits == 8:
+            return np.dtype(np.bool_)
+        kind = {0: "i", 1: "u", 2: "f", 5: "c"}.get(code)
+        if kind is not None and bits % 8 == 0:
+            try:
+                return np.dtype(f"{kind}{bits // 8}")
+            except TypeError:
+                pass
+    raise TypeError(f"{name} has a DLPack element type that cynorm cannot read "
+                    f"({_CODES.get(code, f'type code {code}')}, {bits} bits"
+                    + (f", {lanes} lanes" if lanes != 1 else "") + ")")
+
+
+def _capsule(obj, str name):
+    """obj.__dlpack__()'s capsule, asked for DLPack 1.0 (a read-only flag)
+    where the producer speaks it; the producer's refusal (a torch tensor that
+    requires grad, say) as a TypeError naming the argument."""
+    try:
+        dev = obj.__dlpack_device__()
+    except Exception:               # noqa: BLE001 - optional before DLPack 1.0 producers
+        dev = None
+    if dev is not None and int(dev[0]) not in (KDL_CPU, KDL_CUDA_HOST):
+        raise TypeError(f"{name} is in {DEVICE_NAMES.get(int(dev[0]), f'device type {dev[0]}')} "
+                        f"memory: cynorm's array functions read host (CPU) memory only "
+                        f"(device buffers: cudnn_bind)")
+    try:
+        try:
+            return obj.__dlpack__(max_version=(1, 0))
+        except TypeError:           # a producer from before max_version
+            return obj.__dlpack__()
+    except Exception as e:          # noqa: BLE001 - the producer's own error, reworded
+        hint = (" (a torch tensor that requires grad: pass x.detach(); cynorm's array "
+                "functions do not record gradients)"
+                if getattr(obj, "requires_grad", False) else "")
+        raise TypeError(f"{name} could not be read through DLPack{hint}: {e}") from None
+
+
+def from_dlpack(obj, str name="x"):
+    """obj (an object with ``__dlpack__``) as an ndarray over its memory, and
+    whether that memory may be written (False where the producer says it is
+    read-only)."""
+    cap = _capsule(obj, name)
+    cdef bint versioned
+    cdef void* p
+    cdef DLTensor* t
+    cdef uint64_t flags = 0
+    cdef _Producer owner
+    cdef int i, nd
+    cdef cnp.npy_intp dims[64]
+    cdef cnp.npy_intp strides[64]
+    cdef Py_ssize_t size = 1
+    if PyCapsule_IsValid(cap, b"dltensor_versioned"):
+        versioned = True
+        p = PyCapsule_GetPointer(cap, b"dltensor_versioned")
+        if (<DLManagedTensorVersioned*>p).version.major != 1:
+            raise TypeError(f"{name} came through DLPack version "
+                            f"{(<DLManagedTensorVersioned*>p).version.major}: cynorm reads 1.x")
+        t = &(<DLManagedTensorVersioned*>p).dl_tensor
+        flags = (<DLManagedTensorVersioned*>p).flags
+    elif PyCapsule_IsValid(cap, b"dltensor"):
+        versioned = False
+        p = PyCapsule_GetPointer(cap, b"dltensor")
+        t = &(<DLManagedTensor*>p).dl_tensor
+    else:
+        raise TypeError(f"{name}.__dlpack__() did not return an unused DLPack capsule")
+    # the tensor is ours from here: the capsule no longer frees it
+    PyCapsule_SetName(cap, b"used_dltensor_versioned" if versioned else b"used_dltensor")
+    owner = _Producer.__new__(_Producer)
+    owner.managed = p
+    owner.versioned = versioned
+    if t.device.device_type not in (KDL_CPU, KDL_CUDA_HOST):
+        raise TypeError(f"{name} is in {DEVICE_NAMES.get(t.device.device_type, 'device')} "
+                        f"memory: cynorm's array functions read host (CPU) memory only")
+    nd = t.ndim
+    if nd < 0 or nd > 64:
+        raise TypeError(f"{name} has {nd} dimensions through DLPack (NumPy takes 0 to 64)")
+    dtype = _dtype(t.dtype.code, t.dtype.bits, t.dtype.lanes, name)
+    for i in range(nd):
+        dims[i] = <cnp.npy_intp>t.shape[i]
+        size *= dims[i]
+    if t.strides != NULL:
+        for i in range(nd):
+            strides[i] = <cnp.npy_intp>(t.strides[i] * dtype.itemsize)
+    else:
+        for i in range(nd - 1, -1, -1):
+            strides[i] = dtype.itemsize if i == nd - 1 else strides[i + 1] * dims[i + 1]
+    writable = not (flags & FLAG_READ_ONLY)
+    if size == 0 or t.data == NULL:
+        # no element to read (a NULL data pointer would have NumPy allocate)
+        a = np.empty(tuple(dims[i] for i in range(nd)), dtype)
+        if not writable:
+            a.flags.writeable = False
+        return a, writable
+    Py_INCREF(dtype)            # PyArray_NewFromDescr steals the dtype's reference
+    a = PyArray_NewFromDescr(<void*>np.ndarray, <void*>dtype, nd, dims, strides,
+                             <char*>t.data + t.byte_offset,
+                             cnp.NPY_ARRAY_WRITEABLE if writable else 0, NULL)
+    cnp.set_array_base(a, owner)
+    return a, writable
