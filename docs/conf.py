@@ -40,6 +40,11 @@ html_static_path = []
 # every public name of these modules must be documented on some page
 DOCUMENTED_MODULES = ["cynorm", "cynorm.aten", "cynorm.nested", "cynorm.distributed",
                       "cudnn_bind"]
+try:                                # cynorm.torch's page, where PyTorch is installed
+    import torch  # noqa: F401
+    DOCUMENTED_MODULES.append("cynorm.torch")
+except ImportError:                 # documented from its source without it
+    autodoc_mock_imports = ["torch"]
 # modules and data that are not documented as objects of their own
 NOT_OBJECTS = {"cynorm": {"__version__", "aten", "nested", "distributed"}}
 

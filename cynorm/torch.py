@@ -1,0 +1,593 @@
+"""cynorm's kernels inside PyTorch: custom operators, autograd, modules.
+
+``import cynorm.torch`` (PyTorch must be installed: ``pip install torch``)
+registers cynorm's norms as PyTorch operators (``torch.ops.cynorm.*``),
+forward and backward, with fake (meta) implementations, so that they run
+under autograd, ``torch.compile(fullgraph=True)`` and ``torch.export`` on
+CPU.  On top of them:
+
+- functions with ``torch.nn.functional``'s signatures: :func:`layer_norm`,
+  :func:`rms_norm`, :func:`group_norm`, :func:`batch_norm`;
+- drop-in modules, subclasses of PyTorch's with the same constructor
+  arguments, parameters and ``state_dict`` keys: :class:`LayerNorm`,
+  :class:`RMSNorm`, :class:`GroupNorm`, :class:`BatchNorm1d`,
+  :class:`BatchNorm2d`, :class:`BatchNorm3d`;
+- :func:`replace_norms`, which swaps a model's CPU norms for these in place.
+
+Tensors that cynorm cannot take (on a device, or of a dtype outside
+float64, float32, bfloat16 and float16) run PyTorch's own kernels.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import ml_dtypes
+import numpy as np
+import torch
+from torch import Tensor
+
+import cynorm as _cn
+
+__all__ = ["layer_norm", "rms_norm", "group_norm", "batch_norm", "LayerNorm", "RMSNorm",
+           "GroupNorm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "replace_norms"]
+
+_BF16 = np.dtype(ml_dtypes.bfloat16)
+_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
+
+
+def _tensor(a: np.ndarray) -> Tensor:
+    """A result array as a tensor over the same memory (bfloat16 through its
+    16-bit storage, which torch.from_numpy cannot name)."""
+    if a.dtype == _BF16:
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
+def _array(t: Optional[Tensor]) -> Optional[np.ndarray]:
+    """An operator's tensor as a NumPy array over its memory: detached
+    (autograd is the operators' registered formulas), bfloat16 through its
+    16-bit storage.  Plain NumPy arrays take cynorm's fast argument path
+    (about a microsecond; DLPack's export costs several a tensor)."""
+    if t is None:
+        return None
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(_BF16)
+    return t.numpy()
+
+
+def _plain(*ts: Optional[Tensor]):
+    return [_array(t) for t in ts]
+
+
+def _like(y: Tensor, x: Tensor) -> Tensor:
+    """y laid out as torch.empty_like(x) lays out (what the fake kernels
+    promise), copied only where cynorm returned another layout."""
+    if y.stride() == torch.empty_like(x, device="meta").stride():
+        return y
+    return torch.empty_like(x).copy_(y)
+
+
+def _stat_dtype(x: Tensor) -> torch.dtype:
+    """The statistics' dtype: float32 for 16-bit x, else x's."""
+    return torch.float32 if x.dtype in (torch.bfloat16, torch.float16) else x.dtype
+
+
+def _wanted(t: Tensor, wanted: bool) -> Optional[Tensor]:
+    return t if wanted else None
+
+
+def _nothing(x: Tensor) -> Tensor:
+    # a gradient not asked for (the operators return tensors only)
+    return x.new_empty(0)
+
+
+def _ours(x: Tensor, *params: Optional[Tensor]) -> bool:
+    """Whether cynorm's kernels take this call: CPU tensors of its dtypes."""
+    return (x.device.type == "cpu" and x.dtype in _DTYPES
+            and all(p is None or p.device.type == "cpu" for p in params))
+
+
+def _register(name, forward, forward_fake, backward, backward_fake, setup, grad):
+    """The operators cynorm::<name> and cynorm::<name>_backward, made from
+    their bodies (forward, backward) with their fake kernels and the
+    autograd formula (setup, grad); returns the function that runs them.
+
+    torch.compile and torch.export trace the operators.  Eager calls run the
+    same bodies and the same formula through a torch.autograd.Function, or
+    straight where nothing needs a gradient: PyTorch's operator dispatch
+    costs tens of microseconds a call in Python, more than the kernels on
+    small tensors."""
+    op = torch.library.custom_op(f"cynorm::{name}", forward, mutates_args=(),
+                                 device_types="cpu")
+    op.register_fake(forward_fake)
+    bop = torch.library.custom_op(f"cynorm::{name}_backward", backward, mutates_args=(),
+                                  device_types="cpu")
+    bop.register_fake(backward_fake)
+    op.register_autograd(lambda ctx, *grads: grad(ctx, bop, *grads), setup_context=setup)
+
+    class Eager(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *inputs):
+            out = forward(*inputs)
+            setup(ctx, inputs, out)
+            return out
+
+        @staticmethod
+        def backward(ctx, *grads):
+            return grad(ctx, backward, *grads)
+
+    def run(*inputs):
+        if torch.compiler.is_compiling():
+            return op(*inputs)
+        if torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad
+                                           for t in inputs):
+            return Eager.apply(*inputs)
+        return forward(*inputs)
+
+    Eager.__name__ = Eager.__qualname__ = f"_{name}_eager"
+    return run
+
+
+# ---- layer norm --------------------------------------------------------------
+
+def _layer_norm_fwd(x: Tensor, normalized_shape: List[int], weight: Optional[Tensor],
+                bias: Optional[Tensor], eps: float) -> Tuple[Tensor, Tensor, Tensor]:
+    xa, w, b = _plain(x, weight, bias)
+    y, mean, rstd = _cn.layer_norm(xa, tuple(normalized_shape), w, b, eps)
+    return _like(_tensor(y), x), _tensor(mean), _tensor(rstd)
+
+
+def _layer_norm_fake(x, normalized_shape, weight, bias, eps):
+    k = len(normalized_shape)
+    shape = tuple(x.shape[:x.dim() - k]) + (1,) * k
+    return (torch.empty_like(x), x.new_empty(shape, dtype=_stat_dtype(x)),
+            x.new_empty(shape, dtype=_stat_dtype(x)))
+
+
+def _layer_norm_bwd(grad_out: Tensor, x: Tensor, normalized_shape: List[int], mean: Tensor,
+                         rstd: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
+                         output_mask: List[bool]) -> Tuple[Tensor, Tensor, Tensor]:
+    g, xa, m, r, w, b = _plain(grad_out, x, mean, rstd, weight, bias)
+    gx, gw, gb = _cn.layer_norm_backward(g, xa, tuple(normalized_shape), m, r, w, b,
+                                         tuple(output_mask))
+    return (_like(_tensor(gx), x) if gx is not None else _nothing(x),
+            _tensor(gw) if gw is not None else _nothing(x),
+            _tensor(gb) if gb is not None else _nothing(x))
+
+
+def _layer_norm_bwd_fake(grad_out, x, normalized_shape, mean, rstd, weight, bias, output_mask):
+    return (torch.empty_like(x) if output_mask[0] else _nothing(x),
+            torch.empty_like(weight) if output_mask[1] and weight is not None else _nothing(x),
+            torch.empty_like(bias) if output_mask[2] and bias is not None else _nothing(x))
+
+
+def _layer_norm_setup(ctx, inputs, output):
+    x, normalized_shape, weight, bias, eps = inputs
+    ctx.save_for_backward(x, output[1], output[2], weight, bias)
+    ctx.normalized_shape = normalized_shape
+
+
+def _layer_norm_grad(ctx, backward, gy, _gmean, _grstd):
+    x, mean, rstd, weight, bias = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    mask = [need[0], weight is not None and need[2], bias is not None and need[3]]
+    gx, gw, gb = backward(gy, x, ctx.normalized_shape, mean, rstd, weight, bias,
+                                      mask)
+    return (_wanted(gx, mask[0]), None, _wanted(gw, mask[1]),
+            _wanted(gb, mask[2]), None)
+
+
+_layer_norm = _register("layer_norm", _layer_norm_fwd, _layer_norm_fake, _layer_norm_bwd,
+                        _layer_norm_bwd_fake, _layer_norm_setup, _layer_norm_grad)
+
+
+def layer_norm(input: Tensor, normalized_shape, weight: Optional[Tensor] = None,
+               bias: Optional[Tensor] = None, eps: float = 1e-5) -> Tensor:
+    """``torch.nn.functional.layer_norm`` on cynorm's kernels, with autograd.
+
+    Parameters
+    ----------
+    input : torch.Tensor
+        The tensor to normalize over its last ``len(normalized_shape)`` axes.
+    normalized_shape : int or sequence of int
+        The trailing shape normalized over.
+    weight : torch.Tensor, optional
+        Shape ``normalized_shape``; None: no scale.
+    bias : torch.Tensor, optional
+        Shape ``normalized_shape``; None: no shift.
+    eps : float, default 1e-5
+        Added to the variance.
+
+    Returns
+    -------
+    torch.Tensor
+        The normalized tensor, laid out as ``torch.empty_like(input)``.
+        Tensors cynorm does not take (on a device, or of another dtype than
+        float64, float32, bfloat16 and float16) run PyTorch's kernel.
+    """
+    shape = [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
+    if not _ours(input, weight, bias):
+        return torch.nn.functional.layer_norm(input, shape, weight, bias, eps)
+    return _layer_norm(input, shape, weight, bias, float(eps))[0]
+
+
+# ---- RMS norm ----------------------------------------------------------------
+
+def _rms_norm_fwd(x: Tensor, normalized_shape: List[int], weight: Optional[Tensor],
+              eps: Optional[float]) -> Tuple[Tensor, Tensor]:
+    xa, w = _plain(x, weight)
+    y, rstd = _cn.rms_norm(xa, tuple(normalized_shape), w, eps)
+    return _like(_tensor(y), x), _tensor(rstd)
+
+
+def _rms_norm_fake(x, normalized_shape, weight, eps):
+    k = len(normalized_shape)
+    shape = tuple(x.shape[:x.dim() - k]) + (1,) * k
+    return torch.empty_like(x), x.new_empty(shape, dtype=_stat_dtype(x))
+
+
+def _rms_norm_bwd(grad_out: Tensor, x: Tensor, normalized_shape: List[int], rstd: Tensor,
+                       weight: Optional[Tensor],
+                       output_mask: List[bool]) -> Tuple[Tensor, Tensor]:
+    g, xa, r, w = _plain(grad_out, x, rstd, weight)
+    gx, gw = _cn.rms_norm_backward(g, xa, tuple(normalized_shape), r, w, tuple(output_mask))
+    return (_like(_tensor(gx), x) if gx is not None else _nothing(x),
+            _tensor(gw) if gw is not None else _nothing(x))
+
+
+def _rms_norm_bwd_fake(grad_out, x, normalized_shape, rstd, weight, output_mask):
+    return (torch.empty_like(x) if output_mask[0] else _nothing(x),
+            torch.empty_like(weight) if output_mask[1] and weight is not None else _nothing(x))
+
+
+def _rms_norm_setup(ctx, inputs, output):
+    x, normalized_shape, weight, eps = inputs
+    ctx.save_for_backward(x, output[1], weight)
+    ctx.normalized_shape = normalized_shape
+
+
+def _rms_norm_grad(ctx, backward, gy, _grstd):
+    x, rstd, weight = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    mask = [need[0], weight is not None and need[2]]
+    gx, gw = backward(gy, x, ctx.normalized_shape, rstd, weight, mask)
+    return _wanted(gx, mask[0]), None, _wanted(gw, mask[1]), None
+
+
+_rms_norm = _register("rms_norm", _rms_norm_fwd, _rms_norm_fake, _rms_norm_bwd,
+                      _rms_norm_bwd_fake, _rms_norm_setup, _rms_norm_grad)
+
+
+def rms_norm(input: Tensor, normalized_shape, weight: Optional[Tensor] = None,
+             eps: Optional[float] = None) -> Tensor:
+    """``torch.nn.functional.rms_norm`` on cynorm's kernels, with autograd.
+
+    Parameters
+    ----------
+    input : torch.Tensor
+        The tensor to normalize over its last ``len(normalized_shape)`` axes.
+    normalized_shape : int or sequence of int
+        The trailing shape normalized over.
+    weight : torch.Tensor, optional
+        Shape ``normalized_shape``; None: no scale.
+    eps : float, optional
+        Added to the mean square; None: the machine epsilon of the math
+        type (float32 for 16-bit input), as torch.
+
+    Returns
+    -------
+    torch.Tensor
+        The normalized tensor (PyTorch's kernel for tensors cynorm does not
+        take).
+    """
+    shape = [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
+    if not _ours(input, weight):
+        return torch.nn.functional.rms_norm(input, shape, weight, eps)
+    return _rms_norm(input, shape, weight, None if eps is None else float(eps))[0]
+
+
+# ---- group norm --------------------------------------------------------------
+
+def _group_norm_fwd(x: Tensor, num_groups: int, weight: Optional[Tensor], bias: Optional[Tensor],
+                eps: float) -> Tuple[Tensor, Tensor, Tensor]:
+    xa, w, b = _plain(x, weight, bias)
+    y, mean, rstd = _cn.group_norm(xa, num_groups, w, b, eps)
+    return _like(_tensor(y), x), _tensor(mean), _tensor(rstd)
+
+
+def _group_norm_fake(x, num_groups, weight, bias, eps):
+    shape = (x.shape[0], num_groups)
+    return (torch.empty_like(x), x.new_empty(shape, dtype=_stat_dtype(x)),
+            x.new_empty(shape, dtype=_stat_dtype(x)))
+
+
+def _group_norm_bwd(grad_out: Tensor, x: Tensor, mean: Tensor, rstd: Tensor,
+                         weight: Optional[Tensor], num_groups: int,
+                         output_mask: List[bool]) -> Tuple[Tensor, Tensor, Tensor]:
+    g, xa, m, r, w = _plain(grad_out, x, mean, rstd, weight)
+    gx, gw, gb = _cn.group_norm_backward(g, xa, m, r, w, num_groups, tuple(output_mask))
+    return (_like(_tensor(gx), x) if gx is not None else _nothing(x),
+            _tensor(gw) if gw is not None else _nothing(x),
+            _tensor(gb) if gb is not None else _nothing(x))
+
+
+def _group_norm_bwd_fake(grad_out, x, mean, rstd, weight, num_groups, output_mask):
+    C = x.shape[1]
+    stat = weight.dtype if weight is not None else x.dtype
+    return (torch.empty_like(x) if output_mask[0] else _nothing(x),
+            x.new_empty(C, dtype=stat) if output_mask[1] else _nothing(x),
+            x.new_empty(C, dtype=stat) if output_mask[2] else _nothing(x))
+
+
+def _group_norm_setup(ctx, inputs, output):
+    x, num_groups, weight, bias, eps = inputs
+    ctx.save_for_backward(x, output[1], output[2], weight)
+    ctx.num_groups = num_groups
+    ctx.has_bias = bias is not None
+
+
+def _group_norm_grad(ctx, backward, gy, _gmean, _grstd):
+    x, mean, rstd, weight = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    mask = [need[0], weight is not None and need[2], ctx.has_bias and need[3]]
+    gx, gw, gb = backward(gy, x, mean, rstd, weight, ctx.num_groups, mask)
+    return (_wanted(gx, mask[0]), None, _wanted(gw, mask[1]),
+            _wanted(gb, mask[2]), None)
+
+
+_group_norm = _register("group_norm", _group_norm_fwd, _group_norm_fake, _group_norm_bwd,
+                        _group_norm_bwd_fake, _group_norm_setup, _group_norm_grad)
+
+
+def group_norm(input: Tensor, num_groups: int, weight: Optional[Tensor] = None,
+               bias: Optional[Tensor] = None, eps: float = 1e-5) -> Tensor:
+    """``torch.nn.functional.group_norm`` on cynorm's kernels, with autograd.
+
+    Parameters
+    ----------
+    input : torch.Tensor
+        ``(N, C, *spatial)``; a ``channels_last`` tensor is read, and its
+        result written, channels last.
+    num_groups : int
+        The number of groups; must divide C.
+    weight : torch.Tensor, optional
+        Shape (C,); None: no scale.
+    bias : torch.Tensor, optional
+        Shape (C,); None: no shift.
+    eps : float, default 1e-5
+        Added to the variance.
+
+    Returns
+    -------
+    torch.Tensor
+        The normalized tensor (PyTorch's kernel for tensors cynorm does not
+        take).
+    """
+    if not _ours(input, weight, bias):
+        return torch.nn.functional.group_norm(input, num_groups, weight, bias, eps)
+    return _group_norm(input, int(num_groups), weight, bias, float(eps))[0]
+
+
+# ---- batch norm --------------------------------------------------------------
+
+def _batch_norm_fwd(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
+                running_mean: Optional[Tensor], running_var: Optional[Tensor], training: bool,
+                momentum: float, eps: float) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    # functional (an operator that mutates has no autograd formula): in
+    # training, the updated running statistics come back as new tensors
+    xa, w, b, rm, rv = _plain(x, weight, bias, running_mean, running_var)
+    if training:                # updated in copies, returned
+        rm = None if rm is None else rm.copy()
+        rv = None if rv is None else rv.copy()
+    y, save_mean, save_invstd = _cn.batch_norm(xa, w, b, rm, rv, training, momentum, eps)
+    return (_like(_tensor(y), x), _tensor(save_mean), _tensor(save_invstd),
+            _tensor(rm) if training and rm is not None else _nothing(x),
+            _tensor(rv) if training and rv is not None else _nothing(x))
+
+
+def _batch_norm_fake(x, weight, bias, running_mean, running_var, training, momentum, eps):
+    n = x.shape[1] if training else 0
+    return (torch.empty_like(x), x.new_empty(n, dtype=_stat_dtype(x)),
+            x.new_empty(n, dtype=_stat_dtype(x)),
+            torch.empty_like(running_mean) if training and running_mean is not None
+            else _nothing(x),
+            torch.empty_like(running_var) if training and running_var is not None
+            else _nothing(x))
+
+
+def _batch_norm_bwd(grad_out: Tensor, x: Tensor, weight: Optional[Tensor],
+                         running_mean: Optional[Tensor], running_var: Optional[Tensor],
+                         save_mean: Tensor, save_invstd: Tensor, training: bool, eps: float,
+                         output_mask: List[bool]) -> Tuple[Tensor, Tensor, Tensor]:
+    g, xa, w, rm, rv, sm, si = _plain(grad_out, x, weight, running_mean, running_var,
+                                      save_mean, save_invstd)
+    gx, gw, gb = _cn.batch_norm_backward(g, xa, w, rm, rv, sm if training else None,
+                                         si if training else None, training, eps,
+                                         tuple(output_mask))
+    return (_like(_tensor(gx), x) if gx is not None else _nothing(x),
+            _tensor(gw) if gw is not None else _nothing(x),
+            _tensor(gb) if gb is not None else _nothing(x))
+
+
+def _batch_norm_bwd_fake(grad_out, x, weight, running_mean, running_var, save_mean, save_invstd,
+                         training, eps, output_mask):
+    C = x.shape[1]
+    stat = weight.dtype if weight is not None else _stat_dtype(x)
+    return (torch.empty_like(x) if output_mask[0] else _nothing(x),
+            x.new_empty(C, dtype=stat) if output_mask[1] else _nothing(x),
+            x.new_empty(C, dtype=stat) if output_mask[2] else _nothing(x))
+
+
+def _batch_norm_setup(ctx, inputs, output):
+    x, weight, bias, running_mean, running_var, training, momentum, eps = inputs
+    # eval: the running statistics as they were used (saved before any
+    # later update of the module's buffers)
+    rm = None if training or running_mean is None else running_mean.clone()
+    rv = None if training or running_var is None else running_var.clone()
+    ctx.save_for_backward(x, weight, rm, rv, output[1], output[2])
+    ctx.training, ctx.eps, ctx.has_bias = training, eps, bias is not None
+    ctx.mark_non_differentiable(output[3], output[4])
+
+
+def _batch_norm_grad(ctx, backward, gy, _gmean, _ginvstd, _grm, _grv):
+    x, weight, rm, rv, save_mean, save_invstd = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    mask = [need[0], weight is not None and need[1], ctx.has_bias and need[2]]
+    gx, gw, gb = backward(gy, x, weight, rm, rv, save_mean, save_invstd,
+                                      ctx.training, ctx.eps, mask)
+    return (_wanted(gx, mask[0]), _wanted(gw, mask[1]),
+            _wanted(gb, mask[2]), None, None, None, None, None)
+
+
+_batch_norm = _register("batch_norm", _batch_norm_fwd, _batch_norm_fake, _batch_norm_bwd,
+                        _batch_norm_bwd_fake, _batch_norm_setup, _batch_norm_grad)
+
+
+def batch_norm(input: Tensor, running_mean: Optional[Tensor], running_var: Optional[Tensor],
+               weight: Optional[Tensor] = None, bias: Optional[Tensor] = None,
+               training: bool = False, momentum: float = 0.1, eps: float = 1e-5) -> Tensor:
+    """``torch.nn.functional.batch_norm`` on cynorm's kernels, with autograd.
+
+    Parameters
+    ----------
+    input : torch.Tensor
+        ``(N, C, *spatial)`` or ``(N, C)``.
+    running_mean : torch.Tensor or None
+        Shape (C,); updated in place in training (required in eval).
+    running_var : torch.Tensor or None
+        Shape (C,); updated in place in training with the unbiased batch
+        variance (required in eval).
+    weight : torch.Tensor, optional
+        Shape (C,); None: no scale.
+    bias : torch.Tensor, optional
+        Shape (C,); None: no shift.
+    training : bool, default False
+        Normalize by the batch's statistics (and update the running ones)
+        rather than by the running statistics.
+    momentum : float, default 0.1
+        The running statistics' update factor.
+    eps : float, default 1e-5
+        Added to the variance.
+
+    Returns
+    -------
+    torch.Tensor
+        The normalized tensor (PyTorch's kernel for tensors cynorm does not
+        take).
+
+    Raises
+    ------
+    ValueError
+        If training is False and a running statistic is None.
+    """
+    if not _ours(input, weight, bias, running_mean, running_var) or input.dim() < 2:
+        return torch.nn.functional.batch_norm(input, running_mean, running_var, weight, bias,
+                                              training, momentum, eps)
+    if not training and (running_mean is None or running_var is None):
+        raise ValueError("batch_norm: running_mean and running_var are required when "
+                         "training is False")
+    y, _, _, rm, rv = _batch_norm(input, weight, bias, running_mean, running_var,
+                                  bool(training), float(momentum), float(eps))
+    with torch.no_grad():       # buffers: outside the graph, as torch updates them
+        if training and running_mean is not None:
+            running_mean.copy_(rm)
+        if training and running_var is not None:
+            running_var.copy_(rv)
+    return y
+
+
+# ---- modules -----------------------------------------------------------------
+
+class LayerNorm(torch.nn.LayerNorm):
+    """``torch.nn.LayerNorm`` running cynorm's kernels (same arguments,
+    parameters and state_dict)."""
+
+    def forward(self, input: Tensor) -> Tensor:
+        return layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
+
+
+class RMSNorm(torch.nn.RMSNorm):
+    """``torch.nn.RMSNorm`` running cynorm's kernels."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return rms_norm(x, self.normalized_shape, self.weight, self.eps)
+
+
+class GroupNorm(torch.nn.GroupNorm):
+    """``torch.nn.GroupNorm`` running cynorm's kernels."""
+
+    def forward(self, input: Tensor) -> Tensor:
+        return group_norm(input, self.num_groups, self.weight, self.bias, self.eps)
+
+
+class _BatchNormForward(torch.nn.modules.batchnorm._BatchNorm):
+    """torch's _BatchNorm.forward (the momentum and num_batches_tracked
+    rules), with cynorm's batch_norm."""
+
+    def forward(self, input: Tensor) -> Tensor:
+        self._check_input_dim(input)
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
+            self.num_batches_tracked.add_(1)
+            factor = (1.0 / float(self.num_batches_tracked) if self.momentum is None
+                      else self.momentum)
+        use_batch = self.training or (self.running_mean is None and self.running_var is None)
+        track = not self.training or self.track_running_stats
+        return batch_norm(input, self.running_mean if track else None,
+                          self.running_var if track else None, self.weight, self.bias,
+                          use_batch, factor, self.eps)
+
+
+class BatchNorm1d(_BatchNormForward, torch.nn.BatchNorm1d):
+    """``torch.nn.BatchNorm1d`` running cynorm's kernels."""
+
+
+class BatchNorm2d(_BatchNormForward, torch.nn.BatchNorm2d):
+    """``torch.nn.BatchNorm2d`` running cynorm's kernels."""
+
+
+class BatchNorm3d(_BatchNormForward, torch.nn.BatchNorm3d):
+    """``torch.nn.BatchNorm3d`` running cynorm's kernels."""
+
+
+_SWAPS = {torch.nn.LayerNorm: LayerNorm, torch.nn.RMSNorm: RMSNorm,
+          torch.nn.GroupNorm: GroupNorm, torch.nn.BatchNorm1d: BatchNorm1d,
+          torch.nn.BatchNorm2d: BatchNorm2d, torch.nn.BatchNorm3d: BatchNorm3d}
+
+
+def replace_norms(model: torch.nn.Module) -> List[str]:
+    """Swap a model's norm modules for cynorm's, in place.
+
+    Each ``torch.nn`` ``LayerNorm``, ``RMSNorm``, ``GroupNorm`` and
+    ``BatchNorm1d/2d/3d`` (exactly those classes, not subclasses) becomes the
+    cynorm module of the same name: it keeps its parameters, buffers, hooks
+    and state_dict keys; only its class changes.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The model (itself a norm module, or holding some).
+
+    Returns
+    -------
+    list of str
+        The names (as ``model.named_modules()`` gives them) of the modules
+        swapped.
+
+    Raises
+    ------
+    ValueError
+        Before swapping any, if one of them holds a parameter or buffer off
+        the CPU (cynorm's kernels run on the CPU).
+    """
+    found = [(name, m) for name, m in model.named_modules() if type(m) in _SWAPS]
+    for name, m in found:
+        for t in list(m.parameters(recurse=False)) + list(m.buffers(recurse=False)):
+            if t.device.type != "cpu":
+                raise ValueError(f"replace_norms: {name or 'the model'} "
+                                 f"({type(m).__name__}) is on {t.device}; cynorm's kernels "
+                                 f"run on the CPU (move the model with .cpu() first)")
+    for _, m in found:
+        m.__class__ = _SWAPS[type(m)]
+    return [name for name, _ in found]

@@ -1,0 +1,166 @@
+"""cynorm.torch: the operators under autograd (gradcheck), the modules
+against PyTorch's (outputs, gradients, running statistics, state_dict),
+replace_norms, torch.compile(fullgraph=True) and torch.export."""
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+ct = pytest.importorskip("cynorm.torch")
+
+F = torch.nn.functional
+
+
+def f64(*shape, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, dtype=torch.float64, generator=g, requires_grad=True)
+
+
+# ---- the operators' gradients against finite differences (float64) ---------
+
+def test_layer_norm_and_rms_norm_gradcheck():
+    x, w, b = f64(3, 5, 8), f64(8, seed=1), f64(8, seed=2)
+    assert torch.autograd.gradcheck(lambda x, w, b: ct.layer_norm(x, 8, w, b), (x, w, b))
+    assert torch.autograd.gradcheck(lambda x: ct.layer_norm(x, (5, 8)), (x,))
+    assert torch.autograd.gradcheck(lambda x, w: ct.rms_norm(x, [8], w), (x, w))
+
+
+def test_group_norm_gradcheck_both_layouts():
+    x, w, b = f64(2, 6, 3, 4), f64(6, seed=1), f64(6, seed=2)
+    assert torch.autograd.gradcheck(lambda x, w, b: ct.group_norm(x, 3, w, b), (x, w, b))
+    xl = x.detach().to(memory_format=torch.channels_last).requires_grad_()
+    assert torch.autograd.gradcheck(lambda x, w, b: ct.group_norm(x, 2, w, b), (xl, w, b))
+
+
+def test_batch_norm_gradcheck_training_and_eval():
+    x, w, b = f64(4, 3, 5), f64(3, seed=1), f64(3, seed=2)
+    assert torch.autograd.gradcheck(lambda x, w, b: ct.batch_norm(x, None, None, w, b, True),
+                                    (x, w, b))
+    rm, rv = torch.randn(3, dtype=torch.float64), torch.rand(3, dtype=torch.float64) + 0.5
+    assert torch.autograd.gradcheck(lambda x, w, b: ct.batch_norm(x, rm, rv, w, b, False),
+                                    (x, w, b))
+
+
+# ---- the modules against PyTorch's ----------------------------------------
+
+MODULES = [
+    (lambda: torch.nn.LayerNorm(16), (4, 7, 16)),
+    (lambda: torch.nn.LayerNorm((7, 16), elementwise_affine=False), (4, 7, 16)),
+    (lambda: torch.nn.RMSNorm(16), (4, 7, 16)),
+    (lambda: torch.nn.RMSNorm(16, eps=1e-3), (4, 7, 16)),
+    (lambda: torch.nn.GroupNorm(4, 8), (3, 8, 5, 5)),
+    (lambda: torch.nn.BatchNorm1d(8), (6, 8)),
+    (lambda: torch.nn.BatchNorm1d(8, momentum=None), (6, 8, 5)),
+    (lambda: torch.nn.BatchNorm2d(8), (4, 8, 5, 5)),
+    (lambda: torch.nn.BatchNorm3d(4, affine=False), (2, 4, 3, 3, 3)),
+]
+
+
+@pytest.mark.parametrize("make, shape", MODULES)
+def test_modules_match_torch(make, shape):
+    ref = make()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.copy_(torch.rand_like(p) + 0.5)
+    ours = copy.deepcopy(ref)
+    assert ct.replace_norms(ours) == [""]
+    assert isinstance(ours, type(ref)) and type(ours) is not type(ref)
+    for training in (True, True, False):
+        ref.train(training)
+        ours.train(training)
+        x = torch.randn(*shape) * 3 + 1
+        xr, xo = x.clone().requires_grad_(), x.clone().requires_grad_()
+        yr, yo = ref(xr), ours(xo)
+        torch.testing.assert_close(yo, yr, rtol=1e-5, atol=1e-5)
+        dy = torch.randn_like(yr)
+        yr.backward(dy)
+        yo.backward(dy)
+        torch.testing.assert_close(xo.grad, xr.grad, rtol=1e-4, atol=1e-5)
+        for (name, pr), po in zip(ref.named_parameters(), ours.parameters()):
+            torch.testing.assert_close(po.grad, pr.grad, rtol=1e-4, atol=1e-4, msg=name)
+        for (name, br), bo in zip(ref.named_buffers(), ours.buffers()):
+            torch.testing.assert_close(bo, br, rtol=1e-5, atol=1e-6, msg=name)
+    # state_dict: the same keys, and round trips
+    assert list(ours.state_dict()) == list(ref.state_dict())
+    fresh = make()
+    ct.replace_norms(fresh)
+    fresh.load_state_dict(ref.state_dict())
+    for (k, a), b in zip(fresh.state_dict().items(), ref.state_dict().values()):
+        torch.testing.assert_close(a, b, msg=k)
+
+
+def test_bfloat16_module_and_channels_last():
+    ref = torch.nn.GroupNorm(4, 8)
+    ours = copy.deepcopy(ref)
+    ct.replace_norms(ours)
+    x = torch.randn(2, 8, 6, 6).to(memory_format=torch.channels_last)
+    y = ours(x)
+    assert y.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(y, ref(x), rtol=1e-5, atol=1e-5)
+    ln = ct.LayerNorm(32).to(torch.bfloat16)
+    xb = torch.randn(5, 32).to(torch.bfloat16)
+    torch.testing.assert_close(ln(xb).float(), F.layer_norm(xb.float(), (32,), ln.weight.float(),
+                                                            ln.bias.float()), rtol=2e-2, atol=2e-2)
+
+
+def test_tensors_cynorm_does_not_take_run_torch():
+    x = torch.randn(4, 8, dtype=torch.complex64)
+    with pytest.raises(RuntimeError):        # torch's own error for complex input
+        ct.layer_norm(x, 8)
+    m = ct.LayerNorm(8)
+    assert torch.equal(m(torch.zeros(2, 8)), torch.zeros(2, 8))
+
+
+def test_replace_norms_names_and_refusals():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.LayerNorm(8),
+                                torch.nn.Sequential(torch.nn.BatchNorm1d(8), torch.nn.ReLU()))
+    assert ct.replace_norms(model) == ["1", "2.0"]
+    assert isinstance(model[1], ct.LayerNorm) and isinstance(model[2][0], ct.BatchNorm1d)
+    assert ct.replace_norms(model) == []          # already swapped: nothing left
+    meta = torch.nn.Sequential(torch.nn.LayerNorm(8)).to("meta")
+    with pytest.raises(ValueError, match=r"replace_norms: 0 \(LayerNorm\) is on meta"):
+        ct.replace_norms(meta)
+    assert type(meta[0]) is torch.nn.LayerNorm
+
+
+# ---- torch.compile and torch.export ----------------------------------------
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.gn = torch.nn.GroupNorm(2, 8)
+        self.ln = torch.nn.LayerNorm(8)
+        self.rms = torch.nn.RMSNorm(8)
+
+    def forward(self, x):
+        h = self.gn(self.bn(self.conv(x)).relu())
+        h = h.mean((2, 3))
+        return self.rms(self.ln(h))
+
+
+def test_compile_fullgraph_matches_eager():
+    torch.manual_seed(0)
+    model = Block()
+    ct.replace_norms(model)
+    eager = copy.deepcopy(model)
+    compiled = torch.compile(model, fullgraph=True)
+    x = torch.randn(4, 3, 6, 6)
+    torch.testing.assert_close(compiled(x), eager(x), rtol=1e-5, atol=1e-5)
+    compiled(x).sum().backward()
+    eager(x).sum().backward()
+    for (name, a), b in zip(model.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5, msg=name)
+    torch.testing.assert_close(model.bn.running_mean, eager.bn.running_mean)
+
+
+def test_export_runs_cynorm_operators():
+    model = Block().eval()
+    ct.replace_norms(model)
+    x = torch.randn(2, 3, 6, 6)
+    ep = torch.export.export(model, (x,))
+    targets = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
+    assert {"cynorm.layer_norm.default", "cynorm.rms_norm.default",
+            "cynorm.group_norm.default", "cynorm.batch_norm.default"} <= targets
+    torch.testing.assert_close(ep.module()(x), model(x))
