@@ -7,11 +7,13 @@ under autograd, ``torch.compile(fullgraph=True)`` and ``torch.export`` on
 CPU.  On top of them:
 
 - functions with ``torch.nn.functional``'s signatures: :func:`layer_norm`,
-  :func:`rms_norm`, :func:`group_norm`, :func:`batch_norm`;
+  :func:`rms_norm`, :func:`group_norm`, :func:`batch_norm`,
+  :func:`instance_norm`;
 - drop-in modules, subclasses of PyTorch's with the same constructor
   arguments, parameters and ``state_dict`` keys: :class:`LayerNorm`,
   :class:`RMSNorm`, :class:`GroupNorm`, :class:`BatchNorm1d`,
-  :class:`BatchNorm2d`, :class:`BatchNorm3d`;
+  :class:`BatchNorm2d`, :class:`BatchNorm3d`, :class:`InstanceNorm1d`,
+  :class:`InstanceNorm2d`, :class:`InstanceNorm3d`;
 - :func:`replace_norms`, which swaps a model's CPU norms for these in place.
 
 Tensors that cynorm cannot take (on a device, or of a dtype outside
@@ -28,8 +30,9 @@ from torch import Tensor
 
 import cynorm as _cn
 
-__all__ = ["layer_norm", "rms_norm", "group_norm", "batch_norm", "LayerNorm", "RMSNorm",
-           "GroupNorm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "replace_norms"]
+__all__ = ["layer_norm", "rms_norm", "group_norm", "batch_norm", "instance_norm", "LayerNorm",
+           "RMSNorm", "GroupNorm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "InstanceNorm1d",
+           "InstanceNorm2d", "InstanceNorm3d", "replace_norms"]
 
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 _DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
@@ -489,11 +492,125 @@ def batch_norm(input: Tensor, running_mean: Optional[Tensor], running_var: Optio
                          "training is False")
     y, _, _, rm, rv = _batch_norm(input, weight, bias, running_mean, running_var,
                                   bool(training), float(momentum), float(eps))
-    with torch.no_grad():       # buffers: outside the graph, as torch updates them
-        if training and running_mean is not None:
+    _store_running(running_mean, running_var, rm, rv, training)
+    return y
+
+
+def _store_running(running_mean, running_var, rm, rv, updated):
+    """The operators' updated running statistics into the caller's buffers
+    (outside the autograd graph, as torch updates its own)."""
+    if not updated:
+        return
+    with torch.no_grad():
+        if running_mean is not None:
             running_mean.copy_(rm)
-        if training and running_var is not None:
+        if running_var is not None:
             running_var.copy_(rv)
+
+
+# ---- instance norm -----------------------------------------------------------
+
+def _instance_norm_fwd(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
+                       running_mean: Optional[Tensor], running_var: Optional[Tensor],
+                       use_input_stats: bool, momentum: float,
+                       eps: float) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    # functional, as batch norm's: the updated running statistics come back
+    xa, w, b, rm, rv = _plain(x, weight, bias, running_mean, running_var)
+    if use_input_stats:
+        rm = None if rm is None else rm.copy()
+        rv = None if rv is None else rv.copy()
+    y, mean, rstd = _cn.instance_norm(xa, w, b, rm, rv, use_input_stats, momentum, eps)
+    return (_like(_tensor(y), x), _tensor(mean), _tensor(rstd),
+            _tensor(rm) if use_input_stats and rm is not None else _nothing(x),
+            _tensor(rv) if use_input_stats and rv is not None else _nothing(x))
+
+
+def _instance_norm_fake(x, weight, bias, running_mean, running_var, use_input_stats, momentum,
+                        eps):
+    shape = (x.shape[0], x.shape[1])
+    return (torch.empty_like(x), x.new_empty(shape, dtype=_stat_dtype(x)),
+            x.new_empty(shape, dtype=_stat_dtype(x)),
+            torch.empty_like(running_mean) if use_input_stats and running_mean is not None
+            else _nothing(x),
+            torch.empty_like(running_var) if use_input_stats and running_var is not None
+            else _nothing(x))
+
+
+def _instance_norm_bwd(grad_out: Tensor, x: Tensor, mean: Tensor, rstd: Tensor,
+                       weight: Optional[Tensor], use_input_stats: bool,
+                       output_mask: List[bool]) -> Tuple[Tensor, Tensor, Tensor]:
+    g, xa, m, r, w = _plain(grad_out, x, mean, rstd, weight)
+    gx, gw, gb = _cn.instance_norm_backward(g, xa, m, r, w, use_input_stats, tuple(output_mask))
+    return (_like(_tensor(gx), x) if gx is not None else _nothing(x),
+            _tensor(gw) if gw is not None else _nothing(x),
+            _tensor(gb) if gb is not None else _nothing(x))
+
+
+def _instance_norm_bwd_fake(grad_out, x, mean, rstd, weight, use_input_stats, output_mask):
+    return _group_norm_bwd_fake(grad_out, x, mean, rstd, weight, 0, output_mask)
+
+
+def _instance_norm_setup(ctx, inputs, output):
+    x, weight, bias, running_mean, running_var, use_input_stats, momentum, eps = inputs
+    ctx.save_for_backward(x, output[1], output[2], weight)
+    ctx.use_input_stats, ctx.has_bias = use_input_stats, bias is not None
+    ctx.mark_non_differentiable(output[3], output[4])
+
+
+def _instance_norm_grad(ctx, backward, gy, _gmean, _grstd, _grm, _grv):
+    x, mean, rstd, weight = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    mask = [need[0], weight is not None and need[1], ctx.has_bias and need[2]]
+    gx, gw, gb = backward(gy, x, mean, rstd, weight, ctx.use_input_stats, mask)
+    return (_wanted(gx, mask[0]), _wanted(gw, mask[1]), _wanted(gb, mask[2]), None, None, None,
+            None, None)
+
+
+_instance_norm = _register("instance_norm", _instance_norm_fwd, _instance_norm_fake,
+                           _instance_norm_bwd, _instance_norm_bwd_fake, _instance_norm_setup,
+                           _instance_norm_grad)
+
+
+def instance_norm(input: Tensor, running_mean: Optional[Tensor] = None,
+                  running_var: Optional[Tensor] = None, weight: Optional[Tensor] = None,
+                  bias: Optional[Tensor] = None, use_input_stats: bool = True,
+                  momentum: float = 0.1, eps: float = 1e-5) -> Tensor:
+    """``torch.nn.functional.instance_norm`` on cynorm's kernels, with autograd.
+
+    Parameters
+    ----------
+    input : torch.Tensor
+        ``(N, C, *spatial)``; a ``channels_last`` tensor is read, and its
+        result written, channels last.
+    running_mean : torch.Tensor, optional
+        Shape (C,); with use_input_stats, updated in place with the batch
+        average of the instances' means, as torch.
+    running_var : torch.Tensor, optional
+        Shape (C,); likewise with their unbiased variances.
+    weight : torch.Tensor, optional
+        Shape (C,); None: no scale.
+    bias : torch.Tensor, optional
+        Shape (C,); None: no shift.
+    use_input_stats : bool, default True
+        Normalize each instance by its own statistics; False: by the running
+        statistics.
+    momentum : float, default 0.1
+        The running statistics' update factor.
+    eps : float, default 1e-5
+        Added to the variance.
+
+    Returns
+    -------
+    torch.Tensor
+        The normalized tensor (PyTorch's kernel for tensors cynorm does not
+        take).
+    """
+    if not _ours(input, weight, bias, running_mean, running_var) or input.dim() < 3:
+        return torch.nn.functional.instance_norm(input, running_mean, running_var, weight,
+                                                 bias, use_input_stats, momentum, eps)
+    y, _, _, rm, rv = _instance_norm(input, weight, bias, running_mean, running_var,
+                                     bool(use_input_stats), float(momentum), float(eps))
+    _store_running(running_mean, running_var, rm, rv, use_input_stats)
     return y
 
 
@@ -551,16 +668,41 @@ class BatchNorm3d(_BatchNormForward, torch.nn.BatchNorm3d):
     """``torch.nn.BatchNorm3d`` running cynorm's kernels."""
 
 
+class _InstanceNormForward(torch.nn.modules.instancenorm._InstanceNorm):
+    """torch's _InstanceNorm (unbatched input, the channel-count checks),
+    with cynorm's instance_norm."""
+
+    def _apply_instance_norm(self, input: Tensor) -> Tensor:
+        return instance_norm(input, self.running_mean, self.running_var, self.weight,
+                             self.bias, self.training or not self.track_running_stats,
+                             self.momentum if self.momentum is not None else 0.0, self.eps)
+
+
+class InstanceNorm1d(_InstanceNormForward, torch.nn.InstanceNorm1d):
+    """``torch.nn.InstanceNorm1d`` running cynorm's kernels."""
+
+
+class InstanceNorm2d(_InstanceNormForward, torch.nn.InstanceNorm2d):
+    """``torch.nn.InstanceNorm2d`` running cynorm's kernels."""
+
+
+class InstanceNorm3d(_InstanceNormForward, torch.nn.InstanceNorm3d):
+    """``torch.nn.InstanceNorm3d`` running cynorm's kernels."""
+
+
 _SWAPS = {torch.nn.LayerNorm: LayerNorm, torch.nn.RMSNorm: RMSNorm,
           torch.nn.GroupNorm: GroupNorm, torch.nn.BatchNorm1d: BatchNorm1d,
-          torch.nn.BatchNorm2d: BatchNorm2d, torch.nn.BatchNorm3d: BatchNorm3d}
+          torch.nn.BatchNorm2d: BatchNorm2d, torch.nn.BatchNorm3d: BatchNorm3d,
+          torch.nn.InstanceNorm1d: InstanceNorm1d, torch.nn.InstanceNorm2d: InstanceNorm2d,
+          torch.nn.InstanceNorm3d: InstanceNorm3d}
 
 
 def replace_norms(model: torch.nn.Module) -> List[str]:
     """Swap a model's norm modules for cynorm's, in place.
 
-    Each ``torch.nn`` ``LayerNorm``, ``RMSNorm``, ``GroupNorm`` and
-    ``BatchNorm1d/2d/3d`` (exactly those classes, not subclasses) becomes the
+    Each ``torch.nn`` ``LayerNorm``, ``RMSNorm``, ``GroupNorm``,
+    ``BatchNorm1d/2d/3d`` and ``InstanceNorm1d/2d/3d`` (exactly those
+    classes, not subclasses) becomes the
     cynorm module of the same name: it keeps its parameters, buffers, hooks
     and state_dict keys; only its class changes.
 

@@ -32,6 +32,15 @@ def test_group_norm_gradcheck_both_layouts():
     assert torch.autograd.gradcheck(lambda x, w, b: ct.group_norm(x, 2, w, b), (xl, w, b))
 
 
+def test_instance_norm_gradcheck():
+    x, w, b = f64(2, 3, 5), f64(3, seed=1), f64(3, seed=2)
+    assert torch.autograd.gradcheck(lambda x, w, b: ct.instance_norm(x, weight=w, bias=b),
+                                    (x, w, b))
+    rm, rv = torch.randn(3, dtype=torch.float64), torch.rand(3, dtype=torch.float64) + 0.5
+    assert torch.autograd.gradcheck(
+        lambda x, w, b: ct.instance_norm(x, rm, rv, w, b, use_input_stats=False), (x, w, b))
+
+
 def test_batch_norm_gradcheck_training_and_eval():
     x, w, b = f64(4, 3, 5), f64(3, seed=1), f64(3, seed=2)
     assert torch.autograd.gradcheck(lambda x, w, b: ct.batch_norm(x, None, None, w, b, True),
@@ -53,6 +62,10 @@ MODULES = [
     (lambda: torch.nn.BatchNorm1d(8, momentum=None), (6, 8, 5)),
     (lambda: torch.nn.BatchNorm2d(8), (4, 8, 5, 5)),
     (lambda: torch.nn.BatchNorm3d(4, affine=False), (2, 4, 3, 3, 3)),
+    (lambda: torch.nn.InstanceNorm1d(6), (3, 6, 10)),
+    (lambda: torch.nn.InstanceNorm2d(6, affine=True, track_running_stats=True), (3, 6, 4, 5)),
+    (lambda: torch.nn.InstanceNorm3d(4, affine=True), (2, 4, 3, 3, 4)),
+    (lambda: torch.nn.InstanceNorm2d(6, affine=True), (6, 4, 5)),      # unbatched
 ]
 
 
@@ -131,11 +144,13 @@ class Block(torch.nn.Module):
         self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
         self.bn = torch.nn.BatchNorm2d(8)
         self.gn = torch.nn.GroupNorm(2, 8)
+        self.inorm = torch.nn.InstanceNorm2d(8, affine=True, track_running_stats=True)
         self.ln = torch.nn.LayerNorm(8)
         self.rms = torch.nn.RMSNorm(8)
 
     def forward(self, x):
         h = self.gn(self.bn(self.conv(x)).relu())
+        h = h * self.inorm(h)
         h = h.mean((2, 3))
         return self.rms(self.ln(h))
 
@@ -153,6 +168,7 @@ def test_compile_fullgraph_matches_eager():
     for (name, a), b in zip(model.named_parameters(), eager.parameters()):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5, msg=name)
     torch.testing.assert_close(model.bn.running_mean, eager.bn.running_mean)
+    torch.testing.assert_close(model.inorm.running_var, eager.inorm.running_var)
 
 
 def test_export_runs_cynorm_operators():
@@ -162,5 +178,6 @@ def test_export_runs_cynorm_operators():
     ep = torch.export.export(model, (x,))
     targets = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
     assert {"cynorm.layer_norm.default", "cynorm.rms_norm.default",
-            "cynorm.group_norm.default", "cynorm.batch_norm.default"} <= targets
+            "cynorm.group_norm.default", "cynorm.batch_norm.default",
+            "cynorm.instance_norm.default"} <= targets
     torch.testing.assert_close(ep.module()(x), model(x))
