@@ -85,6 +85,13 @@ def _nothing(x: Tensor) -> Tensor:
     return x.new_empty(0)
 
 
+def _gradients(x: Tensor, gx: Optional[np.ndarray], *gp: Optional[np.ndarray]):
+    """A backward operator's outputs: grad_x laid out as x, then the
+    parameters' gradients; an empty tensor for each one not computed."""
+    return ((_like(_tensor(gx), x) if gx is not None else _nothing(x),)
+            + tuple(_tensor(g) if g is not None else _nothing(x) for g in gp))
+
+
 def _ours(x: Tensor, *params: Optional[Tensor]) -> bool:
     """Whether cynorm's kernels take this call: CPU tensors of its dtypes."""
     return (x.device.type == "cpu" and x.dtype in _DTYPES
@@ -154,9 +161,7 @@ def _layer_norm_bwd(grad_out: Tensor, x: Tensor, normalized_shape: List[int], me
     g, xa, m, r, w, b = _plain(grad_out, x, mean, rstd, weight, bias)
     gx, gw, gb = _cn.layer_norm_backward(g, xa, tuple(normalized_shape), m, r, w, b,
                                          tuple(output_mask))
-    return (_like(_tensor(gx), x) if gx is not None else _nothing(x),
-            _tensor(gw) if gw is not None else _nothing(x),
-            _tensor(gb) if gb is not None else _nothing(x))
+    return _gradients(x, gx, gw, gb)
 
 
 def _layer_norm_bwd_fake(grad_out, x, normalized_shape, mean, rstd, weight, bias, output_mask):
@@ -235,8 +240,7 @@ def _rms_norm_bwd(grad_out: Tensor, x: Tensor, normalized_shape: List[int], rstd
                        output_mask: List[bool]) -> Tuple[Tensor, Tensor]:
     g, xa, r, w = _plain(grad_out, x, rstd, weight)
     gx, gw = _cn.rms_norm_backward(g, xa, tuple(normalized_shape), r, w, tuple(output_mask))
-    return (_like(_tensor(gx), x) if gx is not None else _nothing(x),
-            _tensor(gw) if gw is not None else _nothing(x))
+    return _gradients(x, gx, gw)
 
 
 def _rms_norm_bwd_fake(grad_out, x, normalized_shape, rstd, weight, output_mask):
@@ -310,9 +314,7 @@ def _group_norm_bwd(grad_out: Tensor, x: Tensor, mean: Tensor, rstd: Tensor,
                          output_mask: List[bool]) -> Tuple[Tensor, Tensor, Tensor]:
     g, xa, m, r, w = _plain(grad_out, x, mean, rstd, weight)
     gx, gw, gb = _cn.group_norm_backward(g, xa, m, r, w, num_groups, tuple(output_mask))
-    return (_like(_tensor(gx), x) if gx is not None else _nothing(x),
-            _tensor(gw) if gw is not None else _nothing(x),
-            _tensor(gb) if gb is not None else _nothing(x))
+    return _gradients(x, gx, gw, gb)
 
 
 def _group_norm_bwd_fake(grad_out, x, mean, rstd, weight, num_groups, output_mask):
@@ -408,9 +410,7 @@ def _batch_norm_bwd(grad_out: Tensor, x: Tensor, weight: Optional[Tensor],
     gx, gw, gb = _cn.batch_norm_backward(g, xa, w, rm, rv, sm if training else None,
                                          si if training else None, training, eps,
                                          tuple(output_mask))
-    return (_like(_tensor(gx), x) if gx is not None else _nothing(x),
-            _tensor(gw) if gw is not None else _nothing(x),
-            _tensor(gb) if gb is not None else _nothing(x))
+    return _gradients(x, gx, gw, gb)
 
 
 def _batch_norm_bwd_fake(grad_out, x, weight, running_mean, running_var, save_mean, save_invstd,
@@ -541,9 +541,7 @@ def _instance_norm_bwd(grad_out: Tensor, x: Tensor, mean: Tensor, rstd: Tensor,
                        output_mask: List[bool]) -> Tuple[Tensor, Tensor, Tensor]:
     g, xa, m, r, w = _plain(grad_out, x, mean, rstd, weight)
     gx, gw, gb = _cn.instance_norm_backward(g, xa, m, r, w, use_input_stats, tuple(output_mask))
-    return (_like(_tensor(gx), x) if gx is not None else _nothing(x),
-            _tensor(gw) if gw is not None else _nothing(x),
-            _tensor(gb) if gb is not None else _nothing(x))
+    return _gradients(x, gx, gw, gb)
 
 
 def _instance_norm_bwd_fake(grad_out, x, mean, rstd, weight, use_input_stats, output_mask):
