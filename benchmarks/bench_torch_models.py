@@ -1,0 +1,153 @@
+"""A CPU training step of two small models, with PyTorch's norms and with
+cynorm's (cynorm.torch.replace_norms), side by side in one process.
+
+    python benchmarks/bench_torch_models.py [--threads 1,2] [--steps 15]
+
+Models: a ViT-S/16-style stack of 4 pre-norm transformer blocks (384 wide, 6
+heads, 197 tokens, LayerNorm) at batch 8, and a ResNet-18 (BatchNorm2d) on
+112x112 images at batch 16; float32, and bfloat16 autocast.  A step is the
+forward, a cross-entropy loss, the backward and an SGD update.  The two
+models start from the same weights; their steps are interleaved (the order
+reversed every other step) and the medians compared.  Each run also reports
+the norms' share of the step (torch.profiler, one step each).
+"""
+import argparse
+import copy
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+import cynorm  # noqa: E402
+import cynorm.torch as ct  # noqa: E402
+
+
+class VitBlocks(nn.Module):
+    """Patch embedding, 4 pre-norm transformer blocks, a LayerNorm and a head."""
+
+    def __init__(self, dim=384, heads=6, depth=4, classes=100):
+        super().__init__()
+        self.embed = nn.Conv2d(3, dim, 16, stride=16)
+        self.cls = nn.Parameter(torch.zeros(1, 1, dim))
+        self.blocks = nn.Sequential(*[
+            nn.TransformerEncoderLayer(dim, heads, 4 * dim, dropout=0.0, activation="gelu",
+                                       batch_first=True, norm_first=True)
+            for _ in range(depth)])
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, x):
+        h = self.embed(x).flatten(2).transpose(1, 2)
+        h = torch.cat([self.cls.expand(h.shape[0], -1, -1), h], 1)
+        return self.head(self.norm(self.blocks(h))[:, 0])
+
+
+class Basic(nn.Module):
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.c1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.b1 = nn.BatchNorm2d(cout)
+        self.c2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.b2 = nn.BatchNorm2d(cout)
+        self.down = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                   nn.BatchNorm2d(cout)) if stride != 1 or cin != cout else None)
+
+    def forward(self, x):
+        h = self.b2(self.c2(self.b1(self.c1(x)).relu()))
+        return (h + (x if self.down is None else self.down(x))).relu()
+
+
+class ResNet18(nn.Module):
+    def __init__(self, classes=100):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64),
+                                  nn.ReLU(), nn.MaxPool2d(3, 2, 1))
+        layers, cin = [], 64
+        for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+            layers += [Basic(cin, cout, stride), Basic(cout, cout, 1)]
+            cin = cout
+        self.layers = nn.Sequential(*layers)
+        self.head = nn.Linear(512, classes)
+
+    def forward(self, x):
+        return self.head(self.layers(self.stem(x)).mean((2, 3)))
+
+
+CASES = [("ViT-S/16 blocks x4", VitBlocks, (8, 3, 224, 224)),
+         ("ResNet-18", ResNet18, (16, 3, 112, 112))]
+NORM_NAMES = ("layer_norm", "batch_norm", "cynorm::")
+
+
+def step_fn(model, x, target, autocast):
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+    def step():
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = nn.functional.cross_entropy(model(x), target)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return step
+
+
+def norm_share(step):
+    """The norms' share of one step's self CPU time (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    total = norms = 0.0
+    for e in prof.key_averages():
+        total += e.self_cpu_time_total
+        if any(k in e.key for k in NORM_NAMES):
+            norms += e.self_cpu_time_total
+    return norms / total if total else float("nan")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--threads", default="1,2")
+    p.add_argument("--steps", type=int, default=15)
+    args = p.parse_args()
+    print(f"torch {torch.__version__}, cynorm {cynorm.__version__}; median of {args.steps} "
+          f"interleaved steps")
+    print("| model | dtype | threads | torch ms/step | cynorm ms/step | torch/cynorm | "
+          "norms' share, torch / cynorm |")
+    print("|---|---|---|---|---|---|---|")
+    for threads in (int(t) for t in args.threads.split(",")):
+        torch.set_num_threads(threads)
+        cynorm.set_num_threads(threads)
+        for name, make, shape in CASES:
+            for autocast in (False, True):
+                torch.manual_seed(0)
+                ref = make()
+                ours = copy.deepcopy(ref)
+                ct.replace_norms(ours)
+                x = torch.randn(*shape)
+                target = torch.randint(0, 100, (shape[0],))
+                steps = {"torch": step_fn(ref, x, target, autocast),
+                         "cynorm": step_fn(ours, x, target, autocast)}
+                for f in steps.values():
+                    f()
+                    f()
+                times = {k: [] for k in steps}
+                items = list(steps.items())
+                for i in range(args.steps):
+                    for k, f in (items if i % 2 == 0 else items[::-1]):
+                        t = time.perf_counter()
+                        f()
+                        times[k].append(time.perf_counter() - t)
+                a, b = (1e3 * np.median(times[k]) for k in ("torch", "cynorm"))
+                share = " / ".join(f"{100 * norm_share(steps[k]):.0f} %"
+                                   for k in ("torch", "cynorm"))
+                dt = "bfloat16 autocast" if autocast else "float32"
+                print(f"| {name} | {dt} | {threads} | {a:.1f} | {b:.1f} | {a / b:.2f} | "
+                      f"{share} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
