@@ -40,11 +40,15 @@ html_static_path = []
 # every public name of these modules must be documented on some page
 DOCUMENTED_MODULES = ["cynorm", "cynorm.aten", "cynorm.nested", "cynorm.distributed",
                       "cudnn_bind"]
-try:                                # cynorm.torch's page, where PyTorch is installed
-    import torch  # noqa: F401
-    DOCUMENTED_MODULES.append("cynorm.torch")
-except ImportError:                 # documented from its source without it
-    autodoc_mock_imports = ["torch"]
+# the adapters' pages, where their framework is installed; documented from
+# their source without it
+autodoc_mock_imports = []
+for _framework, _module in (("torch", "cynorm.torch"), ("jax", "cynorm.jax")):
+    try:
+        importlib.import_module(_framework)
+        DOCUMENTED_MODULES.append(_module)
+    except ImportError:
+        autodoc_mock_imports.append(_framework)
 # modules and data that are not documented as objects of their own
 NOT_OBJECTS = {"cynorm": {"__version__", "aten", "nested", "distributed"}}
 
