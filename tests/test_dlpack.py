@@ -12,6 +12,8 @@ from cynorm._kernels._dlpack import from_dlpack
 
 torch = pytest.importorskip("torch")
 
+pytestmark = pytest.mark.torch
+
 BF16 = np.dtype(ml_dtypes.bfloat16)
 TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64,
                 np.dtype(np.float16): torch.float16, BF16: torch.bfloat16}

@@ -8,6 +8,8 @@ import pytest
 torch = pytest.importorskip("torch")
 ct = pytest.importorskip("cynorm.torch")
 
+pytestmark = pytest.mark.torch
+
 F = torch.nn.functional
 
 
