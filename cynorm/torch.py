@@ -376,29 +376,45 @@ def group_norm(input: Tensor, num_groups: int, weight: Optional[Tensor] = None,
 
 # ---- batch norm --------------------------------------------------------------
 
+def _running_copies(running_mean, running_var, updated):
+    """The running statistics as the kernels take them: where the call
+    updates them, private copies (the operators are functional, and return
+    them as _running_outputs)."""
+    rm, rv = _plain(running_mean, running_var)
+    if updated:
+        rm = None if rm is None else rm.copy()
+        rv = None if rv is None else rv.copy()
+    return rm, rv
+
+
+def _running_outputs(x, rm, rv, updated):
+    """The operators' last two outputs: the updated running statistics as
+    tensors (arrays from _running_copies; tensors in the fake kernels, which
+    return new ones alike), or empty ones where the call updates none."""
+    def out(a):
+        if not updated or a is None:
+            return _nothing(x)
+        return torch.empty_like(a) if isinstance(a, Tensor) else _tensor(a)
+    return out(rm), out(rv)
+
+
 def _batch_norm_fwd(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
                 running_mean: Optional[Tensor], running_var: Optional[Tensor], training: bool,
                 momentum: float, eps: float) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     # functional (an operator that mutates has no autograd formula): in
     # training, the updated running statistics come back as new tensors
-    xa, w, b, rm, rv = _plain(x, weight, bias, running_mean, running_var)
-    if training:                # updated in copies, returned
-        rm = None if rm is None else rm.copy()
-        rv = None if rv is None else rv.copy()
+    xa, w, b = _plain(x, weight, bias)
+    rm, rv = _running_copies(running_mean, running_var, training)
     y, save_mean, save_invstd = _cn.batch_norm(xa, w, b, rm, rv, training, momentum, eps)
     return (_like(_tensor(y), x), _tensor(save_mean), _tensor(save_invstd),
-            _tensor(rm) if training and rm is not None else _nothing(x),
-            _tensor(rv) if training and rv is not None else _nothing(x))
+            *_running_outputs(x, rm, rv, training))
 
 
 def _batch_norm_fake(x, weight, bias, running_mean, running_var, training, momentum, eps):
     n = x.shape[1] if training else 0
     return (torch.empty_like(x), x.new_empty(n, dtype=_stat_dtype(x)),
             x.new_empty(n, dtype=_stat_dtype(x)),
-            torch.empty_like(running_mean) if training and running_mean is not None
-            else _nothing(x),
-            torch.empty_like(running_var) if training and running_var is not None
-            else _nothing(x))
+            *_running_outputs(x, running_mean, running_var, training))
 
 
 def _batch_norm_bwd(grad_out: Tensor, x: Tensor, weight: Optional[Tensor],
@@ -515,14 +531,11 @@ def _instance_norm_fwd(x: Tensor, weight: Optional[Tensor], bias: Optional[Tenso
                        use_input_stats: bool, momentum: float,
                        eps: float) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     # functional, as batch norm's: the updated running statistics come back
-    xa, w, b, rm, rv = _plain(x, weight, bias, running_mean, running_var)
-    if use_input_stats:
-        rm = None if rm is None else rm.copy()
-        rv = None if rv is None else rv.copy()
+    xa, w, b = _plain(x, weight, bias)
+    rm, rv = _running_copies(running_mean, running_var, use_input_stats)
     y, mean, rstd = _cn.instance_norm(xa, w, b, rm, rv, use_input_stats, momentum, eps)
     return (_like(_tensor(y), x), _tensor(mean), _tensor(rstd),
-            _tensor(rm) if use_input_stats and rm is not None else _nothing(x),
-            _tensor(rv) if use_input_stats and rv is not None else _nothing(x))
+            *_running_outputs(x, rm, rv, use_input_stats))
 
 
 def _instance_norm_fake(x, weight, bias, running_mean, running_var, use_input_stats, momentum,
@@ -530,10 +543,7 @@ def _instance_norm_fake(x, weight, bias, running_mean, running_var, use_input_st
     shape = (x.shape[0], x.shape[1])
     return (torch.empty_like(x), x.new_empty(shape, dtype=_stat_dtype(x)),
             x.new_empty(shape, dtype=_stat_dtype(x)),
-            torch.empty_like(running_mean) if use_input_stats and running_mean is not None
-            else _nothing(x),
-            torch.empty_like(running_var) if use_input_stats and running_var is not None
-            else _nothing(x))
+            *_running_outputs(x, running_mean, running_var, use_input_stats))
 
 
 def _instance_norm_bwd(grad_out: Tensor, x: Tensor, mean: Tensor, rstd: Tensor,
