@@ -147,7 +147,7 @@ def update_running(rm, rv, mean, var, n, momentum):
 
 def _running(a, name, C, policy, training):
     if a is not None and training:
-        check_updatable(a, name)
+        a = check_updatable(a, name)        # a DLPack tensor: read through DLPack once
     return channel_vector(a, name, C, policy)
 
 

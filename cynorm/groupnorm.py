@@ -411,9 +411,10 @@ def instance_norm(x: ArrayLike, weight: ArrayLike | None = None, bias: ArrayLike
     weight = channel_vector(weight, "weight", C, policy)
     bias = channel_vector(bias, "bias", C, policy)
     if use_input_stats:     # updated in place: never a converted copy
-        for a, name in ((running_mean, "running_mean"), (running_var, "running_var")):
-            if a is not None:
-                check_updatable(a, name)
+        if running_mean is not None:
+            running_mean = check_updatable(running_mean, "running_mean")
+        if running_var is not None:
+            running_var = check_updatable(running_var, "running_var")
     rm = channel_vector(running_mean, "running_mean", C, policy)
     rv = channel_vector(running_var, "running_var", C, policy)
     if use_input_stats:
