@@ -1,21 +1,22 @@
-"""cudnn_bind against torch.nn.functional.batch_norm on a GPU, per call: host
-time (the Python call, nothing waited for) and device time (CUDA events
-around back-to-back calls), for training forward, backward and inference on
-ResNet-like shapes, float32 N,C,H,W and float16 channels-last, with PyTorch
-CUDA tensors as inputs for both (so the same memory and streams); and
-cudnn_bind's host time again with DeviceArray views of the same memory
-(outputs from the binding's pool instead of PyTorch's allocator).
+"""cudnn_bind against PyTorch on a GPU, per call: host time (the Python call,
+nothing waited for) and device time (CUDA events around back-to-back calls).
+
+Batch norm (training forward, backward, inference; ResNet-like shapes,
+float32 N,C,H,W, float16 and bfloat16 channels-last) against
+torch.nn.functional.batch_norm, twice: with ``backend="auto"`` (the row
+names the API it chose: "graph" or "legacy") and with ``backend="legacy"``.
+Layer norm and RMSNorm (graph API) against PyTorch's own CUDA kernels.
+Inputs are PyTorch CUDA tensors for both sides (the same memory and
+streams); the last column is cudnn_bind's host time again with DeviceArray
+views of the same memory (outputs from the binding's pool instead of
+PyTorch's allocator).
 
     python benchmarks/bench_cudnn_gpu.py                  # needs a GPU, torch with CUDA
     python benchmarks/bench_cudnn_gpu.py --calls 200 --json out.json --markdown table.md
 
 --markdown writes the table alone, under a line naming the GPU and the
 versions, ready to paste into benchmarks/README.md (.ci/gpu_run does).
-
-torch's batch_norm on these inputs is cuDNN's kernel too (PyTorch routes
-4-D CUDA batch norm there), so device times should agree and the host
-columns compare the two bindings.  Median of `--repeats` samples of
-`--calls` calls each.
+Median of `--repeats` samples of `--calls` calls each.
 """
 import argparse
 import json
@@ -27,20 +28,28 @@ import time
 def markdown_table(rows):
     """The rows as a Markdown table; host and device time side by side with
     torch's, and cudnn_bind's host time as a multiple of torch's."""
-    lines = ["| shape | dtype | layout | call | cudnn_bind host µs | torch host µs | host ratio | "
-             "cudnn_bind device µs | torch device µs | cudnn_bind host µs, DeviceArray |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| shape | dtype | layout | call | cudnn_bind API | cudnn_bind host µs | "
+             "torch host µs | host ratio | cudnn_bind device µs | torch device µs | "
+             "device ratio | cudnn_bind host µs, DeviceArray |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def num(r, key):
+        return f"{r[key]:.1f}" if key in r else "—"
+
+    def ratio(r, a, b):
+        return f"{r[a] / r[b]:.2f}" if a in r and b in r else "—"
+
     for r in rows:
         shape = "×".join(str(d) for d in r["shape"])
+        head = f"| {shape} | {r['dtype']} | {r['layout']} | {r['call']} | {r['backend']} |"
         if "error" in r:
-            message = r["error"].replace("|", "/").replace("\n", " ")
-            lines.append(f"| {shape} | {r['dtype']} | {r['layout']} | {r['call']} | failed: "
-                         f"{message} | | | | | |")
+            message = r["error"].replace("|", "/").replace("\n", " ")[:300]
+            lines.append(f"{head} failed: {message} | | | | | | |")
             continue
-        lines.append(f"| {shape} | {r['dtype']} | {r['layout']} | {r['call']} | "
-                     f"{r['host_us']:.1f} | {r['torch_host_us']:.1f} | "
-                     f"{r['host_us'] / r['torch_host_us']:.2f} | {r['device_us']:.1f} | "
-                     f"{r['torch_device_us']:.1f} | {r['devarr_host_us']:.1f} |")
+        lines.append(f"{head} {num(r, 'host_us')} | {num(r, 'torch_host_us')} | "
+                     f"{ratio(r, 'host_us', 'torch_host_us')} | {num(r, 'device_us')} | "
+                     f"{num(r, 'torch_device_us')} | {ratio(r, 'device_us', 'torch_device_us')} | "
+                     f"{num(r, 'devarr_host_us')} |")
     return "\n".join(lines)
 
 
@@ -84,12 +93,32 @@ def main():
         return statistics.median(host), statistics.median(device)
 
     rows = []
+
+    def measure(shape, dtype, layout, name, backend, ours, theirs, ours_devarr=None):
+        row = {"shape": shape, "dtype": str(dtype).replace("torch.", ""), "layout": layout,
+               "call": name, "backend": backend}
+        try:
+            row["host_us"], row["device_us"] = timed(ours)
+            if theirs is not None:
+                row["torch_host_us"], row["torch_device_us"] = timed(theirs)
+            if ours_devarr is not None:
+                row["devarr_host_us"] = timed(ours_devarr)[0]
+        except Exception as exc:  # noqa: BLE001 - a row says what failed
+            row["error"] = f"{type(exc).__name__}: {exc}"
+        rows.append(row)
+
+    def devarr(t):
+        cur = torch.cuda.current_stream().cuda_stream
+        return cudnn_bind.DeviceArray.from_pointer(t.data_ptr(), tuple(t.shape), t.dtype,
+                                                   t.stride(), t, stream=cur)
+
     for shape, dtype, layout in [((32, 64, 56, 56), torch.float32, "nchw"),
                                  ((32, 256, 14, 14), torch.float32, "nchw"),
                                  ((8, 64, 14, 14), torch.float32, "nchw"),
                                  ((2, 4, 1, 1), torch.float32, "nchw"),
                                  ((32, 64, 56, 56), torch.float16, "nhwc"),
-                                 ((32, 256, 14, 14), torch.float16, "nhwc")]:
+                                 ((32, 256, 14, 14), torch.float16, "nhwc"),
+                                 ((32, 64, 56, 56), torch.bfloat16, "nhwc")]:
         x = torch.randn(shape, device=dev, dtype=dtype)
         if layout == "nhwc":
             x = x.to(memory_format=torch.channels_last)
@@ -97,45 +126,85 @@ def main():
         w, b = torch.randn(c, device=dev), torch.randn(c, device=dev)
         rm, rv = torch.zeros(c, device=dev), torch.ones(c, device=dev)
         dy = torch.randn_like(x)
-        y, sm, si, reserve = cudnn_bind.batch_norm_forward_training(x, w, b, rm, rv)
-        # the same memory as DeviceArrays, produced on torch's stream
-        cur = torch.cuda.current_stream().cuda_stream
-        dx, ddy, dw, db, drm, drv = (
-            cudnn_bind.DeviceArray.from_pointer(t.data_ptr(), tuple(t.shape), t.dtype,
-                                                t.stride(), t, stream=cur)
-            for t in (x, dy, w, b, rm, rv))
-        _, dsm, dsi, dreserve = cudnn_bind.batch_norm_forward_training(dx, dw, db, drm, drv)
-        xt = x.detach().requires_grad_()
-        wt, bt = w.detach().requires_grad_(), b.detach().requires_grad_()
-        cases = {
-            "training forward": (
-                lambda: cudnn_bind.batch_norm_forward_training(x, w, b, rm, rv),
-                lambda: cudnn_bind.batch_norm_forward_training(dx, dw, db, drm, drv),
-                lambda: F.batch_norm(x, rm, rv, w, b, training=True)),
-            "backward": (
-                lambda: cudnn_bind.batch_norm_backward(x, dy, w, sm, si, 1e-5, reserve),
-                lambda: cudnn_bind.batch_norm_backward(dx, ddy, dw, dsm, dsi, 1e-5, dreserve),
-                lambda: torch.ops.aten.cudnn_batch_norm_backward(
-                    x, dy, w, rm, rv, sm, si, 1e-5, reserve)),
-            "inference": (
-                lambda: cudnn_bind.batch_norm_forward_inference(x, w, b, rm, rv),
-                lambda: cudnn_bind.batch_norm_forward_inference(dx, dw, db, drm, drv),
-                lambda: F.batch_norm(x, rm, rv, w, b, training=False)),
-        }
-        del xt, wt, bt
-        for name, (ours, ours_devarr, theirs) in cases.items():
+        dx, ddy, dw, db, drm, drv = (devarr(t) for t in (x, dy, w, b, rm, rv))
+        for backend in ("auto", "legacy"):
+            used = backend
+            if backend == "auto":
+                try:
+                    used = cudnn_bind.batch_norm_backend(x, True)[0]
+                except Exception as exc:  # noqa: BLE001
+                    used = f"auto ({type(exc).__name__})"
+            bk = {"backend": backend}
             try:
-                h1, d1 = timed(ours)
-                h2, d2 = timed(theirs)
-                h3, _ = timed(ours_devarr)
-            except Exception as exc:  # noqa: BLE001 - a row says what failed
+                y, sm, si, reserve = cudnn_bind.batch_norm_forward_training(x, w, b, rm, rv, **bk)
+                _, dsm, dsi, dreserve = cudnn_bind.batch_norm_forward_training(
+                    dx, dw, db, drm, drv, **bk)
+            except Exception as exc:  # noqa: BLE001
                 rows.append({"shape": shape, "dtype": str(dtype).replace("torch.", ""),
-                             "layout": layout, "call": name,
+                             "layout": layout, "call": "training forward", "backend": used,
                              "error": f"{type(exc).__name__}: {exc}"})
                 continue
+            # torch's saved tensors for its backward: its own forward's
+            # (y, save_mean, save_invstd, reserve): torch 2.11's cudnn_batch_norm
+            tsm = tsi = treserve = None
+            if dtype != torch.bfloat16:
+                _, tsm, tsi, treserve = torch.ops.aten.cudnn_batch_norm(
+                    x, w, b, rm, rv, True, 0.1, 1e-5)[:4]
+            torch_bwd = None if tsm is None else (
+                lambda: torch.ops.aten.cudnn_batch_norm_backward(
+                    x, dy, w, rm, rv, tsm, tsi, 1e-5, treserve))
+            measure(shape, dtype, layout, "training forward", used,
+                    lambda: cudnn_bind.batch_norm_forward_training(x, w, b, rm, rv, **bk),
+                    lambda: F.batch_norm(x, rm, rv, w, b, training=True),
+                    lambda: cudnn_bind.batch_norm_forward_training(dx, dw, db, drm, drv, **bk))
+            measure(shape, dtype, layout, "backward", used,
+                    lambda: cudnn_bind.batch_norm_backward(x, dy, w, sm, si, 1e-5, reserve, **bk),
+                    torch_bwd,
+                    lambda: cudnn_bind.batch_norm_backward(dx, ddy, dw, dsm, dsi, 1e-5,
+                                                           dreserve, **bk))
+            used_inf = used
+            if backend == "auto":
+                try:
+                    used_inf = cudnn_bind.batch_norm_backend(x, False)[0]
+                except Exception as exc:  # noqa: BLE001
+                    used_inf = f"auto ({type(exc).__name__})"
+            measure(shape, dtype, layout, "inference", used_inf,
+                    lambda: cudnn_bind.batch_norm_forward_inference(x, w, b, rm, rv, **bk),
+                    lambda: F.batch_norm(x, rm, rv, w, b, training=False),
+                    lambda: cudnn_bind.batch_norm_forward_inference(dx, dw, db, drm, drv, **bk))
+
+    # layer norm and RMSNorm: torch's CUDA kernels (not cuDNN) are the peer
+    for (rows_, cols), dtype in [((32, 768), torch.float32), ((32, 768), torch.bfloat16),
+                                 ((8192, 1024), torch.float32), ((4096, 4096), torch.bfloat16),
+                                 ((16384, 4096), torch.bfloat16)]:
+        x = torch.randn(rows_, cols, device=dev, dtype=dtype)
+        w, b = torch.randn(cols, device=dev, dtype=dtype), torch.randn(cols, device=dev, dtype=dtype)
+        dy = torch.randn_like(x)
+        dx_, ddy, dw_, db_ = (devarr(t) for t in (x, dy, w, b))
+        shape = (rows_, cols)
+        try:
+            _, mean, rstd = cudnn_bind.layer_norm_forward(x, cols, w, b)
+            _, inv = cudnn_bind.rms_norm_forward(x, cols, w, 1e-6)
+        except Exception as exc:  # noqa: BLE001
             rows.append({"shape": shape, "dtype": str(dtype).replace("torch.", ""),
-                         "layout": layout, "call": name, "host_us": h1, "device_us": d1,
-                         "torch_host_us": h2, "torch_device_us": d2, "devarr_host_us": h3})
+                         "layout": "rows", "call": "layer norm forward", "backend": "graph",
+                         "error": f"{type(exc).__name__}: {exc}"})
+            continue
+        _, tmean, trstd = torch.ops.aten.native_layer_norm(x, (cols,), w, b, 1e-5)
+        measure(shape, dtype, "rows", "layer norm forward", "graph",
+                lambda: cudnn_bind.layer_norm_forward(x, cols, w, b),
+                lambda: torch.ops.aten.native_layer_norm(x, (cols,), w, b, 1e-5),
+                lambda: cudnn_bind.layer_norm_forward(dx_, cols, dw_, db_))
+        measure(shape, dtype, "rows", "layer norm backward", "graph",
+                lambda: cudnn_bind.layer_norm_backward(dy, x, cols, mean, rstd, w),
+                lambda: torch.ops.aten.native_layer_norm_backward(
+                    dy, x, (cols,), tmean, trstd, w, b, [True, True, True]))
+        measure(shape, dtype, "rows", "RMS norm forward", "graph",
+                lambda: cudnn_bind.rms_norm_forward(x, cols, w, 1e-6),
+                lambda: F.rms_norm(x, (cols,), w, 1e-6),
+                lambda: cudnn_bind.rms_norm_forward(dx_, cols, dw_, 1e-6))
+        measure(shape, dtype, "rows", "RMS norm backward", "graph",
+                lambda: cudnn_bind.rms_norm_backward(dy, x, cols, inv, w), None)
     table = markdown_table(rows)
     print(table)
     if args.markdown:

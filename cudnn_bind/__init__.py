@@ -1,4 +1,4 @@
-"""cudnn_bind: cuDNN batch normalization on device buffers, through ctypes.
+"""cudnn_bind: cuDNN's normalizations on device buffers, through ctypes.
 
 Pure Python: no compiler and no CUDA toolkit at install time.  The libraries
 are found at first use (see `cudnn_bind._lib` for the search order) or
@@ -9,8 +9,13 @@ anything with `__cuda_array_interface__` or DLPack, or `DeviceArray`.
     dx, dw, db = batch_norm_backward(x, dy, w, save_mean, save_invstd, 1e-5, reserve)
     y = batch_norm_forward_inference(x, w, b, rm, rv)
 
-cuDNN 9 marks this legacy batch-norm API deprecated; it still works and is
-what PyTorch calls.
+    y, mean, invstd = layer_norm_forward(x, normalized_shape, w, b)
+    y, invstd = rms_norm_forward(x, normalized_shape, w)
+
+Batch norm runs on cuDNN's graph API where cuDNN has an engine for the call
+and on its legacy batch-norm API (deprecated in cuDNN 9, what PyTorch calls)
+otherwise (`batch_norm_backend` says which); layer norm and RMSNorm run on
+the graph API.
 """
 from __future__ import annotations
 
@@ -20,20 +25,23 @@ from typing import Optional
 from cudnn_bind import _lib
 from cudnn_bind._typing import LibraryPath
 from cudnn_bind.batch_norm import (
-    INFERENCE_MAX_BATCH, TRAINING_MAX_BATCH, batch_norm_backward, batch_norm_forward_inference,
-    batch_norm_forward_training, can_use_cudnn, choose_mode)
+    INFERENCE_MAX_BATCH, TRAINING_MAX_BATCH, batch_norm_backend, batch_norm_backward,
+    batch_norm_forward_inference, batch_norm_forward_training, can_use_cudnn, choose_mode)
 from cudnn_bind.descriptors import (
     PER_ACTIVATION, SPATIAL, SPATIAL_PERSISTENT, ActivationDescriptor, TensorDescriptor,
     derive_bn_descriptor)
 from cudnn_bind.errors import (
     CudaError, CudnnBindError, CudnnError, CudnnUnavailableError, UnsupportedError)
 from cudnn_bind.handles import Handle, handle_for
+from cudnn_bind.layer_norm import (
+    layer_norm_backward, layer_norm_forward, rms_norm_backward, rms_norm_forward)
 from cudnn_bind.memory import DeviceArray, DeviceBuffer
 
 __all__ = [
     "load", "reset", "version", "is_available", "unavailable_reason", "describe", "device_count",
     "batch_norm_forward_training", "batch_norm_forward_inference", "batch_norm_backward",
-    "can_use_cudnn", "choose_mode", "DeviceArray", "DeviceBuffer", "Handle", "handle_for",
+    "batch_norm_backend", "layer_norm_forward", "layer_norm_backward", "rms_norm_forward",
+    "rms_norm_backward", "can_use_cudnn", "choose_mode", "DeviceArray", "DeviceBuffer", "Handle", "handle_for",
     "TensorDescriptor", "ActivationDescriptor", "derive_bn_descriptor", "PER_ACTIVATION",
     "SPATIAL", "SPATIAL_PERSISTENT", "TRAINING_MAX_BATCH", "INFERENCE_MAX_BATCH",
     "CudnnBindError", "CudnnError", "CudaError", "CudnnUnavailableError", "UnsupportedError",

@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterator, Optional, TypedDict, TypeVar
 from cudnn_bind._typing import LibraryPath
 from cudnn_bind.errors import (
     CudaError, CudnnBindError, CudnnError, CudnnUnavailableError, status_name)
+from cudnn_bind.graph import GRAPH_FUNCTIONS
 from cudnn_bind.pool import Pool
 
 __all__ = ["Library", "get", "load", "reset", "CUDNN_FUNCTIONS", "CUDART_FUNCTIONS"]
@@ -252,6 +253,12 @@ class Library:
         _declare(self.cudnn, CUDNN_FUNCTIONS, self.cudnn_path, "cuDNN library")
         if self.major >= 9:
             _declare(self.cudnn, CUDNN9_FUNCTIONS, self.cudnn_path, "cuDNN library")
+        # the graph API (cudnn_bind.graph): used where declared, else the legacy calls
+        try:
+            _declare(self.cudnn, GRAPH_FUNCTIONS, self.cudnn_path, "cuDNN library")
+            self.has_graph = True
+        except CudnnUnavailableError:
+            self.has_graph = False
         self.cudart_version = int(self.cudnn.cudnnGetCudartVersion())
         cuda_major = self.cudart_version // 1000
         self.cudart, self.cudart_path = _open(
@@ -266,6 +273,8 @@ class Library:
         self.pool = Pool(self)
         # descriptors and sizes per call signature (batch_norm.py's plans)
         self.plans: dict[tuple[Any, ...], Any] = {}
+        # graph-API execution plans per call signature and device (None: no engine)
+        self.graphs: dict[tuple[Any, ...], Any] = {}
         # the device of each live __cuda_array_interface__ exporter's pointer (memory._cai_device)
         self.cai_devices: dict[tuple[int, int], Any] = {}
         self.min_epsilon = BN_MIN_EPSILON[self.major]
@@ -331,6 +340,7 @@ def _unload_hooks() -> None:
     lib = _STATE["lib"]
     if lib is not None:
         lib.plans.clear()  # their descriptors are destroyed with them
+        lib.graphs.clear()
         try:  # last: the hooks above hand their blocks back first
             lib.pool.close()
         except CudnnBindError:

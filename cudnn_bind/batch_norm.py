@@ -1,8 +1,10 @@
 """cuDNN batch normalization on device buffers: ATen's cudnn_batch_norm in Python.
 
-Three calls of cuDNN's legacy batch-norm API (deprecated in cuDNN 9, still
-supported): cudnnBatchNormalizationForwardTrainingEx, ...ForwardInference and
-...BackwardEx.  Every argument is checked here before any of them runs: the
+Each call runs on cuDNN's graph API where cuDNN has an engine for it
+(`cudnn_bind.batch_norm_graph` builds the graphs and makes the choice), else
+on the legacy API (deprecated in cuDNN 9, still supported):
+cudnnBatchNormalizationForwardTrainingEx, ...ForwardInference and
+...BackwardEx.  Every argument is checked here before either runs: the
 real library dereferences some NULL arguments instead of returning an error.
 
 What depends only on a call's signature (x's shape, strides and dtype, the
@@ -28,12 +30,15 @@ import math
 from typing import Optional, Union
 
 from cudnn_bind import _lib
+from cudnn_bind import graph as G
 from cudnn_bind._args import integer, real, show, stream_value
 from cudnn_bind._typing import DeviceArrayLike, Int, ModeLike, Real, StreamLike
 from cudnn_bind.descriptors import (
     OPS_BN, OPS_BN_ACTIVATION, OPS_BN_ADD_ACTIVATION, PER_ACTIVATION, ActivationDescriptor,
     TensorDescriptor, bn_mode, derive_bn_descriptor)
-from cudnn_bind.errors import CudnnBindError
+from cudnn_bind.batch_norm_graph import (
+    UID, check_backend, graph_refusal, inference_graph, training_graphs)
+from cudnn_bind.errors import CudnnBindError, UnsupportedError
 from cudnn_bind.handles import Handle, cached_handle
 from cudnn_bind.memory import (
     DTYPE_SIZES, DeviceArray, as_view, block_layout, current_device, new_arrays)
@@ -42,7 +47,8 @@ from cudnn_bind.rules import (
     param_dtype, plan_mode)
 
 __all__ = ["batch_norm_forward_training", "batch_norm_forward_inference", "batch_norm_backward",
-           "can_use_cudnn", "choose_mode", "TRAINING_MAX_BATCH", "INFERENCE_MAX_BATCH"]
+           "batch_norm_backend", "can_use_cudnn", "choose_mode", "TRAINING_MAX_BATCH",
+           "INFERENCE_MAX_BATCH"]
 
 _INT32_MAX = 2 ** 31 - 1
 # plans kept per library (the least recently built goes first)
@@ -261,6 +267,9 @@ class _Plan:
 
     def __init__(self, lib, x, mode, fused, training):
         self.lib = lib
+        self.shape, self.strides, self.dtype = x.shape, x.strides, x.dtype
+        # graph-API plans by (which, running statistics, alignment, device)
+        self.graphs = {}
         self.layout = layout_of(x.shape, x.strides, "x")
         # the mode, and every rule of cudnn_bind.rules, refused here before any descriptor
         self.mode = check_call(x.shape, self.layout, x.dtype, training, mode, fused, lib.version)
@@ -417,7 +426,7 @@ def batch_norm_forward_training(
         eps: Real = 1e-5, *, out: Optional[DeviceArrayLike] = None,
         z: Optional[DeviceArrayLike] = None, activation: Optional[str] = None,
         mode: Optional[ModeLike] = None, handle: Optional[Handle] = None,
-        stream: StreamLike = None,
+        stream: StreamLike = None, backend: str = "auto",
 ) -> tuple[DeviceArrayLike, DeviceArrayLike, DeviceArrayLike, DeviceArrayLike]:
     """Batch norm over a training batch (cudnnBatchNormalizationForwardTrainingEx).
 
@@ -479,6 +488,13 @@ def batch_norm_forward_training(
         for their arrays, else the stream x was produced on (a
         DeviceArray's ``stream``, the ``stream`` key of
         ``__cuda_array_interface__``), else the legacy default stream.
+    backend : str, optional
+        "auto" (the default): cuDNN's graph API where it has engines for
+        this signature's forward and backward, else the legacy call
+        (`batch_norm_backend` says which, and why); "graph": the graph API
+        or `UnsupportedError`; "legacy": the legacy call.  On the graph
+        path the returned reserve is empty (the graph's backward needs
+        none).
 
     Returns
     -------
@@ -508,13 +524,15 @@ def batch_norm_forward_training(
         If a shape, layout, device or size is wrong, x has only one value
         per channel, weight or bias is missing, only one running statistic
         is given, a written array is read-only, eps is below
-        CUDNN_BN_MIN_EPSILON, z comes without activation='relu', or the
-        handle is destroyed or for another device.
+        CUDNN_BN_MIN_EPSILON, z comes without activation='relu', the
+        handle is destroyed or for another device, or backend is not
+        "auto", "graph" or "legacy".
     UnsupportedError
         A ValueError: cuDNN has no kernel for the fused op (or the mode
         asked for) with this x (``.rule`` "fused_activation"), or cannot
         train on a batch this large in this mode (over TRAINING_MAX_BATCH,
-        or 131070 in PER_ACTIVATION mode: "batch_limit").
+        or 131070 in PER_ACTIVATION mode: "batch_limit"); with
+        ``backend="graph"``, no graph engine for this call ("graph_engine").
     CudnnUnavailableError
         If no cuDNN library loads.
     CudnnError
@@ -525,6 +543,7 @@ def batch_norm_forward_training(
     lib = _lib.get()
     eps = _eps(eps, lib)
     factor = real(exponential_average_factor, "exponential_average_factor")
+    backend = backend if backend == "auto" else check_backend(backend)
     # no fused op (the common case) needs no check
     fused = None if activation is None and z is None else _fused(activation, z)
     st, xv, plan = _training_x(x, stream, mode, fused, lib)
@@ -553,6 +572,14 @@ def batch_norm_forward_training(
     device, previous = _enter_device(lib, device)
     try:
         h = cached_handle(device, lib) if handle is None else _handle(handle, device, lib)
+        g = None if backend == "legacy" else training_graphs(
+            lib, h, plan, backend, graph_refusal(lib, plan, mode, fused), "forward",
+            rmv is not None, G.alignment_of(xv.ptr, yv.ptr if yv is not None else 0))
+        if g is not None:
+            if st != h._stream or producers:
+                _start(h, st, producers)
+            return _graph_forward(lib, h, g, plan, st, xv, yv, out, wv, bv, rmv, rvv, eps,
+                                  factor)
         ws_size, saved, saved_layout, rs_size = plan.forward_sizes(h)
         if st != h._stream or producers:  # else _start has nothing to do
             _start(h, st, producers)
@@ -579,13 +606,36 @@ def batch_norm_forward_training(
     return out, save_mean, save_invstd, reserve
 
 
+def _graph_forward(lib, h, g, plan, st, xv, yv, out, wv, bv, rmv, rvv, eps, factor):
+    """The training forward on the graph path (cudnn_bind.batch_norm_graph):
+    (y, save_mean, save_invstd, an empty reserve)."""
+    specs = ([] if yv is not None else plan.like_x) + plan.param_pair + [((0,), (1,), "uint8")]
+    arrays, ptrs = new_arrays(xv.kind, h.device, st, specs, lib)
+    if yv is None:
+        out, y_ptr = arrays[0], ptrs[0]
+        arrays, ptrs = arrays[1:], ptrs[1:]
+    else:
+        y_ptr = yv.ptr
+    eps_value, factor_value = ctypes.c_float(eps), ctypes.c_float(factor)
+    by_uid = {UID["x"]: xv.ptr, UID["y"]: y_ptr, UID["scale"]: wv.ptr, UID["bias"]: bv.ptr,
+              UID["epsilon"]: ctypes.addressof(eps_value), UID["mean"]: ptrs[0],
+              UID["inv_variance"]: ptrs[1]}
+    if rmv is not None:  # updated in place: the same address in and out
+        by_uid.update({UID["momentum"]: ctypes.addressof(factor_value),
+                       UID["running_mean"]: rmv.ptr, UID["running_var"]: rvv.ptr,
+                       UID["running_mean_out"]: rmv.ptr, UID["running_var_out"]: rvv.ptr})
+    g.execute(h.ptr, [by_uid[u] for u in g.uids], h.workspace(g.workspace, xv.kind, st))
+    return out, arrays[0], arrays[1], arrays[2]
+
+
 # ---- forward, inference --------------------------------------------------------
 
 def batch_norm_forward_inference(
         x: DeviceArrayLike, weight: DeviceArrayLike, bias: DeviceArrayLike,
         running_mean: DeviceArrayLike, running_var: DeviceArrayLike, eps: Real = 1e-5, *,
         out: Optional[DeviceArrayLike] = None, mode: Optional[ModeLike] = None,
-        handle: Optional[Handle] = None, stream: StreamLike = None) -> DeviceArrayLike:
+        handle: Optional[Handle] = None, stream: StreamLike = None,
+        backend: str = "auto") -> DeviceArrayLike:
     """Batch norm with running statistics (cudnnBatchNormalizationForwardInference).
 
     y = (x - running_mean) / sqrt(running_var + eps) * weight + bias.
@@ -631,6 +681,12 @@ def batch_norm_forward_inference(
         for their arrays, else the stream x was produced on (a
         DeviceArray's ``stream``, the ``stream`` key of
         ``__cuda_array_interface__``), else the legacy default stream.
+    backend : str, optional
+        "auto" (the default): cuDNN's graph API where it has an engine for
+        this signature, else the legacy call; "graph": the graph API or
+        `UnsupportedError`; "legacy": the legacy call.  cuDNN 9.19 has no
+        engine for inference alone, so inference runs on the legacy call
+        there (`batch_norm_backend` with ``training=False`` says so).
 
     Returns
     -------
@@ -647,8 +703,12 @@ def batch_norm_forward_inference(
         has the wrong dtype, or eps, mode or handle has the wrong type.
     ValueError
         If a shape, layout, device or size is wrong, a parameter is
-        missing, out is read-only, eps is below CUDNN_BN_MIN_EPSILON, or
-        the handle is destroyed or for another device.
+        missing, out is read-only, eps is below CUDNN_BN_MIN_EPSILON, the
+        handle is destroyed or for another device, or backend is not
+        "auto", "graph" or "legacy".
+    UnsupportedError
+        A ValueError: with ``backend="graph"``, no graph engine for this
+        call (``.rule`` "graph_engine").
     CudnnUnavailableError
         If no cuDNN library loads.
     CudnnError
@@ -658,6 +718,7 @@ def batch_norm_forward_inference(
     """
     lib = _lib.get()
     eps = _eps(eps, lib)
+    backend = backend if backend == "auto" else check_backend(backend)
     st, xv = _stream_and_x(stream, x, lib)
     plan = _plan(lib, "inference", xv, mode, None)
     wv = _param(weight, "weight", plan, lib, st, required=True)
@@ -681,6 +742,22 @@ def batch_norm_forward_inference(
         else:
             y_ptr = yv.ptr
         if plan.empty:  # an empty batch: nothing for cuDNN to do
+            return out
+        g = None if backend == "legacy" else inference_graph(
+            lib, h, plan, backend, graph_refusal(lib, plan, mode, None),
+            G.alignment_of(xv.ptr, y_ptr))
+        if g is not None:
+            eps_value = ctypes.c_float(float(eps))
+            by_uid = {UID["x"]: xv.ptr, UID["y"]: y_ptr, UID["scale"]: wv.ptr,
+                      UID["bias"]: bv.ptr, UID["running_mean"]: rmv.ptr,
+                      UID["running_var"]: rvv.ptr, UID["epsilon"]: ctypes.addressof(eps_value)}
+            graphs = g if isinstance(g, tuple) else (g,)
+            if len(graphs) == 2:  # rsqrt(var + eps) into a scratch vector first
+                (inv,), (by_uid[UID["inv_running"]],) = new_arrays(
+                    xv.kind, device, st, [plan.param_spec], lib)
+            for part in graphs:
+                part.execute(h.ptr, [by_uid[u] for u in part.uids],
+                             h.workspace(part.workspace, xv.kind, st))
             return out
         fn, one, zero = plan.fn_inference, plan.one, plan.zero
         if plan.chunks is None:
@@ -710,7 +787,7 @@ def batch_norm_backward(
         reserve: Optional[DeviceArrayLike], *, y: Optional[DeviceArrayLike] = None,
         z: Optional[DeviceArrayLike] = None, bias: Optional[DeviceArrayLike] = None,
         activation: Optional[str] = None, mode: Optional[ModeLike] = None,
-        handle: Optional[Handle] = None, stream: StreamLike = None,
+        handle: Optional[Handle] = None, stream: StreamLike = None, backend: str = "auto",
 ) -> Union[tuple[DeviceArrayLike, DeviceArrayLike, DeviceArrayLike],
            tuple[DeviceArrayLike, DeviceArrayLike, DeviceArrayLike, DeviceArrayLike]]:
     """Gradients of training-mode batch norm (cudnnBatchNormalizationBackwardEx).
@@ -770,6 +847,11 @@ def batch_norm_backward(
         for their arrays, else the stream x was produced on (a
         DeviceArray's ``stream``, the ``stream`` key of
         ``__cuda_array_interface__``), else the legacy default stream.
+    backend : str, optional
+        As for `batch_norm_forward_training`: a signature takes the graph
+        path in its backward when it does in its forward.  The graph's
+        backward reads neither reserve nor eps (it uses the saved
+        statistics), so it also takes a legacy forward's reserve.
 
     Returns
     -------
@@ -797,13 +879,15 @@ def batch_norm_backward(
         If a shape, layout, device or size is wrong, x has only one value
         per channel, a required array is missing, reserve is not contiguous
         or not of the size cuDNN asks for, eps is below
-        CUDNN_BN_MIN_EPSILON, z comes without activation='relu', or the
-        handle is destroyed or for another device.
+        CUDNN_BN_MIN_EPSILON, z comes without activation='relu', the
+        handle is destroyed or for another device, or backend is not
+        "auto", "graph" or "legacy".
     UnsupportedError
         A ValueError: cuDNN has no kernel for the fused op (or the mode
         asked for) with this x (``.rule`` "fused_activation"), or cannot
         train on a batch this large in this mode (over TRAINING_MAX_BATCH,
-        or 131070 in PER_ACTIVATION mode: "batch_limit").
+        or 131070 in PER_ACTIVATION mode: "batch_limit"); with
+        ``backend="graph"``, no graph engine for this call ("graph_engine").
     CudnnUnavailableError
         If no cuDNN library loads.
     CudnnError
@@ -813,6 +897,7 @@ def batch_norm_backward(
     """
     lib = _lib.get()
     eps = _eps(eps, lib)
+    backend = backend if backend == "auto" else check_backend(backend)
     # no fused op (the common case) needs no check
     fused = None if activation is None and z is None else _fused(activation, z)
     st, xv, plan = _training_x(x, stream, mode, fused, lib)
@@ -844,6 +929,19 @@ def batch_norm_backward(
     device, previous = _enter_device(lib, device)
     try:
         h = cached_handle(device, lib) if handle is None else _handle(handle, device, lib)
+        g = None if backend == "legacy" else training_graphs(
+            lib, h, plan, backend, graph_refusal(lib, plan, mode, fused), "backward", False,
+            G.alignment_of(xv.ptr, dyv.ptr))
+        if g is not None:  # the graph needs no reserve (the legacy forward's is ignored)
+            if st != h._stream or producers:
+                _start(h, st, producers)
+            (dx, dweight, dbias), (dx_ptr, dw, db) = new_arrays(
+                xv.kind, device, st, plan.like_x + plan.param_pair, lib)
+            by_uid = {UID["x"]: xv.ptr, UID["dy"]: dyv.ptr, UID["scale"]: wv.ptr,
+                      UID["mean"]: smv.ptr, UID["inv_variance"]: siv.ptr, UID["dx"]: dx_ptr,
+                      UID["dscale"]: dw, UID["dbias"]: db}
+            g.execute(h.ptr, [by_uid[u] for u in g.uids], h.workspace(g.workspace, xv.kind, st))
+            return dx, dweight, dbias
         expected, ws_size = plan.backward_sizes(h)
         got = 0 if rv is None else rv.size * DTYPE_SIZES[rv.dtype]
         if got != expected:
@@ -876,6 +974,69 @@ def batch_norm_backward(
 
 
 # ---- backend selection ----------------------------------------------------------
+
+def batch_norm_backend(x: DeviceArrayLike, training: bool = True, *,
+                       mode: Optional[ModeLike] = None, activation: Optional[str] = None,
+                       z: Optional[DeviceArrayLike] = None) -> tuple[str, str]:
+    """Which cuDNN API a batch norm of x runs on with ``backend="auto"``.
+
+    The graph API (`cudnn_bind.batch_norm_graph`) where cuDNN has engines
+    for the call (for training: its forward and its backward), else the
+    legacy calls.  Builds (and caches) the graphs on x's device; runs
+    nothing.
+
+    Parameters
+    ----------
+    x : device array
+        The input, as for `batch_norm_forward_training`.
+    training : bool, optional
+        A training signature (default True: forward and backward) or an
+        inference one.
+    mode : int or str, optional
+        The mode the call would be given (None: ATen's choice).
+    activation : str, optional
+        None (the default) or 'relu'.
+    z : device array, optional
+        The residual of a fused add+ReLU.
+
+    Returns
+    -------
+    backend : str
+        "graph" or "legacy".
+    reason : str
+        '' for "graph", else why the legacy calls run (cuDNN's words where
+        it has no engine).
+
+    Raises
+    ------
+    TypeError, ValueError, UnsupportedError, CudnnUnavailableError, CudnnError, CudaError
+        What the call itself would raise for x (its rules, its checks).
+    """
+    lib = _lib.get()
+    fused = _fused(activation, z)
+    st, xv = _stream_and_x(None, x, lib)
+    training = bool(training)
+    plan = _plan(lib, "training" if training else "inference", xv, mode, fused)
+    refusal = graph_refusal(lib, plan, mode, fused)
+    if refusal:
+        return "legacy", refusal
+    device, previous = _enter_device(lib, xv.device)
+    try:
+        h = cached_handle(device, lib)
+        align = G.alignment_of(xv.ptr)
+        try:
+            if training:
+                for which in ("forward", "backward"):
+                    training_graphs(lib, h, plan, "graph", "", which, False, align)
+            else:
+                inference_graph(lib, h, plan, "graph", "", align)
+        except UnsupportedError as exc:
+            return "legacy", str(exc)
+    finally:
+        if previous is not None:
+            _leave_device(lib, previous)
+    return "graph", ""
+
 
 def can_use_cudnn(x: DeviceArrayLike, weight: Optional[DeviceArrayLike] = None,
                   bias: Optional[DeviceArrayLike] = None,
