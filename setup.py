@@ -1,7 +1,13 @@
 """Build the Cython extensions with OpenMP.
 
 Environment switches (all optional):
-  CYNORM_NO_OPENMP=1   build serial extensions (correct, single-threaded)
+  CYNORM_NO_OPENMP=1   build serial extensions (correct, single-threaded).
+                       Without it the build probes the compiler for OpenMP
+                       (omp.h, -fopenmp, the runtime to link) and, where it
+                       has none (Apple's clang without libomp), builds serial
+                       extensions with one warning saying so.
+  CYNORM_OPENMP=1      require OpenMP: a compiler without it is an error
+                       (instead of the serial fallback)
   CYNORM_MARCH=<arch>  -march=<arch>.  A source build on x86-64 Linux defaults
                        to "native": it is tuned for, and runs on, the CPU that
                        builds it (the kernels are memory-bound only when the
@@ -9,6 +15,11 @@ Environment switches (all optional):
                        the compiler's baseline, which runs on any CPU of the
                        architecture: use it to build for other machines.
   CYNORM_CFLAGS="..."  extra compiler flags, appended last
+  CYNORM_TARGET_MACHINE=<arch>  the CPU architecture built for (x86_64,
+                       aarch64, ...), which picks the flags above; default:
+                       the C compiler's target (`$CC -dumpmachine`), so a
+                       cross compiler gets its own target's flags, not the
+                       build machine's
   CYNORM_NO_DISPATCH=1 with CYNORM_MARCH=none on x86-64 (or with MSVC on
                        Windows x64): build the baseline kernels only.
                        Otherwise such a build (the wheels') also compiles the
@@ -34,7 +45,9 @@ import os
 import platform
 import runpy
 import shlex
+import subprocess
 import sys
+import sysconfig
 
 import numpy as np
 from Cython.Build import cythonize
@@ -72,6 +85,8 @@ class build_ext_always(build_ext):
         super().run()
 
     def build_extensions(self):
+        if self.compiler.compiler_type == "unix":
+            self._openmp_or_serial()
         # A loop function called from one place (a prange body) is otherwise
         # inlined into the OpenMP outlined function, where it runs slower;
         # GCC has the flag, clang (which does not inline this way) rejects
@@ -100,6 +115,51 @@ class build_ext_always(build_ext):
                     ext.extra_link_args = list(ext.extra_link_args) + ["-Wl,--wrap=GOMP_parallel"]
         super().build_extensions()
 
+    def _openmp_or_serial(self):
+        """Keep the OpenMP flags if the compiler builds and links an OpenMP
+        program with them; else drop them (a serial build) with one
+        warning, or stop if CYNORM_OPENMP=1 asked for OpenMP."""
+        first = self.extensions[0]
+        if not any(flag in OPENMP_FLAGS for flag in first.extra_compile_args):
+            return  # CYNORM_NO_OPENMP=1: serial already
+        reason = self._links_openmp(first.extra_compile_args, first.extra_link_args)
+        if not reason:
+            return
+        cc = " ".join(self.compiler.compiler_so[:1])
+        if os.environ.get("CYNORM_OPENMP", "") not in ("", "0"):
+            raise SystemExit(f"cynorm: CYNORM_OPENMP=1, but the C compiler ({cc}) cannot build "
+                             f"OpenMP code (an OpenMP program failed: {reason}). Install an OpenMP runtime (macOS: "
+                             "`brew install libomp`), use GCC, or build serial kernels with "
+                             "CYNORM_NO_OPENMP=1.")
+        print(f"WARNING: cynorm: the C compiler ({cc}) cannot build OpenMP code (an OpenMP "
+              f"program failed: {reason}): building serial kernels, which are correct but run on one thread. For threads, "
+              "install an OpenMP runtime (macOS: `brew install libomp`) or use GCC; "
+              "CYNORM_NO_OPENMP=1 asks for the serial build and silences this warning.",
+              file=sys.stderr)
+        for ext in self.extensions:
+            ext.extra_compile_args = without_openmp(ext.extra_compile_args)
+            ext.extra_link_args = without_openmp(ext.extra_link_args)
+
+    def _links_openmp(self, cflags, ldflags):
+        """'' if an OpenMP program compiles and links with these flags, else
+        which step failed."""
+        import tempfile
+        from setuptools.errors import CompileError, LinkError
+        with tempfile.TemporaryDirectory() as tmp:
+            src = os.path.join(tmp, "omp_probe.c")
+            with open(src, "w") as f:
+                f.write(OPENMP_PROBE)
+            try:
+                objects = self.compiler.compile([src], output_dir=tmp, extra_postargs=cflags)
+            except CompileError:
+                return "omp.h or -fopenmp refused: the compiler's error is above"
+            try:
+                self.compiler.link_executable(objects, "omp_probe", output_dir=tmp,
+                                              extra_postargs=ldflags)
+            except LinkError:
+                return "no OpenMP runtime to link: the linker's error is above"
+        return ""
+
     def _accepts(self, *flags, source="int main(void) { return 0; }\n"):
         """Whether the C compiler takes `flags` (and `source`) without a warning."""
         import tempfile
@@ -126,6 +186,25 @@ int main(void) { return 0; }
 """
 
 KERNELS = "cynorm/_kernels"
+
+# what compile_flags adds for OpenMP, and a program that needs all of it
+OPENMP_FLAGS = ("-fopenmp", "-lomp")
+OPENMP_PROBE = """
+#include <omp.h>
+int main(void) { return omp_get_max_threads() > 0 ? 0 : 1; }
+"""
+
+
+def without_openmp(flags):
+    """flags less compile_flags' OpenMP ones (-Xpreprocessor goes with its -fopenmp)."""
+    out = []
+    for flag in flags:
+        if flag in OPENMP_FLAGS:
+            if flag == "-fopenmp" and out and out[-1] == "-Xpreprocessor":
+                out.pop()
+            continue
+        out.append(flag)
+    return out
 
 # The storage types every kernel template is written for (Tempita, which
 # ships with Cython), from the one dtype table (cynorm/_dtype_table.py):
@@ -155,6 +234,29 @@ def render_templates():
             f.write(text)
 
 
+def target_machine():
+    """The CPU architecture the build is for: $CYNORM_TARGET_MACHINE, else the
+    C compiler's target (`$CC -dumpmachine`: a cross compiler's), else this
+    machine's."""
+    named = os.environ.get("CYNORM_TARGET_MACHINE", "").strip()
+    if named:
+        return named
+    if sys.platform != "win32":
+        cc = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")
+        try:
+            triple = subprocess.run(cc[:1] + ["-dumpmachine"], capture_output=True, text=True,
+                                    timeout=60).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            triple = ""
+        if triple:
+            return triple.split("-")[0]
+    return platform.machine()
+
+
+TARGET = target_machine()
+X86_64 = TARGET in ("x86_64", "AMD64")
+
+
 def compile_flags():
     openmp = os.environ.get("CYNORM_NO_OPENMP", "") in ("", "0")
     if sys.platform == "win32":
@@ -169,13 +271,13 @@ def compile_flags():
     # stats_loops.pxi.tp): each compiles every loop, and drops those it does
     # not call
     cflags.append("-Wno-unused-function")
-    native_ok = sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64")
+    native_ok = sys.platform.startswith("linux") and X86_64 and TARGET == platform.machine()
     march = os.environ.get("CYNORM_MARCH", "native" if native_ok else "none")
     if march and march != "none":
         cflags.append(f"-march={march}")
         # GCC picks 256-bit vectors even where AVX-512 exists; the 16-bit
         # conversions want 512 (no effect without AVX-512)
-        if platform.machine() in ("x86_64", "AMD64"):
+        if X86_64:
             cflags.append("-mprefer-vector-width=512")
     ldflags = []
     sanitize = os.environ.get("CYNORM_SANITIZE", "").strip()
@@ -225,7 +327,7 @@ MSVC_LEVEL_FLAGS = {"v3": ["/arch:AVX2"], "v4": ["/arch:AVX512"]}
 def dispatch_levels():
     """{level: extra compiler flags} to build besides the baseline: on x86-64,
     for a portable build (the wheels) only."""
-    if platform.machine() not in ("x86_64", "AMD64"):
+    if not X86_64:
         return {}
     if os.environ.get("CYNORM_NO_DISPATCH", "") not in ("", "0"):
         return {}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from collections.abc import Mapping
 from typing import Optional
 
@@ -21,6 +22,8 @@ from cynorm._validation import check_bool, check_int, check_threads
 # and the count cynorm.distributed set itself (share_node_cores), if any:
 # ranks on one node share its cores only where nobody chose.
 _DEFAULT_THREADS = _runtime.get_num_threads()
+# whether the kernels were compiled with OpenMP (else every call runs on one thread)
+_OPENMP = bool(_runtime.build_info()["openmp"])
 _chosen = bool(os.environ.get("OMP_NUM_THREADS", "").strip())
 _rank_share: Optional[int] = None
 
@@ -39,7 +42,9 @@ def get_num_threads() -> int:
 def set_num_threads(n: int) -> None:
     """Use n threads for kernel calls from this thread.
 
-    Results are bitwise identical at any thread count.
+    Results are bitwise identical at any thread count.  A build without
+    OpenMP (``cynorm.config()["openmp"]`` says "no (serial build)") runs
+    every kernel on one thread: there n > 1 has no effect, with a warning.
 
     Parameters
     ----------
@@ -52,9 +57,19 @@ def set_num_threads(n: int) -> None:
         If n is not an int.
     ValueError
         If n is out of range.
+
+    Warns
+    -----
+    RuntimeWarning
+        On a serial build, for n > 1: get_num_threads() stays 1.
     """
     global _chosen
-    _runtime.set_num_threads(check_threads(n))
+    n = check_threads(n)
+    if n > 1 and not _OPENMP:
+        warnings.warn(f"set_num_threads({n}) has no effect: this cynorm was built without "
+                      "OpenMP (a serial build; cynorm.config()['openmp']), so its kernels "
+                      "run on one thread", RuntimeWarning, stacklevel=2)
+    _runtime.set_num_threads(n)
     _chosen = True
 
 

@@ -1,6 +1,9 @@
 """Input builders and tolerance checks shared by the tests."""
 import ml_dtypes
 import numpy as np
+import pytest
+
+import cynorm
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16 = np.dtype(np.float16)
@@ -87,3 +90,10 @@ def as_stored(ref, dtype):
         return ref
     with np.errstate(over="ignore"):
         return np.asarray(ref).astype(np.float32).astype(dtype)
+
+
+# a serial build (no OpenMP) runs every kernel on one thread: tests of the
+# thread count itself skip there
+OPENMP_BUILD = bool(cynorm._kernels.load("_runtime").build_info()["openmp"])
+needs_openmp = pytest.mark.skipif(not OPENMP_BUILD, reason="a serial build (no OpenMP): "
+                                  "the kernels run on one thread whatever is asked")

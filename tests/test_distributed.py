@@ -17,6 +17,7 @@ import pytest
 
 import cynorm
 from cynorm import _sync_records as records
+from helpers import needs_openmp
 from cynorm import distributed
 from mpi_helpers import find_mpiexec, launch_env
 
@@ -239,6 +240,7 @@ def test_ranks_on_one_node_share_its_cores():
         assert (after, later) == (want, want), rows
 
 
+@needs_openmp
 def test_a_chosen_thread_count_is_kept():
     rows = _launch_share(2, 3)
     assert rows == [(3, 3, 3)] * 2, rows

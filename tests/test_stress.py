@@ -34,7 +34,7 @@ import pytest
 import cynorm
 import cynorm.nested as nt
 from conftest import DTYPE_IDS, DTYPES
-from helpers import BF16, F16, F32, bits, g_dtype, is16
+from helpers import BF16, F16, F32, OPENMP_BUILD, bits, g_dtype, is16
 import stress_helpers as sh
 from stress_helpers import KiB, MiB
 
@@ -384,7 +384,8 @@ def test_eight_python_threads_share_inputs(rng, restore_threads, team_always):
         t.join(timeout=600)
     assert not any(t.is_alive() for t in threads), f"threads hung (deadlock?): {calls}"
     assert not failures, failures[:10]
-    assert counts == [1 + i % 4 for i in range(n_threads)]
+    # each worker set its own count (a serial build runs one thread whatever is asked)
+    assert counts == [1 + i % 4 if OPENMP_BUILD else 1 for i in range(n_threads)]
     assert calls == [rounds * len(ops)] * n_threads
     assert [a.tobytes() for a in shared] == before, "a shared input was written"
     assert cynorm.get_num_threads() == 1     # the workers' settings stayed theirs

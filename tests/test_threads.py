@@ -9,8 +9,24 @@ import numpy as np
 import pytest
 
 import cynorm
+from helpers import needs_openmp
 
 
+def test_a_serial_build_warns_and_stays_at_one_thread(restore_threads, monkeypatch):
+    """set_num_threads(n > 1) on a build without OpenMP: a RuntimeWarning, and
+    the count stays 1 (the OpenMP runtime's stand-in answers 1)."""
+    from cynorm import _threads
+    monkeypatch.setattr(_threads, "_OPENMP", False)
+    with pytest.warns(RuntimeWarning, match=r"set_num_threads\(3\) has no effect: this cynorm "
+                      "was built without OpenMP"):
+        cynorm.set_num_threads(3)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cynorm.set_num_threads(1)  # one thread: nothing to warn about
+
+
+@needs_openmp
 def test_set_and_get(restore_threads):
     cynorm.set_num_threads(1)
     assert cynorm.get_num_threads() == 1
@@ -18,6 +34,7 @@ def test_set_and_get(restore_threads):
     assert cynorm.get_num_threads() == 3
 
 
+@needs_openmp
 def test_omp_num_threads_is_followed():
     code = "import cynorm; print(cynorm.get_num_threads())"
     env = dict(os.environ, OMP_NUM_THREADS="3")
@@ -26,6 +43,7 @@ def test_omp_num_threads_is_followed():
     assert out.stdout.strip() == "3"
 
 
+@needs_openmp
 def test_threadpoolctl_limits_take_effect(restore_threads):
     threadpoolctl = pytest.importorskip("threadpoolctl")
     cynorm.set_num_threads(2)
@@ -36,6 +54,7 @@ def test_threadpoolctl_limits_take_effect(restore_threads):
     assert cynorm.get_num_threads() == 2
 
 
+@needs_openmp
 def test_threadpoolctl_limit_changes_the_work_split(restore_threads):
     """threadpoolctl's limit reaches the kernels (they ask OpenMP for the
     thread count at every call), and the answer does not change.  No timing

@@ -66,7 +66,10 @@ static inline float cn_f16_bits_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
     uint32_t em = h & 0x7fffu;                       /* exponent and mantissa */
     uint32_t normal = (em << 13) + (112u << 23);           /* rebias 15 -> 127 */
-    uint32_t special = normal + (112u << 23);              /* exponent 31 -> 255: inf, NaN */
+    /* exponent 31 -> 255: inf, NaN; a NaN comes out quiet (IEEE 754's
+     * conversion, and the hardware's: Arm's FCVT, x86's VCVTPH2PS), the
+     * payload kept */
+    uint32_t special = (normal + (112u << 23)) | cn_sel(em > 0x7c00u, 0x00400000u, 0u);
     uint32_t sub = cn_f32_bits((float)(int32_t)em * 5.9604644775390625e-08f);  /* em * 2^-24, exact */
     uint32_t r = cn_sel(em < 0x400u, sub, cn_sel(em >= 0x7c00u, special, normal));
     return cn_bits_f32(r | sign);
@@ -107,7 +110,8 @@ static inline uint16_t cn_store_f16(float v) { return cn_f32_to_f16_bits(v); }
 /* What the build used, for show_config(). */
 #if defined(__AVX512F__)
 #define CN_SIMD_LEVEL "AVX-512"
-#elif defined(__AVX2__) && defined(__FMA__)
+#elif defined(__AVX2__) && (defined(__FMA__) || defined(_MSC_VER))
+/* MSVC's /arch:AVX2 enables FMA and F16C but defines no __FMA__ */
 #define CN_SIMD_LEVEL "AVX2+FMA"
 #elif defined(__AVX__)
 #define CN_SIMD_LEVEL "AVX"
