@@ -574,7 +574,9 @@ def batch_norm_forward_training(
         h = cached_handle(device, lib) if handle is None else _handle(handle, device, lib)
         g = None if backend == "legacy" else training_graphs(
             lib, h, plan, backend, graph_refusal(lib, plan, mode, fused), "forward",
-            rmv is not None, G.alignment_of(xv.ptr, yv.ptr if yv is not None else 0))
+            rmv is not None, G.alignment_of(
+                xv.ptr, yv.ptr if yv is not None else 0, wv.ptr, bv.ptr,
+                rmv.ptr if rmv is not None else 0, rvv.ptr if rvv is not None else 0))
         if g is not None:
             if st != h._stream or producers:
                 _start(h, st, producers)
@@ -745,7 +747,7 @@ def batch_norm_forward_inference(
             return out
         g = None if backend == "legacy" else inference_graph(
             lib, h, plan, backend, graph_refusal(lib, plan, mode, None),
-            G.alignment_of(xv.ptr, y_ptr))
+            G.alignment_of(xv.ptr, y_ptr, wv.ptr, bv.ptr, rmv.ptr, rvv.ptr))
         if g is not None:
             eps_value = ctypes.c_float(float(eps))
             by_uid = {UID["x"]: xv.ptr, UID["y"]: y_ptr, UID["scale"]: wv.ptr,
@@ -931,7 +933,7 @@ def batch_norm_backward(
         h = cached_handle(device, lib) if handle is None else _handle(handle, device, lib)
         g = None if backend == "legacy" else training_graphs(
             lib, h, plan, backend, graph_refusal(lib, plan, mode, fused), "backward", False,
-            G.alignment_of(xv.ptr, dyv.ptr))
+            G.alignment_of(xv.ptr, dyv.ptr, wv.ptr, smv.ptr, siv.ptr))
         if g is not None:  # the graph needs no reserve (the legacy forward's is ignored)
             if st != h._stream or producers:
                 _start(h, st, producers)

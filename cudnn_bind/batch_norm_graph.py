@@ -79,12 +79,15 @@ def _build(lib: Any, h: Any, plan: Any, which: str, has_running: bool, align: in
     scalar = ([1] * len(dims), [1] * len(dims))
 
     def t(name: str, dt: str, d: list[int], s: list[int], **kw: Any) -> Any:
+        # the alignment every address of the call shares (a weight may be a
+        # view into a larger buffer)
+        kw.setdefault("alignment", align)
         return G.tensor(lib, UID[name], dt, d, s, **kw)
 
     what = f"batch norm {which} ({dtype} x of shape {tuple(plan.shape)}, {plan.layout})"
     if which == "forward":
-        ts = {"x": t("x", dtype, dims, strides, alignment=align),
-              "y": t("y", dtype, dims, strides, alignment=align),
+        ts = {"x": t("x", dtype, dims, strides),
+              "y": t("y", dtype, dims, strides),
               "scale": t("scale", p, pdims, pstrides), "bias": t("bias", p, pdims, pstrides),
               "epsilon": t("epsilon", p, *scalar, by_value=True),
               "mean": t("mean", p, pdims, pstrides),
@@ -98,11 +101,11 @@ def _build(lib: Any, h: Any, plan: Any, which: str, has_running: bool, align: in
         ops = [G.norm_forward(lib, G.BATCH_NORM, True, ts)]
         uids = [d.uid for d in ts.values()]
     elif which == "backward":
-        ts = {"x": t("x", dtype, dims, strides, alignment=align),
-              "dy": t("dy", dtype, dims, strides, alignment=align),
+        ts = {"x": t("x", dtype, dims, strides),
+              "dy": t("dy", dtype, dims, strides),
               "scale": t("scale", p, pdims, pstrides), "mean": t("mean", p, pdims, pstrides),
               "inv_variance": t("inv_variance", p, pdims, pstrides),
-              "dx": t("dx", dtype, dims, strides, alignment=align),
+              "dx": t("dx", dtype, dims, strides),
               "dscale": t("dscale", p, pdims, pstrides), "dbias": t("dbias", p, pdims, pstrides)}
         ops = [G.norm_backward(lib, G.BATCH_NORM, ts)]
         uids = [d.uid for d in ts.values()]
@@ -113,8 +116,8 @@ def _build(lib: Any, h: Any, plan: Any, which: str, has_running: bool, align: in
         inv = t("inv_running", p, pdims, pstrides, virtual=True)
         mean = t("running_mean", p, pdims, pstrides)
         mean_v = t("mean_running", p, pdims, pstrides, virtual=True)
-        ts = {"x": t("x", dtype, dims, strides, alignment=align),
-              "y": t("y", dtype, dims, strides, alignment=align),
+        ts = {"x": t("x", dtype, dims, strides),
+              "y": t("y", dtype, dims, strides),
               "scale": t("scale", p, pdims, pstrides), "bias": t("bias", p, pdims, pstrides),
               "mean": mean_v, "inv_variance": inv}
         ops = [G.pointwise(lib, G.POINTWISE_IDENTITY, mean, mean_v),
@@ -132,8 +135,8 @@ def _build(lib: Any, h: Any, plan: Any, which: str, has_running: bool, align: in
                G.pointwise(lib, G.POINTWISE_RSQRT, var_eps, inv)]
         uids = [UID[k] for k in ("running_var", "epsilon", "inv_running")]
     else:  # "normalize": the inference norm node over that vector
-        ts = {"x": t("x", dtype, dims, strides, alignment=align),
-              "y": t("y", dtype, dims, strides, alignment=align),
+        ts = {"x": t("x", dtype, dims, strides),
+              "y": t("y", dtype, dims, strides),
               "scale": t("scale", p, pdims, pstrides), "bias": t("bias", p, pdims, pstrides),
               "mean": t("running_mean", p, pdims, pstrides),
               "inv_variance": t("inv_running", p, pdims, pstrides)}

@@ -172,9 +172,10 @@ def _backward_graph(lib: Any, h: Handle, mode: int, rows: int, cols: int, dtype:
         t = {"x": G.tensor(lib, UID["x"], dtype, xs, xst, align),
              "dy": G.tensor(lib, UID["dy"], dtype, xs, xst, align),
              "scale": G.tensor(lib, UID["scale"], wdtype, ps, pst, align)}
+        # the saved statistics are the caller's: they share the call's alignment
         if mode == G.LAYER_NORM:
-            t["mean"] = G.tensor(lib, UID["mean"], "float32", ss, sst)
-        t["inv_variance"] = G.tensor(lib, UID["inv_variance"], "float32", ss, sst)
+            t["mean"] = G.tensor(lib, UID["mean"], "float32", ss, sst, align)
+        t["inv_variance"] = G.tensor(lib, UID["inv_variance"], "float32", ss, sst, align)
         t["dx"] = G.tensor(lib, UID["dx"], dtype, xs, xst, align)
         t["dscale"] = G.tensor(lib, UID["dscale"], wdtype, ps, pst, align)
         if with_dbias:
@@ -251,7 +252,7 @@ def _norm_backward(mode: int, dy: Any, x: Any, normalized_shape: Any, mean: Any,
     device, previous = _enter_device(lib, device)
     try:
         h = cached_handle(device, lib) if handle is None else _handle(handle, device, lib)
-        align = G.alignment_of(xv.ptr, dyv.ptr, wv.ptr)
+        align = G.alignment_of(xv.ptr, dyv.ptr, wv.ptr, iv.ptr, mv.ptr if mv is not None else 0)
         g = _backward_graph(lib, h, mode, rows, cols, xv.dtype, wv.dtype, with_dbias, align)
         if st != h._stream or producers:
             _start(h, st, producers)

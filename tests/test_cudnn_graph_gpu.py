@@ -268,3 +268,31 @@ def test_graph_layer_norm_under_a_torch_side_stream():
     side.synchronize()
     want = torch.nn.functional.layer_norm(x * 2.0, (1024,), w, b)
     close(y.cpu().numpy(), want.cpu().numpy(), "float32", "y")
+
+
+def test_unaligned_parameters_and_statistics_are_declared_as_such():
+    """Weights, running statistics and saved statistics may be views at any
+    float offset (a slice of a parameter buffer): the graph then promises only
+    the alignment the addresses share, and results match."""
+    torch = pytest.importorskip("torch")
+    x = torch.randn(8, 64, 14, 14, device="cuda")
+    buf = torch.randn(6 * 64 + 1, device="cuda")
+    w, b, rm, rv = (buf[1 + i * 64:1 + (i + 1) * 64] for i in range(4))   # 4-byte aligned
+    rv.abs_().add_(0.5)
+    rm2, rv2 = rm.clone(), rv.clone()
+    y, sm, si, reserve = cudnn_bind.batch_norm_forward_training(x, w, b, rm, rv, 0.1, 1e-5)
+    want = torch.nn.functional.batch_norm(x, rm2, rv2, w, b, training=True)
+    close(y.cpu().numpy(), want.cpu().numpy(), "float32", "y")
+    close(rm.cpu().numpy(), rm2.cpu().numpy(), "float32", "running_mean")
+    dx, dw, db = cudnn_bind.batch_norm_backward(x, torch.ones_like(x), w, sm, si, 1e-5, reserve)
+    assert torch.isfinite(dx).all() and db.allclose(torch.full_like(db, 8 * 14 * 14.0))
+    xr = torch.randn(32, 256, device="cuda")
+    mean_buf, inv_buf = torch.empty(33, device="cuda"), torch.empty(33, device="cuda")
+    y, mean, invstd = cudnn_bind.layer_norm_forward(xr, 256, buf[1:257], buf[1:257])
+    mean_buf[1:].copy_(mean.ravel())
+    inv_buf[1:].copy_(invstd.ravel())
+    dxr, _, _ = cudnn_bind.layer_norm_backward(torch.ones_like(xr), xr, 256, mean_buf[1:],
+                                               inv_buf[1:], buf[1:257])
+    ref, _, _ = cudnn_bind.layer_norm_backward(torch.ones_like(xr), xr, 256, mean, invstd,
+                                               buf[1:257].clone())
+    close(dxr.cpu().numpy(), ref.cpu().numpy(), "float32", "dx")
