@@ -67,13 +67,23 @@ ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, ATTR_OPERATION_POINTWISE_XDESC = 750, 75
 ATTR_OPERATION_POINTWISE_BDESC, ATTR_OPERATION_POINTWISE_YDESC = 752, 753
 # cudnnPointwiseMode_t
 POINTWISE_ADD, POINTWISE_RSQRT, POINTWISE_IDENTITY = 0, 17, 21
-# the norm nodes' attributes, by the names norm_forward / norm_backward take
-NORM_FWD_ATTRS = {"mode": 2000, "phase": 2001, "x": 2002, "mean": 2003, "inv_variance": 2004,
-                  "scale": 2005, "bias": 2006, "epsilon": 2007, "momentum": 2008,
-                  "running_mean_in": 2009, "running_var_in": 2010,
-                  "running_mean_out": 2011, "running_var_out": 2012, "y": 2013}
-NORM_BWD_ATTRS = {"mode": 2100, "x": 2101, "mean": 2102, "inv_variance": 2103, "dy": 2104,
-                  "scale": 2105, "epsilon": 2106, "dscale": 2107, "dbias": 2108, "dx": 2109}
+# the norm nodes' attributes: (the name norm_forward / norm_backward take,
+# the suffix of cudnn_graph.h's CUDNN_ATTR_OPERATION_NORM_FWD_/_BWD_ name, value)
+_NORM_FWD = (("mode", "MODE", 2000), ("phase", "PHASE", 2001), ("x", "XDESC", 2002),
+             ("mean", "MEAN_DESC", 2003), ("inv_variance", "INV_VARIANCE_DESC", 2004),
+             ("scale", "SCALE_DESC", 2005), ("bias", "BIAS_DESC", 2006),
+             ("epsilon", "EPSILON_DESC", 2007), ("momentum", "EXP_AVG_FACTOR_DESC", 2008),
+             ("running_mean_in", "INPUT_RUNNING_MEAN_DESC", 2009),
+             ("running_var_in", "INPUT_RUNNING_VAR_DESC", 2010),
+             ("running_mean_out", "OUTPUT_RUNNING_MEAN_DESC", 2011),
+             ("running_var_out", "OUTPUT_RUNNING_VAR_DESC", 2012), ("y", "YDESC", 2013))
+_NORM_BWD = (("mode", "MODE", 2100), ("x", "XDESC", 2101), ("mean", "MEAN_DESC", 2102),
+             ("inv_variance", "INV_VARIANCE_DESC", 2103), ("dy", "DYDESC", 2104),
+             ("scale", "SCALE_DESC", 2105), ("epsilon", "EPSILON_DESC", 2106),
+             ("dscale", "DSCALE_DESC", 2107), ("dbias", "DBIAS_DESC", 2108),
+             ("dx", "DXDESC", 2109))
+NORM_FWD_ATTRS = {name: value for name, _, value in _NORM_FWD}
+NORM_BWD_ATTRS = {name: value for name, _, value in _NORM_BWD}
 # cudnnBackendNormMode_t, cudnnBackendNormFwdPhase_t, cudnnBackendHeurMode_t
 LAYER_NORM, INSTANCE_NORM, BATCH_NORM, RMS_NORM = 0, 1, 2, 4
 NORM_FWD_INFERENCE, NORM_FWD_TRAINING = 0, 1
@@ -138,16 +148,10 @@ CONSTANTS: dict[str, int] = {
     "CUDNN_POINTWISE_ADD": POINTWISE_ADD, "CUDNN_POINTWISE_RSQRT": POINTWISE_RSQRT,
     "CUDNN_POINTWISE_IDENTITY": POINTWISE_IDENTITY,
 }
-CONSTANTS.update({f"CUDNN_ATTR_OPERATION_NORM_FWD_{k}": v for k, v in (
-    ("MODE", 2000), ("PHASE", 2001), ("XDESC", 2002), ("MEAN_DESC", 2003),
-    ("INV_VARIANCE_DESC", 2004), ("SCALE_DESC", 2005), ("BIAS_DESC", 2006),
-    ("EPSILON_DESC", 2007), ("EXP_AVG_FACTOR_DESC", 2008), ("INPUT_RUNNING_MEAN_DESC", 2009),
-    ("INPUT_RUNNING_VAR_DESC", 2010), ("OUTPUT_RUNNING_MEAN_DESC", 2011),
-    ("OUTPUT_RUNNING_VAR_DESC", 2012), ("YDESC", 2013))})
-CONSTANTS.update({f"CUDNN_ATTR_OPERATION_NORM_BWD_{k}": v for k, v in (
-    ("MODE", 2100), ("XDESC", 2101), ("MEAN_DESC", 2102), ("INV_VARIANCE_DESC", 2103),
-    ("DYDESC", 2104), ("SCALE_DESC", 2105), ("EPSILON_DESC", 2106), ("DSCALE_DESC", 2107),
-    ("DBIAS_DESC", 2108), ("DXDESC", 2109))})
+CONSTANTS.update({f"CUDNN_ATTR_OPERATION_NORM_FWD_{suffix}": value
+                  for _, suffix, value in _NORM_FWD})
+CONSTANTS.update({f"CUDNN_ATTR_OPERATION_NORM_BWD_{suffix}": value
+                  for _, suffix, value in _NORM_BWD})
 
 # the ctypes element type of each attribute type set here
 _ELEMENT = {TYPE_HANDLE: c_void_p, TYPE_DATA_TYPE: c_int, TYPE_BOOLEAN: ctypes.c_bool,
@@ -232,10 +236,10 @@ def tensor(lib: Any, uid: int, dtype: str, dims: Sequence[int], strides: Sequenc
     return t
 
 
-def _node(lib: Any, kind: int, attrs: dict[str, int], mode_attr: str, mode: int,
+def _node(lib: Any, kind: int, attrs: dict[str, int], mode: int,
           tensors: dict[str, Descriptor], extra: Sequence[tuple[int, int, int]] = ()) -> Descriptor:
     op = Descriptor(lib, kind)
-    op.set(attrs[mode_attr], TYPE_NORM_MODE, [mode])
+    op.set(attrs["mode"], TYPE_NORM_MODE, [mode])
     for attr, atype, value in extra:
         op.set(attr, atype, [value])
     for name, t in tensors.items():
@@ -249,14 +253,14 @@ def norm_forward(lib: Any, mode: int, training: bool,
     """A finalized NORM_FORWARD node; `tensors` by the names of
     NORM_FWD_ATTRS (x, y, scale, bias, epsilon, mean, inv_variance, ...)."""
     phase = NORM_FWD_TRAINING if training else NORM_FWD_INFERENCE
-    return _node(lib, OPERATION_NORM_FORWARD_DESCRIPTOR, NORM_FWD_ATTRS, "mode", mode, tensors,
+    return _node(lib, OPERATION_NORM_FORWARD_DESCRIPTOR, NORM_FWD_ATTRS, mode, tensors,
                  [(NORM_FWD_ATTRS["phase"], TYPE_NORM_FWD_PHASE, phase)])
 
 
 def norm_backward(lib: Any, mode: int, tensors: dict[str, Descriptor]) -> Descriptor:
     """A finalized NORM_BACKWARD node; `tensors` by the names of
     NORM_BWD_ATTRS (x, dy, scale, mean, inv_variance, dx, dscale, dbias)."""
-    return _node(lib, OPERATION_NORM_BACKWARD_DESCRIPTOR, NORM_BWD_ATTRS, "mode", mode, tensors)
+    return _node(lib, OPERATION_NORM_BACKWARD_DESCRIPTOR, NORM_BWD_ATTRS, mode, tensors)
 
 
 def pointwise(lib: Any, mode: int, x: Descriptor, y: Descriptor,

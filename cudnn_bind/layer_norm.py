@@ -24,7 +24,8 @@ from cudnn_bind import _lib
 from cudnn_bind import graph as G
 from cudnn_bind._args import integers, real
 from cudnn_bind._typing import DeviceArrayLike, Ints, Real, StreamLike
-from cudnn_bind.batch_norm import _enter_device, _gather, _handle, _leave_device, _start
+from cudnn_bind.batch_norm import (
+    _enter_device, _gather, _handle, _leave_device, _start, _stream_and_x)
 from cudnn_bind.errors import CudnnError, UnsupportedError
 from cudnn_bind.handles import Handle, cached_handle
 from cudnn_bind.memory import as_view, c_strides, new_arrays
@@ -107,7 +108,6 @@ def _eps(eps: Optional[Real], dtype: str) -> float:
 
 
 def _x_and_stream(x: Any, stream: StreamLike, lib: Any) -> tuple[int, Any]:
-    from cudnn_bind.batch_norm import _stream_and_x
     st, xv = _stream_and_x(stream, x, lib)
     _check_x(xv)
     return st, xv
@@ -134,14 +134,20 @@ def _graph(lib: Any, h: Handle, key: tuple[Any, ...], build: Any) -> G.Graph:
     return found
 
 
+def _geometry(rows: int, cols: int) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
+    """(dims, strides) of x (rows, cols, 1, 1), of the weight (1, cols, 1, 1)
+    and of the per-row statistics (rows, 1, 1, 1), as the graph gets them."""
+    return (((rows, cols, 1, 1), (cols, 1, cols, cols)),
+            ((1, cols, 1, 1), (cols, 1, cols, cols)),
+            ((rows, 1, 1, 1), (1, 1, 1, 1)))
+
+
 def _forward_graph(lib: Any, h: Handle, mode: int, rows: int, cols: int, dtype: str,
                    wdtype: str, bdtype: Optional[str], training: bool, align: int) -> G.Graph:
     what = "layer norm" if mode == G.LAYER_NORM else "RMS norm"
 
     def build() -> G.Graph:
-        xs, xst = (rows, cols, 1, 1), (cols, 1, cols, cols)
-        ps, pst = (1, cols, 1, 1), (cols, 1, cols, cols)
-        ss, sst = (rows, 1, 1, 1), (1, 1, 1, 1)
+        (xs, xst), (ps, pst), (ss, sst) = _geometry(rows, cols)
         t = {"x": G.tensor(lib, UID["x"], dtype, xs, xst, align),
              "y": G.tensor(lib, UID["y"], dtype, xs, xst, align),
              "scale": G.tensor(lib, UID["scale"], wdtype, ps, pst, align),
@@ -166,9 +172,7 @@ def _backward_graph(lib: Any, h: Handle, mode: int, rows: int, cols: int, dtype:
     what = "layer norm" if mode == G.LAYER_NORM else "RMS norm"
 
     def build() -> G.Graph:
-        xs, xst = (rows, cols, 1, 1), (cols, 1, cols, cols)
-        ps, pst = (1, cols, 1, 1), (cols, 1, cols, cols)
-        ss, sst = (rows, 1, 1, 1), (1, 1, 1, 1)
+        (xs, xst), (ps, pst), (ss, sst) = _geometry(rows, cols)
         t = {"x": G.tensor(lib, UID["x"], dtype, xs, xst, align),
              "dy": G.tensor(lib, UID["dy"], dtype, xs, xst, align),
              "scale": G.tensor(lib, UID["scale"], wdtype, ps, pst, align)}

@@ -197,3 +197,26 @@ def test_valid_norm_calls_without_the_graph_api_say_so(standin):
         with pytest.raises(cudnn_bind.UnsupportedError, match="no graph API") as info:
             call()
         assert info.value.rule == "graph_engine"
+
+
+def test_norm_nodes_set_every_attribute_through_the_real_library(real_library):
+    """norm_forward / norm_backward set each tensor under its attribute (an
+    unknown name would be a KeyError here); finalizing the node needs a GPU,
+    so without one it ends in cuDNN's error."""
+    def unfinalized(uid):
+        t = G.Descriptor(real_library, G.TENSOR_DESCRIPTOR)
+        t.uid = uid
+        return t
+    fwd = {name: unfinalized(i) for i, name in enumerate(
+        ("x", "y", "scale", "bias", "epsilon", "mean", "inv_variance", "momentum",
+         "running_mean_in", "running_var_in", "running_mean_out", "running_var_out"), 1)}
+    bwd = {name: unfinalized(i) for i, name in enumerate(
+        ("x", "dy", "scale", "mean", "inv_variance", "dx", "dscale", "dbias"), 1)}
+    for build in (lambda: G.norm_forward(real_library, G.BATCH_NORM, True, fwd),
+                  lambda: G.norm_backward(real_library, G.LAYER_NORM, bwd)):
+        try:
+            op = build()
+        except cudnn_bind.CudnnError as exc:
+            assert "cudnnBackendFinalize" in str(exc)
+        else:
+            assert op.ptr.value
