@@ -1,14 +1,20 @@
 """cynorm's row norms inside JAX: callable under ``jax.jit``, with gradients.
 
 ``import cynorm.jax`` (JAX must be installed: ``pip install "jax[cpu]"``)
-gives :func:`layer_norm` and :func:`rms_norm` as JAX functions: each runs
-cynorm's kernel through ``jax.pure_callback`` (on the CPU, the host calls
-back into Python with the arrays, zero-copy where XLA's buffers allow), and
-``jax.custom_vjp`` wires ``jax.grad`` to cynorm's backward kernels.  Under
-``jax.vmap`` the callback runs once per batch element.
+gives :func:`layer_norm` and :func:`rms_norm` as JAX functions, and
+``jax.custom_vjp`` wires ``jax.grad`` to cynorm's backward kernels.
+
+On JAX with ``jax.ffi`` the kernels run as XLA FFI custom calls (handlers in
+cynorm/_kernels/layer_norm_ffi.pxi, registered for the CPU at import): XLA
+hands them its buffers, with no Python and no copy.  Elsewhere (older JAX,
+or a runtime whose FFI version the handlers cannot speak) they run through
+``jax.pure_callback``; :data:`route` says which, and why.  Under
+``jax.vmap`` either route runs the kernel once per batch element.
 """
 from __future__ import annotations
 
+import os
+import re
 from functools import partial
 from typing import Any, Optional, Sequence, Union
 
@@ -17,16 +23,83 @@ import jax.numpy as jnp
 import numpy as np
 
 import cynorm as _cn
+from cynorm import _kernels
 
-__all__ = ["layer_norm", "rms_norm"]
+_rows = _kernels.load("layer_norm")     # this CPU's build of the row-norm kernels
+
+__all__ = ["layer_norm", "rms_norm", "route"]
 
 Shape = Union[int, Sequence[int]]
+
+_FLOATS = (jnp.float64, jnp.float32, jnp.bfloat16, jnp.float16)
+
+
+def _ffi_version() -> Optional[tuple[int, int]]:
+    """The XLA FFI API version of the installed jaxlib, from the C header it
+    ships (the runtime registers handlers of its own version only)."""
+    try:
+        with open(os.path.join(jax.ffi.include_dir(), "xla", "ffi", "api", "c_api.h")) as f:
+            text = f.read()
+    except (AttributeError, OSError):
+        return None
+    major = re.search(r"#define XLA_FFI_API_MAJOR (\d+)", text)
+    minor = re.search(r"#define XLA_FFI_API_MINOR (\d+)", text)
+    return None if major is None or minor is None else (int(major.group(1)), int(minor.group(1)))
+
+
+def _register() -> str:
+    """Registers the handlers with XLA; the route the calls take, and why."""
+    if not hasattr(jax, "ffi"):
+        return f"pure_callback: JAX {jax.__version__} has no jax.ffi"
+    version = _ffi_version()
+    if version is None:
+        return "pure_callback: jaxlib ships no readable xla/ffi/api/c_api.h"
+    if version[0] != 0:
+        # the handlers are written against the ABI of major version 0
+        return f"pure_callback: XLA FFI API {version[0]}.{version[1]} (cynorm speaks 0.x)"
+    try:
+        for name, handler in _rows.ffi_handlers(*version).items():
+            jax.ffi.register_ffi_target(name, handler, platform="cpu")
+    except Exception as e:     # the runtime refused them: keep the callback
+        return f"pure_callback: XLA refused the handlers ({e})"
+    return f"xla_ffi: XLA FFI API {version[0]}.{version[1]}, handlers registered for the CPU"
+
+
+#: How the kernels run under JAX: "xla_ffi: ..." (custom calls on XLA's
+#: buffers) or "pure_callback: <why not the FFI>".
+route: str = _register()
+_FFI = route.startswith("xla_ffi")
 
 
 def _shape(normalized_shape: Shape) -> tuple[int, ...]:
     if isinstance(normalized_shape, (int, np.integer)):
         return (int(normalized_shape),)
     return tuple(int(d) for d in normalized_shape)
+
+
+def _check(op: str, x: Any, shape: tuple[int, ...], **params: Any) -> int:
+    """Trace-time checks of x and its parameters (errors naming the
+    argument); the row length N."""
+    if x.dtype not in _FLOATS:
+        raise TypeError(f"cynorm.jax.{op}: x: float64, float32, bfloat16 or float16 expected, "
+                        f"got {x.dtype}")
+    if len(shape) > x.ndim or tuple(x.shape[x.ndim - len(shape):]) != shape:
+        raise ValueError(f"cynorm.jax.{op}: normalized_shape {shape} is not the trailing shape "
+                         f"of x {tuple(x.shape)}")
+    math = jnp.float64 if x.dtype == jnp.float64 else jnp.float32
+    for name, p in params.items():
+        if p is None:
+            continue
+        if tuple(p.shape) != shape:
+            raise ValueError(f"cynorm.jax.{op}: {name}: shape {shape} expected, got {tuple(p.shape)}")
+        if p.dtype not in (x.dtype, math):
+            allowed = " or ".join(sorted({np.dtype(x.dtype).name, np.dtype(math).name}))
+            raise TypeError(f"cynorm.jax.{op}: {name} must have dtype {allowed}, got {p.dtype}")
+    return int(np.prod(shape, dtype=np.int64))
+
+
+def _array(a: Any) -> Any:
+    return None if a is None else jnp.asarray(a)
 
 
 def _stat(x: Any, k: int) -> jax.ShapeDtypeStruct:
@@ -38,6 +111,14 @@ def _stat(x: Any, k: int) -> jax.ShapeDtypeStruct:
 
 def _like(a: Any) -> Optional[jax.ShapeDtypeStruct]:
     return None if a is None else jax.ShapeDtypeStruct(a.shape, a.dtype)
+
+
+def _ffi(target: str, shapes, *args, **attrs):
+    """The FFI custom call `target` on the arrays in args (None skipped),
+    attrs as float64 / int64 scalars; once per batch element under vmap."""
+    attrs = {k: np.float64(v) if isinstance(v, float) else np.int64(v) for k, v in attrs.items()}
+    call = jax.ffi.ffi_call(target, shapes, vmap_method="sequential")
+    return call(*[a for a in args if a is not None], **attrs)
 
 
 def _call(fn, shapes, *args):
@@ -54,9 +135,14 @@ def _arrays(*args):
 # ---- layer norm --------------------------------------------------------------
 
 def _ln_forward(x, weight, bias, shape, eps):
+    n = _check("layer_norm", x, shape, weight=weight, bias=bias)
+    st = _stat(x, len(shape))
+    if _FFI and n > 0:
+        return _ffi("cynorm_layer_norm", (_like(x), st, st), x, weight, bias, eps=eps, n=n,
+                    weight=weight is not None, bias=bias is not None)
+
     def host(x, weight, bias):
         return _cn.layer_norm(*_arrays(x), shape, *_arrays(weight, bias), eps)
-    st = _stat(x, len(shape))
     return _call(host, (_like(x), st, st), x, weight, bias)
 
 
@@ -72,14 +158,20 @@ def _layer_norm_fwd(x, weight, bias, shape, eps):
 
 def _layer_norm_bwd(shape, eps, saved, gy):
     x, weight, bias, mean, rstd = saved
-    mask = (True, weight is not None, bias is not None)
-
-    def host(gy, x, mean, rstd, weight, bias):
-        gx, gw, gb = _cn.layer_norm_backward(*_arrays(gy, x), shape,
-                                             *_arrays(mean, rstd, weight, bias), mask)
-        return tuple(g for g in (gx, gw, gb) if g is not None)
     shapes = tuple(s for s in (_like(x), _like(weight), _like(bias)) if s is not None)
-    grads = list(_call(host, shapes, gy, x, mean, rstd, weight, bias))
+    n = int(np.prod(shape, dtype=np.int64))
+    if _FFI and n > 0:
+        grads = list(_ffi("cynorm_layer_norm_backward", shapes, gy, x, mean, rstd, weight, n=n,
+                          weight=weight is not None, weight_grad=weight is not None,
+                          bias_grad=bias is not None))
+    else:
+        mask = (True, weight is not None, bias is not None)
+
+        def host(gy, x, mean, rstd, weight, bias):
+            gx, gw, gb = _cn.layer_norm_backward(*_arrays(gy, x), shape,
+                                                 *_arrays(mean, rstd, weight, bias), mask)
+            return tuple(g for g in (gx, gw, gb) if g is not None)
+        grads = list(_call(host, shapes, gy, x, mean, rstd, weight, bias))
     gx = grads.pop(0)
     gw = grads.pop(0) if weight is not None else None
     gb = grads.pop(0) if bias is not None else None
@@ -112,15 +204,24 @@ def layer_norm(x: Any, normalized_shape: Shape, weight: Any = None, bias: Any = 
     jax.Array
         x's shape and dtype.
     """
-    return _layer_norm(jnp.asarray(x), weight, bias, _shape(normalized_shape), float(eps))
+    return _layer_norm(jnp.asarray(x), _array(weight), _array(bias), _shape(normalized_shape),
+                       float(eps))
 
 
 # ---- RMS norm ----------------------------------------------------------------
 
 def _rms_forward(x, weight, shape, eps):
+    n = _check("rms_norm", x, shape, weight=weight)
+    shapes = (_like(x), _stat(x, len(shape)))
+    if _FFI and n > 0:
+        if eps is None:     # the math type's epsilon, as torch
+            eps = float(np.finfo(np.float64 if x.dtype == jnp.float64 else np.float32).eps)
+        return _ffi("cynorm_rms_norm", shapes, x, weight, eps=eps, n=n,
+                    weight=weight is not None, bias=False)
+
     def host(x, weight):
         return _cn.rms_norm(*_arrays(x), shape, *_arrays(weight), eps)
-    return _call(host, (_like(x), _stat(x, len(shape))), x, weight)
+    return _call(host, shapes, x, weight)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(2, 3))
@@ -135,13 +236,18 @@ def _rms_norm_fwd(x, weight, shape, eps):
 
 def _rms_norm_bwd(shape, eps, saved, gy):
     x, weight, rstd = saved
-    mask = (True, weight is not None)
-
-    def host(gy, x, rstd, weight):
-        gx, gw = _cn.rms_norm_backward(*_arrays(gy, x), shape, *_arrays(rstd, weight), mask)
-        return (gx,) if gw is None else (gx, gw)
     shapes = (_like(x),) if weight is None else (_like(x), _like(weight))
-    grads = _call(host, shapes, gy, x, rstd, weight)
+    n = int(np.prod(shape, dtype=np.int64))
+    if _FFI and n > 0:
+        grads = _ffi("cynorm_rms_norm_backward", shapes, gy, x, rstd, weight, n=n,
+                     weight=weight is not None, weight_grad=weight is not None, bias_grad=False)
+    else:
+        mask = (True, weight is not None)
+
+        def host(gy, x, rstd, weight):
+            gx, gw = _cn.rms_norm_backward(*_arrays(gy, x), shape, *_arrays(rstd, weight), mask)
+            return (gx,) if gw is None else (gx, gw)
+        grads = _call(host, shapes, gy, x, rstd, weight)
     return grads[0], (grads[1] if weight is not None else None)
 
 
@@ -170,5 +276,5 @@ def rms_norm(x: Any, normalized_shape: Shape, weight: Any = None,
     jax.Array
         x's shape and dtype.
     """
-    return _rms_norm(jnp.asarray(x), weight, _shape(normalized_shape),
+    return _rms_norm(jnp.asarray(x), _array(weight), _shape(normalized_shape),
                      None if eps is None else float(eps))

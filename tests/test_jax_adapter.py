@@ -64,3 +64,143 @@ def test_vmap_and_bfloat16():
     y = cj.rms_norm(xb, 16, w)
     assert y.dtype == jnp.bfloat16
     close(y.astype(jnp.float32), rms_ref(xb.astype(jnp.float32), w), 1e-2)
+
+
+# ---- the XLA FFI route: cynorm's kernels on XLA's buffers ----------------------
+
+import ml_dtypes  # noqa: E402
+
+import cynorm  # noqa: E402
+
+ffi = pytest.mark.skipif(not cj.route.startswith("xla_ffi"),
+                         reason=f"cynorm.jax runs through callbacks here ({cj.route})")
+
+DTYPES = [np.float32, ml_dtypes.bfloat16, np.float16]
+
+
+def host(a):
+    return np.asarray(a)
+
+
+def cases(seed=0):
+    """(x, weight, bias) in every dtype and parameter form cynorm.layer_norm takes."""
+    rng = np.random.default_rng(seed)
+    for dt in DTYPES:
+        x = (rng.standard_normal((5, 3, 24)) * 3 + 1).astype(dt)
+        for pdt in sorted({np.dtype(dt), np.dtype(np.float32)}, key=str):
+            w = rng.standard_normal(24).astype(pdt)
+            b = rng.standard_normal(24).astype(pdt)
+            yield x, w, b
+
+
+@ffi
+def test_route_reports_the_ffi():
+    assert "XLA FFI API 0." in cj.route
+
+
+@ffi
+@pytest.mark.parametrize("params", ["wb", "w", "b", ""])
+def test_ffi_layer_norm_gives_cynorms_bits(params):
+    for x, w, b in cases():
+        w = w if "w" in params else None
+        b = b if "b" in params else None
+        y, mean, rstd = cynorm.layer_norm(x, 24, w, b, 1e-5)
+        got = jax.jit(lambda x, w, b: cj._ln_forward(x, w, b, (24,), 1e-5))(x, w, b)
+        for g, r in zip(got, (y, mean, rstd)):
+            assert g.dtype == r.dtype and np.array_equal(host(g), r, equal_nan=True)
+        dy = np.random.default_rng(1).standard_normal(x.shape).astype(x.dtype)
+        want = cynorm.layer_norm_backward(dy, x, 24, mean, rstd, w, b,
+                                          (True, w is not None, b is not None))
+        _, vjp = jax.vjp(lambda x, w, b: cj.layer_norm(x, 24, w, b), x, w, b)
+        for g, r in zip(jax.jit(vjp)(dy), want):
+            assert (g is None) == (r is None)
+            if r is not None:
+                assert g.dtype == r.dtype and np.array_equal(host(g), r)
+
+
+@ffi
+@pytest.mark.parametrize("weighted", [True, False])
+def test_ffi_rms_norm_gives_cynorms_bits(weighted):
+    for x, w, _ in cases(2):
+        w = w if weighted else None
+        for eps in (None, 1e-3):
+            y, rstd = cynorm.rms_norm(x, (3, 24), None if w is None else np.tile(w, (3, 1)), eps)
+            w2 = None if w is None else np.tile(w, (3, 1))
+            got = jax.jit(lambda x, w: cj._rms_forward(x, w, (3, 24), eps))(x, w2)
+            assert np.array_equal(host(got[0]), y) and np.array_equal(host(got[1]), rstd)
+            dy = np.random.default_rng(3).standard_normal(x.shape).astype(x.dtype)
+            want = cynorm.rms_norm_backward(dy, x, (3, 24), rstd, w2, (True, w is not None))
+            _, vjp = jax.vjp(lambda x, w: cj.rms_norm(x, (3, 24), w, eps), x, w2)
+            for g, r in zip(vjp(dy), want):
+                if r is not None:
+                    assert g.dtype == r.dtype and np.array_equal(host(g), r)
+
+
+@ffi
+def test_ffi_float64_under_x64():
+    enable_x64 = getattr(jax, "enable_x64", None)
+    if enable_x64 is None:      # older JAX
+        from jax.experimental import enable_x64
+    x = np.random.default_rng(4).standard_normal((7, 33)) * 1e4 + 1e8
+    w = np.linspace(-1, 1, 33)
+    with enable_x64():
+        y = jax.jit(lambda x, w: cj.layer_norm(x, 33, w, w))(x, w)
+        g = jax.grad(lambda x: (cj.rms_norm(x, 33, w) ** 2).sum())(x)
+    assert host(y).dtype == np.float64
+    assert np.array_equal(host(y), cynorm.layer_norm(x, 33, w, w)[0])
+    y, rstd = cynorm.rms_norm(x, 33, w)
+    assert np.array_equal(host(g), cynorm.rms_norm_backward(2 * y, x, 33, rstd, w)[0])
+
+
+def test_the_callback_route_gives_the_same_bits(monkeypatch):
+    x, w, b = next(cases(5))
+    gy = np.ones(x.shape, x.dtype)
+    runs = []
+    for use_ffi in (True, False):
+        monkeypatch.setattr(cj, "_FFI", use_ffi and cj._FFI)
+        y, vjp = jax.vjp(lambda x, w, b: cj.layer_norm(x, 24, w, b), x, w, b)
+        r, rvjp = jax.vjp(lambda x, w: cj.rms_norm(x, 24, w), x, w)
+        runs.append([host(a) for a in (y, *vjp(gy), r, *rvjp(gy))])
+    for a, b in zip(*runs):
+        assert np.array_equal(a, b)
+
+
+@ffi
+def test_ffi_under_vmap_with_batched_parameters():
+    x = data(4, 3, 16)
+    ws = data(4, 16, seed=1)
+    got = jax.jit(jax.vmap(lambda x, w: cj.layer_norm(x, 16, w, w)))(x, ws)
+    want = np.stack([cynorm.layer_norm(host(x[i]), 16, host(ws[i]), host(ws[i]))[0]
+                     for i in range(4)])
+    assert np.array_equal(host(got), want)
+    gw = jax.vmap(jax.grad(lambda x, w: (cj.rms_norm(x, 16, w) ** 2).sum(), 1))(x, ws)
+    assert gw.shape == (4, 16)
+
+
+def test_empty_rows_and_empty_batches():
+    assert cj.layer_norm(jnp.zeros((0, 8)), 8).shape == (0, 8)
+    y = cj.rms_norm(jnp.ones((2, 0)), 0)
+    assert y.shape == (2, 0)
+
+
+def test_bad_arguments_raise_when_traced():
+    x = data(2, 8)
+    with pytest.raises(TypeError, match="x: float64, float32, bfloat16 or float16"):
+        cj.layer_norm(jnp.ones((2, 8), jnp.int32), 8)
+    with pytest.raises(ValueError, match=r"normalized_shape \(4,\) is not the trailing shape"):
+        cj.layer_norm(x, 4)
+    with pytest.raises(ValueError, match=r"weight: shape \(8,\) expected, got \(2, 8\)"):
+        jax.jit(lambda x: cj.rms_norm(x, 8, x))(x)
+    with pytest.raises(TypeError, match="bias must have dtype float32, got float16"):
+        cj.layer_norm(x, 8, jnp.ones(8), jnp.ones(8, jnp.float16))
+
+
+@ffi
+def test_a_malformed_call_is_refused_by_the_handler():
+    x = data(2, 8)
+    call = jax.ffi.ffi_call("cynorm_layer_norm", (jax.ShapeDtypeStruct(x.shape, x.dtype),) * 3)
+    with pytest.raises(Exception, match="cynorm.jax.layer_norm: the call lacks an attribute"):
+        jax.block_until_ready(call(x))
+    with pytest.raises(Exception, match="cynorm.jax.layer_norm: the results"):
+        jax.block_until_ready(call(x, eps=np.float64(1e-5), n=np.int64(8), weight=np.int64(0),
+                                   bias=np.int64(0)))

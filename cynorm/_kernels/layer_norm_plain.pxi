@@ -1,11 +1,8 @@
-{{py:
-# rendered by setup.py with DTYPES; included by layer_norm.pyx
-}}
-# Generated from layer_norm_plain.pxi.tp by setup.py: edit the template.
+# Included by layer_norm.pyx.
 # The row norms' plain-case entries (forward_plain, backward_plain for layer
 # norm; rows_plain, row_grads_plain for RMS norm and the residual-fused
 # forms): arguments _plain.pyx recognizes as already in the kernels' form go
-# straight to forward_rows_<sfx> / backward_rows_<sfx>; anything else returns
+# straight to rows_forward / rows_backward (layer_norm.pyx.tp); anything else returns
 # None, and the Python layer (cynorm/layernorm.py: row_norm, row_norm_backward)
 # takes the call.
 
@@ -103,12 +100,7 @@ cdef object plain_rows(object x, object residual, object normalized_shape, objec
     cdef void* pm = data(mean) if centered else NULL
     cdef void* pr = data(rstd)
     with nogil:
-{{for sfx, io, math, npname in DTYPES}}
-        if storage == STORAGE_{{sfx.upper()}}:
-            forward_rows_{{sfx}}(<const {{io}}*>px, <const {{math}}*>pw, <const {{math}}*>pb,
-                               <{{io}}*>py, <{{math}}*>pm, <{{math}}*>pr, M, N, eps, nt,
-                               <const {{io}}*>pres, <{{io}}*>ph)
-{{endfor}}
+        rows_forward(storage, px, pw, pb, py, pm, pr, M, N, eps, nt, pres, ph)
     free(scratch)
     if fused:
         return (y, h, mean, rstd) if centered else (y, h, rstd)
@@ -198,13 +190,7 @@ cdef object plain_row_grads(object grad_out, object grad_h, object x, object nor
     cdef void* pgx = data(gx)
     cdef void* pdh = data(grad_h)
     with nogil:
-{{for sfx, io, math, npname in DTYPES}}
-        if storage == STORAGE_{{sfx.upper()}}:
-            status = backward_rows_{{sfx}}(<const {{io}}*>pdy, <const {{io}}*>px,
-                                         <const {{math}}*>pm, <const {{math}}*>pr,
-                                         <const {{math}}*>pw, <{{io}}*>pgx, gw, gb, M, N, nt,
-                                         <const {{io}}*>pdh)
-{{endfor}}
+        status = rows_backward(storage, pdy, px, pm, pr, pw, pgx, gw, gb, M, N, nt, pdh)
     free(scratch)
     try:
         if status < 0:

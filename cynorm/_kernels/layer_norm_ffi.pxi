@@ -1,0 +1,200 @@
+# Included by layer_norm.pyx.
+# The row norms as XLA FFI handlers (cynorm.jax registers them for the CPU):
+# XLA hands them its buffers, and they run rows_forward / rows_backward on
+# them in place, with no Python and no copy.  Each checks what it is given
+# (cynorm.jax built the call, so a failure means a mismatch, and the message
+# says which buffer) and reports errors through the runtime.
+
+from cpython.pycapsule cimport PyCapsule_New
+from libc.stdint cimport int64_t
+
+from cynorm._kernels.xla_ffi cimport *
+
+
+cdef int ffi_storage(const cn_ffi_buffer* b) noexcept nogil:
+    # a buffer's storage code, or NOT_PLAIN for a type the kernels lack
+    if b == NULL:
+        return NOT_PLAIN
+    if b.dtype == CN_FFI_F32:
+        return STORAGE_F32
+    if b.dtype == CN_FFI_F64:
+        return STORAGE_F64
+    if b.dtype == CN_FFI_BF16:
+        return STORAGE_BF16
+    if b.dtype == CN_FFI_F16:
+        return STORAGE_F16
+    return NOT_PLAIN
+
+
+cdef bint ffi_array(const cn_ffi_buffer* b, int storage, int64_t count) noexcept nogil:
+    # b holds `count` values of `storage`
+    return b != NULL and ffi_storage(b) == storage and cn_ffi_count(b) == count
+
+
+cdef const void* ffi_param(const cn_ffi_buffer* b, int storage, Py_ssize_t N,
+                           void* scratch, double fill) noexcept nogil:
+    """A weight or bias (N values of x's storage or of its math type) in the
+    math type: its data, or its values widened into scratch; with b NULL,
+    scratch filled with `fill` (layer norm's missing weight or bias, as
+    layernorm.py fills it); NULL if b is neither."""
+    cdef int math = math_storage(storage)
+    cdef Py_ssize_t j
+    if b == NULL:
+        for j in range(N):
+            if math == STORAGE_F64:
+                (<double*>scratch)[j] = fill
+            else:
+                (<float*>scratch)[j] = <float>fill
+        return scratch
+    if cn_ffi_count(b) != N:
+        return NULL
+    if ffi_storage(b) == math:
+        return b.data
+    if ffi_storage(b) == storage:
+        return floats_from(b.data, storage, N, <float*>scratch)
+    return NULL
+
+
+cdef void* rows_forward_ffi(cn_ffi_frame* f, bint centered) noexcept nogil:
+    # args: x [, weight] [, bias]; rets: y [, mean], rstd (the math type);
+    # attrs: eps, n (the row length), weight and bias (whether each is passed)
+    cdef const char* op = "layer_norm" if centered else "rms_norm"
+    if cn_ffi_metadata_call(f):
+        return NULL
+    cdef double eps
+    cdef int64_t N, has_w, has_b
+    if not (cn_ffi_float_attr(f, "eps", &eps) and cn_ffi_int_attr(f, "n", &N)
+            and cn_ffi_int_attr(f, "weight", &has_w) and cn_ffi_int_attr(f, "bias", &has_b)):
+        return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
+                            "the call lacks an attribute (eps, n, weight, bias)")
+    cdef cn_ffi_buffer* x = cn_ffi_arg(f, 0)
+    cdef int storage = ffi_storage(x)
+    if storage == NOT_PLAIN or N <= 0 or cn_ffi_count(x) % N != 0:
+        return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
+                            "x: float64, float32, bfloat16 or float16 rows of n > 0 values expected")
+    cdef int math = math_storage(storage)
+    cdef Py_ssize_t M = cn_ffi_count(x) // N
+    cdef cn_ffi_buffer* y = cn_ffi_ret(f, 0)
+    cdef cn_ffi_buffer* mean = cn_ffi_ret(f, 1) if centered else NULL
+    cdef cn_ffi_buffer* rstd = cn_ffi_ret(f, 1 + centered)
+    if not (ffi_array(y, storage, M * N) and ffi_array(rstd, math, M)
+            and (not centered or ffi_array(mean, math, M))):
+        return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
+                            "the results: y of x's shape and dtype, M statistics of the math type expected")
+    if M == 0:
+        return NULL
+    cdef cn_ffi_buffer* w = cn_ffi_arg(f, 1) if has_w else NULL
+    cdef cn_ffi_buffer* b = cn_ffi_arg(f, 1 + (has_w != 0)) if has_b else NULL
+    cdef bint affine = has_w or has_b
+    # 16-bit parameters widened to float32, or layer norm's missing one filled
+    cdef double* scratch = <double*>malloc(2 * N * sizeof(double)) if affine else NULL
+    if affine and scratch == NULL:
+        return cn_ffi_error(f, CN_FFI_RESOURCE_EXHAUSTED, op,
+                            "could not allocate the parameters' float32 copy")
+    cdef const void* pw = NULL
+    cdef const void* pb = NULL
+    if has_w or (centered and has_b):
+        pw = ffi_param(w, storage, N, scratch, 1.0)
+    if has_b or (centered and has_w):
+        pb = ffi_param(b, storage, N, scratch + N, 0.0)
+    if (has_w and pw == NULL) or (has_b and pb == NULL) or (has_b and not centered):
+        free(scratch)
+        return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
+                            "weight, bias: n values of x's dtype or of its math type expected")
+    rows_forward(storage, x.data, pw, pb, y.data, mean.data if centered else NULL, rstd.data,
+                 M, N, eps, max_threads(), NULL, NULL)
+    free(scratch)
+    return NULL
+
+
+cdef void* rows_backward_ffi(cn_ffi_frame* f, bint centered) noexcept nogil:
+    # args: dy, x [, mean], rstd [, weight]; rets: grad_x [, grad_weight]
+    # [, grad_bias] (each in its parameter's dtype); attrs: n, weight (whether
+    # it is passed), weight_grad, bias_grad (whether each is returned)
+    cdef const char* op = "layer_norm" if centered else "rms_norm"
+    if cn_ffi_metadata_call(f):
+        return NULL
+    cdef int64_t N, has_w, want_gw, want_gb
+    if not (cn_ffi_int_attr(f, "n", &N) and cn_ffi_int_attr(f, "weight", &has_w)
+            and cn_ffi_int_attr(f, "weight_grad", &want_gw)
+            and cn_ffi_int_attr(f, "bias_grad", &want_gb)):
+        return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
+                            "the backward call lacks an attribute (n, weight, weight_grad, bias_grad)")
+    cdef cn_ffi_buffer* x = cn_ffi_arg(f, 1)
+    cdef int storage = ffi_storage(x)
+    if storage == NOT_PLAIN or N <= 0 or cn_ffi_count(x) % N != 0 or (want_gb and not centered):
+        return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
+                            "x: float64, float32, bfloat16 or float16 rows of n > 0 values expected")
+    cdef int math = math_storage(storage)
+    cdef Py_ssize_t M = cn_ffi_count(x) // N
+    cdef cn_ffi_buffer* dy = cn_ffi_arg(f, 0)
+    cdef cn_ffi_buffer* mean = cn_ffi_arg(f, 2) if centered else NULL
+    cdef cn_ffi_buffer* rstd = cn_ffi_arg(f, 2 + centered)
+    cdef cn_ffi_buffer* w = cn_ffi_arg(f, 3 + centered) if has_w else NULL
+    cdef cn_ffi_buffer* gx = cn_ffi_ret(f, 0)
+    cdef cn_ffi_buffer* gw = cn_ffi_ret(f, 1) if want_gw else NULL
+    cdef cn_ffi_buffer* gb = cn_ffi_ret(f, 1 + (want_gw != 0)) if want_gb else NULL
+    if not (ffi_array(dy, storage, M * N) and ffi_array(gx, storage, M * N)
+            and ffi_array(rstd, math, M) and (not centered or ffi_array(mean, math, M))
+            and (not want_gw or (ffi_storage(gw) != NOT_PLAIN and cn_ffi_count(gw) == N))
+            and (not want_gb or (ffi_storage(gb) != NOT_PLAIN and cn_ffi_count(gb) == N))):
+        return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
+                            "dy, grad_x of x's shape and dtype, M statistics of the math type, "
+                            "n-value parameter gradients expected")
+    # the float64 column sums (grad_weight, grad_bias), then the weight widened
+    cdef double* sums = <double*>malloc(3 * N * sizeof(double))
+    if sums == NULL:
+        return cn_ffi_error(f, CN_FFI_RESOURCE_EXHAUSTED, op, "could not allocate the column sums")
+    cdef const void* pw = ffi_param(w, storage, N, sums + 2 * N, 1.0) if has_w else NULL
+    if has_w and pw == NULL:
+        free(sums)
+        return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
+                            "weight: n values of x's dtype or of its math type expected")
+    cdef int status = 0
+    cdef Py_ssize_t j
+    if M > 0:
+        status = rows_backward(storage, dy.data, x.data, mean.data if centered else NULL,
+                               rstd.data, pw, gx.data, sums if want_gw else NULL,
+                               sums + N if want_gb else NULL, M, N, max_threads(), NULL)
+    else:
+        memset(sums, 0, 2 * N * sizeof(double))
+    # each sum rounded into its parameter's dtype as layer_norm_backward rounds it
+    for j in range(N):
+        if want_gw:
+            store_value(gw.data, ffi_storage(gw), j, sums[j])
+        if want_gb:
+            store_value(gb.data, ffi_storage(gb), j, sums[N + j])
+    free(sums)
+    if status < 0:
+        return cn_ffi_error(f, CN_FFI_RESOURCE_EXHAUSTED, op,
+                            "could not allocate the reduction workspace")
+    return NULL
+
+
+cdef void* layer_norm_ffi(void* f) noexcept nogil:
+    return rows_forward_ffi(<cn_ffi_frame*>f, True)
+
+
+cdef void* layer_norm_backward_ffi(void* f) noexcept nogil:
+    return rows_backward_ffi(<cn_ffi_frame*>f, True)
+
+
+cdef void* rms_norm_ffi(void* f) noexcept nogil:
+    return rows_forward_ffi(<cn_ffi_frame*>f, False)
+
+
+cdef void* rms_norm_backward_ffi(void* f) noexcept nogil:
+    return rows_backward_ffi(<cn_ffi_frame*>f, False)
+
+
+def ffi_handlers(int major, int minor):
+    """The row norms' XLA FFI handlers, {target name: PyCapsule of the
+    handler's address}, reporting API version major.minor (the runtime
+    registers only handlers of its own version)."""
+    cn_ffi_claim(major, minor)
+    return {
+        "cynorm_layer_norm": PyCapsule_New(<void*>layer_norm_ffi, NULL, NULL),
+        "cynorm_layer_norm_backward": PyCapsule_New(<void*>layer_norm_backward_ffi, NULL, NULL),
+        "cynorm_rms_norm": PyCapsule_New(<void*>rms_norm_ffi, NULL, NULL),
+        "cynorm_rms_norm_backward": PyCapsule_New(<void*>rms_norm_backward_ffi, NULL, NULL),
+    }
