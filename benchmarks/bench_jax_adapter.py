@@ -4,8 +4,10 @@ in one process.
     python benchmarks/bench_jax_adapter.py [--threads 1] [--repeats 41]
 
 For layer norm and RMS norm (with weight, and bias for layer norm) over
-float32 and bfloat16 rows, it times a jitted forward and a jitted
-value-and-gradient (with respect to x and the parameters) of each, and
+float32 and bfloat16 rows, and batch norm in training (weight, bias and
+running statistics; channels first and channels last), it times a jitted
+forward and a jitted value-and-gradient (with respect to x and the
+parameters) of each, and
 prints the medians and XLA's time / cynorm.jax's (> 1: cynorm.jax faster).
 The thread count is set for both (XLA: its intra-op pool, before JAX loads).
 cynorm.jax.route says whether the calls are XLA FFI custom calls or
@@ -19,7 +21,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-SHAPES = [(8, 64), (512, 768), (4096, 768), (2048, 4096)]
+ROWS = [(8, 64), (512, 768), (4096, 768), (2048, 4096)]
+# (shape, channel axis)
+CHANNELS = [((8, 64, 14, 14), 1), ((32, 64, 28, 28), 1), ((32, 28, 28, 64), -1)]
 
 
 def main():
@@ -49,40 +53,70 @@ def main():
         r = jax.lax.rsqrt(jnp.square(x32 - m).mean(-1, keepdims=True) + 1e-5)
         return ((x32 - m) * r * w + b).astype(x.dtype)
 
-    def rms_xla(x, w):
+    def rms_xla(x, w, b):
         x32 = x.astype(jnp.float32)
         r = jax.lax.rsqrt(jnp.square(x32).mean(-1, keepdims=True) + 1.1920929e-07)
         return (x32 * r * w).astype(x.dtype)
 
-    ops = {
-        "layer_norm": (lambda x, w, b: cj.layer_norm(x, x.shape[-1], w, b), ln_xla, 3),
-        "rms_norm": (lambda x, w, b: cj.rms_norm(x, x.shape[-1], w), lambda x, w, b: rms_xla(x, w), 3),
-    }
+    def bn_xla(axis):
+        # training: the batch's statistics, and the running ones updated
+        def f(x, w, b, rm, rv):
+            ax = axis % x.ndim
+            axes = tuple(i for i in range(x.ndim) if i != ax)
+            shape = [1] * x.ndim
+            shape[ax] = x.shape[ax]
+            x32 = x.astype(jnp.float32)
+            m = x32.mean(axes)
+            v = jnp.square(x32 - m.reshape(shape)).mean(axes)
+            y = (x32 - m.reshape(shape)) * jax.lax.rsqrt(v + 1e-5).reshape(shape)
+            n = x.size // x.shape[ax]
+            return ((y * w.reshape(shape) + b.reshape(shape)).astype(x.dtype),
+                    0.9 * rm + 0.1 * m, 0.9 * rv + 0.1 * v * (n / (n - 1)))
+        return f
+
+    def bn_ours(axis):
+        return lambda x, w, b, rm, rv: cj.batch_norm(x, w, b, rm, rv, True, 0.1, 1e-5, axis)
+
+    cases = []      # (op, ours, theirs, shape, channel axis)
+    for shape in ROWS:
+        cases.append(("layer_norm", lambda x, w, b: cj.layer_norm(x, x.shape[-1], w, b), ln_xla,
+                      shape, -1))
+    for shape in ROWS:
+        cases.append(("rms_norm", lambda x, w, b: cj.rms_norm(x, x.shape[-1], w), rms_xla,
+                      shape, -1))
+    for shape, axis in CHANNELS:
+        cases.append(("batch_norm" + (" (channels last)" if axis == -1 else ""), bn_ours(axis),
+                      bn_xla(axis), shape, axis))
+
+    def first(f):
+        # the output the gradient is taken of: y (batch norm also returns its running statistics)
+        return lambda *a: (lambda r: r[0] if isinstance(r, tuple) else r)(f(*a))
+
     print(f"# cynorm.jax vs XLA's formula, {args.threads} thread(s), JAX {jax.__version__}, "
           f"medians of {args.repeats}")
     print(f"# route: {cj.route}")
     print("| op | dtype | shape | pass | cynorm.jax µs | XLA µs | XLA / cynorm.jax |")
     print("|---|---|---|---|---|---|---|")
     rng = np.random.default_rng(0)
-    for name, (ours, theirs, nargs) in ops.items():
-        for dtype in (jnp.float32, jnp.bfloat16):
-            for shape in SHAPES:
-                x = jnp.asarray(rng.standard_normal(shape, np.float32)).astype(dtype)
-                w = jnp.asarray(rng.standard_normal(shape[-1], np.float32))
-                b = jnp.asarray(rng.standard_normal(shape[-1], np.float32))
-                for label, make in (("fwd", lambda f: jax.jit(f)),
-                                    ("fwd+grad", lambda f: jax.jit(jax.value_and_grad(
-                                        lambda x, w, b: (f(x, w, b).astype(jnp.float32) ** 2).sum(),
-                                        (0, 1, 2))))):
-                    fa, fb = make(ours), make(theirs)
-                    fns = {"cynorm": lambda: jax.block_until_ready(fa(x, w, b)),
-                           "xla": lambda: jax.block_until_ready(fb(x, w, b))}
-                    inner = max(1, int(2e5 // (shape[0] * shape[1])))
-                    t = time_interleaved(fns, args.repeats, inner=inner, warmup=3)
-                    a, c = median_ms(t["cynorm"]) * 1e3, median_ms(t["xla"]) * 1e3
-                    print(f"| {name} | {jnp.dtype(dtype).name} | {shape} | {label} | {a:.1f} | "
-                          f"{c:.1f} | {c / a:.2f} |", flush=True)
-
+    for dtype in (jnp.float32, jnp.bfloat16):
+        for name, ours, theirs, shape, axis in cases:
+            x = jnp.asarray(rng.standard_normal(shape, np.float32)).astype(dtype)
+            C = shape[axis]
+            params = [jnp.asarray(rng.standard_normal(C, np.float32)) for _ in range(2)]
+            if name.startswith("batch_norm"):
+                params += [jnp.zeros(C, jnp.float32), jnp.ones(C, jnp.float32)]
+            for label, make in (("fwd", jax.jit),
+                                ("fwd+grad", lambda f: jax.jit(jax.value_and_grad(
+                                    lambda x, *p: (first(f)(x, *p).astype(jnp.float32) ** 2).sum(),
+                                    (0, 1, 2))))):
+                fa, fb = make(ours), make(theirs)
+                fns = {"cynorm": lambda: jax.block_until_ready(fa(x, *params)),
+                       "xla": lambda: jax.block_until_ready(fb(x, *params))}
+                inner = max(1, int(2e5 // x.size))
+                t = time_interleaved(fns, args.repeats, inner=inner, warmup=3)
+                a, c = median_ms(t["cynorm"]) * 1e3, median_ms(t["xla"]) * 1e3
+                print(f"| {name} | {jnp.dtype(dtype).name} | {shape} | {label} | {a:.1f} | "
+                      f"{c:.1f} | {c / a:.2f} |", flush=True)
 
 if __name__ == "__main__":
     main()

@@ -1,7 +1,8 @@
 """cynorm's row norms inside JAX: callable under ``jax.jit``, with gradients.
 
 ``import cynorm.jax`` (JAX must be installed: ``pip install "jax[cpu]"``)
-gives :func:`layer_norm` and :func:`rms_norm` as JAX functions, and
+gives :func:`layer_norm`, :func:`rms_norm` and :func:`batch_norm` as JAX
+functions, and
 ``jax.custom_vjp`` wires ``jax.grad`` to cynorm's backward kernels.
 
 On JAX with ``jax.ffi`` the kernels run as XLA FFI custom calls (handlers in
@@ -25,9 +26,11 @@ import numpy as np
 import cynorm as _cn
 from cynorm import _kernels
 
-_rows = _kernels.load("layer_norm")     # this CPU's build of the row-norm kernels
+# this CPU's builds of the row-norm and the batch-norm kernels
+_rows = _kernels.load("layer_norm")
+_channels = _kernels.load("batch_norm")
 
-__all__ = ["layer_norm", "rms_norm", "route"]
+__all__ = ["batch_norm", "layer_norm", "rms_norm", "route"]
 
 Shape = Union[int, Sequence[int]]
 
@@ -58,8 +61,9 @@ def _register() -> str:
         # the handlers are written against the ABI of major version 0
         return f"pure_callback: XLA FFI API {version[0]}.{version[1]} (cynorm speaks 0.x)"
     try:
-        for name, handler in _rows.ffi_handlers(*version).items():
-            jax.ffi.register_ffi_target(name, handler, platform="cpu")
+        for module in (_rows, _channels):
+            for name, handler in module.ffi_handlers(*version).items():
+                jax.ffi.register_ffi_target(name, handler, platform="cpu")
     except Exception as e:     # the runtime refused them: keep the callback
         return f"pure_callback: XLA refused the handlers ({e})"
     return f"xla_ffi: XLA FFI API {version[0]}.{version[1]}, handlers registered for the CPU"
@@ -78,14 +82,22 @@ def _shape(normalized_shape: Shape) -> tuple[int, ...]:
 
 
 def _check(op: str, x: Any, shape: tuple[int, ...], **params: Any) -> int:
-    """Trace-time checks of x and its parameters (errors naming the
-    argument); the row length N."""
+    """Trace-time checks of a row norm's x, normalized shape and parameters
+    (errors naming the argument); the row length N."""
+    if len(shape) > x.ndim or tuple(x.shape[x.ndim - len(shape):]) != shape:
+        _check_params(op, x, (), {})
+        raise ValueError(f"cynorm.jax.{op}: normalized_shape {shape} is not the trailing shape "
+                         f"of x {tuple(x.shape)}")
+    _check_params(op, x, shape, params)
+    return int(np.prod(shape, dtype=np.int64))
+
+
+def _check_params(op: str, x: Any, shape: tuple[int, ...], params: dict) -> None:
+    """x is of a kernel dtype; each parameter not None has `shape` and x's
+    dtype or its math type's."""
     if x.dtype not in _FLOATS:
         raise TypeError(f"cynorm.jax.{op}: x: float64, float32, bfloat16 or float16 expected, "
                         f"got {x.dtype}")
-    if len(shape) > x.ndim or tuple(x.shape[x.ndim - len(shape):]) != shape:
-        raise ValueError(f"cynorm.jax.{op}: normalized_shape {shape} is not the trailing shape "
-                         f"of x {tuple(x.shape)}")
     math = jnp.float64 if x.dtype == jnp.float64 else jnp.float32
     for name, p in params.items():
         if p is None:
@@ -95,7 +107,6 @@ def _check(op: str, x: Any, shape: tuple[int, ...], **params: Any) -> int:
         if p.dtype not in (x.dtype, math):
             allowed = " or ".join(sorted({np.dtype(x.dtype).name, np.dtype(math).name}))
             raise TypeError(f"cynorm.jax.{op}: {name} must have dtype {allowed}, got {p.dtype}")
-    return int(np.prod(shape, dtype=np.int64))
 
 
 def _array(a: Any) -> Any:
@@ -278,3 +289,148 @@ def rms_norm(x: Any, normalized_shape: Shape, weight: Any = None,
     """
     return _rms_norm(jnp.asarray(x), _array(weight), _shape(normalized_shape),
                      None if eps is None else float(eps))
+
+
+# ---- batch norm --------------------------------------------------------------
+
+def _bn_check(x, axis, training, weight, bias, running_mean, running_var):
+    """Trace-time checks of batch_norm's arguments; x as (A, C, B) around
+    the channel axis."""
+    if x.ndim < 2:
+        raise ValueError(f"cynorm.jax.batch_norm: x must have at least 2 dimensions, "
+                         f"got shape {tuple(x.shape)}")
+    if not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"cynorm.jax.batch_norm: axis {axis} is out of range for x of "
+                         f"{x.ndim} dimensions")
+    ax = axis % x.ndim
+    C = int(x.shape[ax])
+    A = int(np.prod(x.shape[:ax], dtype=np.int64))
+    B = int(np.prod(x.shape[ax + 1:], dtype=np.int64))
+    _check_params("batch_norm", x, (C,), dict(weight=weight, bias=bias,
+                                              running_mean=running_mean, running_var=running_var))
+    if (running_mean is None) != (running_var is None):
+        raise ValueError("cynorm.jax.batch_norm: pass running_mean and running_var together")
+    if not training and running_mean is None:
+        raise ValueError("cynorm.jax.batch_norm: running_mean and running_var are required "
+                         "when training=False")
+    if training and A * B == 1:
+        raise ValueError(f"cynorm.jax.batch_norm: expected more than 1 value per channel when "
+                         f"training, got x of shape {tuple(x.shape)} with channel axis {axis}")
+    return A, C, B
+
+
+def _bn_forward(x, weight, bias, running_mean, running_var, training, momentum, eps, axis):
+    """(y, new running mean, new running var, save_mean, save_invstd): the
+    running statistics updated in training (None where not given), the saved
+    statistics in training only (None otherwise)."""
+    A, C, B = _bn_check(x, axis, training, weight, bias, running_mean, running_var)
+    running = running_mean is not None
+    stat = jax.ShapeDtypeStruct((C,), jnp.float32 if x.dtype in (jnp.bfloat16, jnp.float16)
+                                else x.dtype)
+    shapes = [_like(x)]
+    if training:
+        shapes += [stat, stat] + ([_like(running_mean), _like(running_var)] if running else [])
+    if _FFI and x.size > 0:
+        out = list(_ffi("cynorm_batch_norm", tuple(shapes), x, weight, bias, running_mean,
+                        running_var, a=A, c=C, b=B, eps=eps, momentum=momentum,
+                        training=training, weight=weight is not None, bias=bias is not None,
+                        running=running))
+    else:
+        def host(x, weight, bias, running_mean, running_var):
+            rm, rv = (None, None) if not running else (np.array(running_mean),
+                                                        np.array(running_var))
+            y, sm, si = _cn.batch_norm(*_arrays(x, weight, bias), rm, rv, training, momentum,
+                                       eps, axis)
+            return (y, sm, si) + ((rm, rv) if running else ()) if training else (y,)
+        out = list(_call(host, tuple(shapes), x, weight, bias, running_mean, running_var))
+    y = out[0]
+    save_mean, save_invstd = (out[1], out[2]) if training else (None, None)
+    if training and running:
+        running_mean, running_var = out[3], out[4]
+    return y, running_mean, running_var, save_mean, save_invstd
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
+def _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps, axis):
+    return _bn_forward(x, weight, bias, running_mean, running_var, training, momentum, eps,
+                       axis)[:3]
+
+
+def _batch_norm_fwd(x, weight, bias, running_mean, running_var, training, momentum, eps, axis):
+    y, rm, rv, sm, si = _bn_forward(x, weight, bias, running_mean, running_var, training,
+                                    momentum, eps, axis)
+    first, second = (sm, si) if training else (running_mean, running_var)
+    return (y, rm, rv), (x, weight, bias, first, second, running_mean, running_var)
+
+
+def _batch_norm_bwd(training, momentum, eps, axis, saved, cotangents):
+    x, weight, bias, first, second, running_mean, running_var = saved
+    gy = cotangents[0]      # the running statistics carry no gradient, as in torch
+    ax = axis % x.ndim
+    C = int(x.shape[ax])
+    A = int(np.prod(x.shape[:ax], dtype=np.int64))
+    B = int(np.prod(x.shape[ax + 1:], dtype=np.int64))
+    shapes = tuple(s for s in (_like(x), _like(weight), _like(bias)) if s is not None)
+    if _FFI and x.size > 0:
+        grads = list(_ffi("cynorm_batch_norm_backward", shapes, gy, x, weight, first, second,
+                          a=A, c=C, b=B, eps=eps, training=training, weight=weight is not None,
+                          weight_grad=weight is not None, bias_grad=bias is not None))
+    else:
+        mask = (True, weight is not None, bias is not None)
+
+        def host(gy, x, weight, first, second):
+            sm, si, rm, rv = (first, second, None, None) if training else (None, None, first,
+                                                                           second)
+            gx, gw, gb = _cn.batch_norm_backward(*_arrays(gy, x, weight, rm, rv, sm, si),
+                                                 training, eps, mask, axis)
+            return tuple(g for g in (gx, gw, gb) if g is not None)
+        grads = list(_call(host, shapes, gy, x, weight, first, second))
+    gx = grads.pop(0)
+    gw = grads.pop(0) if weight is not None else None
+    gb = grads.pop(0) if bias is not None else None
+    return gx, gw, gb, None, None
+
+
+_batch_norm.defvjp(_batch_norm_fwd, _batch_norm_bwd)
+
+
+def batch_norm(x: Any, weight: Any = None, bias: Any = None, running_mean: Any = None,
+               running_var: Any = None, training: bool = True, momentum: float = 0.1,
+               eps: float = 1e-5, axis: int = 1) -> tuple[jax.Array, Any, Any]:
+    """Batch norm over every axis of x but the channel axis
+    (``torch.nn.functional.batch_norm``) on cynorm's kernels, differentiable
+    with ``jax.grad`` (in x, weight and bias).
+
+    JAX arrays are immutable, so where cynorm.batch_norm updates the running
+    statistics in place this returns their new values.
+
+    Parameters
+    ----------
+    x : jax.Array
+        float64, float32, bfloat16 or float16, at least 2-D.
+    weight, bias : jax.Array, optional
+        Shape ``(C,)`` (C = x.shape[axis]): x's dtype, or float32 for 16-bit x.
+    running_mean, running_var : jax.Array, optional
+        Shape ``(C,)``, as weight; both or neither; required when
+        ``training`` is False.
+    training : bool, default True
+        Normalize with the batch's statistics (and update the running ones),
+        or with the running ones (static under jit).
+    momentum : float, default 0.1
+        The running statistics' update factor, as torch's (static).
+    eps : float, default 1e-5
+        Added to the variance (static).
+    axis : int, default 1
+        The channel axis: 1 for (N, C, ...), -1 for channels-last data (static).
+
+    Returns
+    -------
+    y : jax.Array
+        x's shape and dtype.
+    running_mean, running_var : jax.Array or None
+        In training, the updated running statistics; otherwise the ones
+        given (None where none were given).
+    """
+    return _batch_norm(jnp.asarray(x), _array(weight), _array(bias), _array(running_mean),
+                       _array(running_var), bool(training), float(momentum), float(eps),
+                       int(axis))

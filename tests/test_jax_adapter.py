@@ -204,3 +204,105 @@ def test_a_malformed_call_is_refused_by_the_handler():
     with pytest.raises(Exception, match="cynorm.jax.layer_norm: the results"):
         jax.block_until_ready(call(x, eps=np.float64(1e-5), n=np.int64(8), weight=np.int64(0),
                                    bias=np.int64(0)))
+
+
+# ---- batch norm ------------------------------------------------------------------
+
+BN_CASES = [(1, (4, 6, 5, 3)), (-1, (4, 5, 3, 6)), (1, (8, 6))]
+
+
+def bn_args(dt, shape, axis, pdt=np.float32, seed=6):
+    rng = np.random.default_rng(seed)
+    C = shape[axis]
+    x = (rng.standard_normal(shape) * 2 + 1).astype(dt)
+    w, b, rm = (rng.standard_normal(C).astype(pdt) for _ in range(3))
+    rv = (rng.random(C) + 0.5).astype(pdt)
+    return x, w, b, rm, rv
+
+
+def bn_ref(x, w, b, axis=1, eps=1e-5):
+    axes = tuple(i for i in range(x.ndim) if i != axis % x.ndim)
+    shape = [1] * x.ndim
+    shape[axis] = x.shape[axis]
+    m = x.mean(axes, keepdims=True)
+    y = (x - m) / jnp.sqrt(((x - m) ** 2).mean(axes, keepdims=True) + eps)
+    return y * w.reshape(shape) + b.reshape(shape)
+
+
+@ffi
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("axis,shape", BN_CASES)
+@pytest.mark.parametrize("training", [True, False])
+def test_ffi_batch_norm_gives_cynorms_bits(dt, axis, shape, training):
+    for pdt in sorted({np.dtype(dt), np.dtype(np.float32)}, key=str):
+        x, w, b, rm, rv = bn_args(dt, shape, axis, pdt)
+        rm2, rv2 = rm.copy(), rv.copy()
+        y, sm, si = cynorm.batch_norm(x, w, b, rm2, rv2, training, 0.1, 1e-5, axis)
+        got = jax.jit(lambda *a: cj.batch_norm(*a, training, 0.1, 1e-5, axis))(x, w, b, rm, rv)
+        for g, r in zip(got, (y, rm2, rv2)):
+            assert g.dtype == r.dtype and np.array_equal(host(g), r)
+        gy = np.random.default_rng(7).standard_normal(shape).astype(dt)
+        want = cynorm.batch_norm_backward(gy, x, w, rm, rv, sm if training else None,
+                                          si if training else None, training, 1e-5,
+                                          (True, True, True), axis)
+        _, vjp = jax.vjp(lambda x, w, b: cj.batch_norm(x, w, b, rm, rv, training, 0.1, 1e-5,
+                                                       axis)[0], x, w, b)
+        for g, r in zip(jax.jit(vjp)(gy), want):
+            assert g.dtype == r.dtype and np.array_equal(host(g), r)
+
+
+def test_batch_norm_without_parameters_or_running_statistics(monkeypatch):
+    x = data(6, 4, 5)
+    for use_ffi in (True, False):
+        monkeypatch.setattr(cj, "_FFI", use_ffi and cj._FFI)
+        y, rm, rv = cj.batch_norm(x)
+        assert rm is None and rv is None
+        close(y, bn_ref(x, jnp.ones(4), jnp.zeros(4)))
+        g = jax.grad(lambda x: (cj.batch_norm(x)[0] ** 3).sum())(x)
+        close(g, jax.grad(lambda x: (bn_ref(x, jnp.ones(4), jnp.zeros(4)) ** 3).sum())(x), 1e-4)
+
+
+def test_batch_norm_gradients_match_the_formula():
+    x, w, b = data(5, 3, 7), data(3, seed=1), data(3, seed=2)
+
+    def loss(f):
+        return lambda x, w, b: (f(x, w, b) ** 3).sum()
+    got = jax.jit(jax.grad(loss(lambda x, w, b: cj.batch_norm(x, w, b)[0]), (0, 1, 2)))(x, w, b)
+    want = jax.grad(loss(bn_ref), (0, 1, 2))(x, w, b)
+    for g, r in zip(got, want):
+        close(g, r, 1e-4)
+
+
+def test_batch_norm_callback_route_gives_the_same_bits(monkeypatch):
+    x, w, b, rm, rv = bn_args(ml_dtypes.bfloat16, (4, 6, 5, 3), 1)
+    gy = np.ones(x.shape, x.dtype)
+    runs = []
+    for use_ffi in (True, False):
+        monkeypatch.setattr(cj, "_FFI", use_ffi and cj._FFI)
+        out, vjp = jax.vjp(lambda x, w, b: cj.batch_norm(x, w, b, rm, rv), x, w, b)
+        runs.append([host(a) for a in (*out, *vjp((gy, jnp.zeros(6), jnp.zeros(6))))])
+    for a, b in zip(*runs):
+        assert np.array_equal(a, b)
+
+
+def test_batch_norm_under_vmap():
+    x = data(3, 8, 4)
+    got = jax.vmap(lambda x: cj.batch_norm(x)[0])(x)
+    want = np.stack([cynorm.batch_norm(host(x[i]))[0] for i in range(3)])
+    assert np.array_equal(host(got), want)
+
+
+def test_batch_norm_bad_arguments_raise_when_traced():
+    x = data(4, 3)
+    with pytest.raises(ValueError, match="required when training=False"):
+        cj.batch_norm(x, training=False)
+    with pytest.raises(ValueError, match="expected more than 1 value per channel"):
+        cj.batch_norm(data(1, 3))
+    with pytest.raises(ValueError, match=r"running_var: shape \(3,\) expected"):
+        cj.batch_norm(x, running_mean=jnp.zeros(3), running_var=jnp.ones(4))
+    with pytest.raises(ValueError, match="pass running_mean and running_var together"):
+        cj.batch_norm(x, running_mean=jnp.zeros(3))
+    with pytest.raises(ValueError, match="axis 2 is out of range"):
+        cj.batch_norm(x, axis=2)
+    with pytest.raises(TypeError, match="weight must have dtype float32, got float16"):
+        cj.batch_norm(x, jnp.ones(3, jnp.float16))

@@ -11,48 +11,25 @@ from libc.stdint cimport int64_t
 from cynorm._kernels.xla_ffi cimport *
 
 
-cdef int ffi_storage(const cn_ffi_buffer* b) noexcept nogil:
-    # a buffer's storage code, or NOT_PLAIN for a type the kernels lack
-    if b == NULL:
-        return NOT_PLAIN
-    if b.dtype == CN_FFI_F32:
-        return STORAGE_F32
-    if b.dtype == CN_FFI_F64:
-        return STORAGE_F64
-    if b.dtype == CN_FFI_BF16:
-        return STORAGE_BF16
-    if b.dtype == CN_FFI_F16:
-        return STORAGE_F16
-    return NOT_PLAIN
-
-
-cdef bint ffi_array(const cn_ffi_buffer* b, int storage, int64_t count) noexcept nogil:
-    # b holds `count` values of `storage`
-    return b != NULL and ffi_storage(b) == storage and cn_ffi_count(b) == count
-
-
-cdef const void* ffi_param(const cn_ffi_buffer* b, int storage, Py_ssize_t N,
+cdef const void* row_param(const cn_ffi_buffer* b, int storage, Py_ssize_t N,
                            void* scratch, double fill) noexcept nogil:
     """A weight or bias (N values of x's storage or of its math type) in the
     math type: its data, or its values widened into scratch; with b NULL,
     scratch filled with `fill` (layer norm's missing weight or bias, as
     layernorm.py fills it); NULL if b is neither."""
-    cdef int math = math_storage(storage)
     cdef Py_ssize_t j
     if b == NULL:
         for j in range(N):
-            if math == STORAGE_F64:
+            if math_storage(storage) == STORAGE_F64:
                 (<double*>scratch)[j] = fill
             else:
                 (<float*>scratch)[j] = <float>fill
         return scratch
-    if cn_ffi_count(b) != N:
+    if not ffi_param(b, storage, N):
         return NULL
-    if ffi_storage(b) == math:
+    if ffi_storage(b) == math_storage(storage):
         return b.data
-    if ffi_storage(b) == storage:
-        return floats_from(b.data, storage, N, <float*>scratch)
-    return NULL
+    return floats_from(b.data, storage, N, <float*>scratch)
 
 
 cdef void* rows_forward_ffi(cn_ffi_frame* f, bint centered) noexcept nogil:
@@ -94,9 +71,9 @@ cdef void* rows_forward_ffi(cn_ffi_frame* f, bint centered) noexcept nogil:
     cdef const void* pw = NULL
     cdef const void* pb = NULL
     if has_w or (centered and has_b):
-        pw = ffi_param(w, storage, N, scratch, 1.0)
+        pw = row_param(w, storage, N, scratch, 1.0)
     if has_b or (centered and has_w):
-        pb = ffi_param(b, storage, N, scratch + N, 0.0)
+        pb = row_param(b, storage, N, scratch + N, 0.0)
     if (has_w and pw == NULL) or (has_b and pb == NULL) or (has_b and not centered):
         free(scratch)
         return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
@@ -145,7 +122,7 @@ cdef void* rows_backward_ffi(cn_ffi_frame* f, bint centered) noexcept nogil:
     cdef double* sums = <double*>malloc(3 * N * sizeof(double))
     if sums == NULL:
         return cn_ffi_error(f, CN_FFI_RESOURCE_EXHAUSTED, op, "could not allocate the column sums")
-    cdef const void* pw = ffi_param(w, storage, N, sums + 2 * N, 1.0) if has_w else NULL
+    cdef const void* pw = row_param(w, storage, N, sums + 2 * N, 1.0) if has_w else NULL
     if has_w and pw == NULL:
         free(sums)
         return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,

@@ -1,5 +1,8 @@
-# XLA's FFI call frame as cynorm's JAX handlers read it (cn_xla_ffi.h).
+# XLA's FFI call frame as cynorm's JAX handlers read it (cn_xla_ffi.h), and
+# the checks the handlers share.
 from libc.stdint cimport int64_t
+
+from cynorm._kernels._plain cimport NOT_PLAIN, STORAGE_BF16, STORAGE_F16, STORAGE_F32, STORAGE_F64
 
 cdef extern from "cn_xla_ffi.h" nogil:
     enum:
@@ -24,3 +27,31 @@ cdef extern from "cn_xla_ffi.h" nogil:
     int64_t cn_ffi_count(const cn_ffi_buffer* b)
     bint cn_ffi_float_attr(const cn_ffi_frame* f, const char* name, double* v)
     bint cn_ffi_int_attr(const cn_ffi_frame* f, const char* name, int64_t* v)
+
+
+cdef inline int ffi_storage(const cn_ffi_buffer* b) noexcept nogil:
+    # a buffer's storage code, or NOT_PLAIN for a type the kernels lack
+    if b == NULL:
+        return NOT_PLAIN
+    if b.dtype == CN_FFI_F32:
+        return STORAGE_F32
+    if b.dtype == CN_FFI_F64:
+        return STORAGE_F64
+    if b.dtype == CN_FFI_BF16:
+        return STORAGE_BF16
+    if b.dtype == CN_FFI_F16:
+        return STORAGE_F16
+    return NOT_PLAIN
+
+
+cdef inline bint ffi_array(const cn_ffi_buffer* b, int storage, int64_t count) noexcept nogil:
+    # b holds `count` values of `storage`
+    return b != NULL and ffi_storage(b) == storage and cn_ffi_count(b) == count
+
+
+cdef inline bint ffi_param(const cn_ffi_buffer* b, int storage, int64_t count) noexcept nogil:
+    # b holds `count` values of x's storage or of its math type (float32 for
+    # 16-bit x: math_storage)
+    return b != NULL and cn_ffi_count(b) == count and (
+        ffi_storage(b) == storage
+        or ffi_storage(b) == (STORAGE_F64 if storage == STORAGE_F64 else STORAGE_F32))

@@ -1,0 +1,166 @@
+# Included by batch_norm.pyx.
+# Batch norm as XLA FFI handlers (cynorm.jax registers them for the CPU):
+# forward_any / backward_any on XLA's buffers, with no Python and no copy.
+# x is seen as A x C x B (channels in the middle, as the kernels take it).
+# Each handler checks what it is given (cynorm.jax built the call, so a
+# failure means a mismatch) and reports errors through the runtime.
+
+from cpython.pycapsule cimport PyCapsule_New
+from libc.stdint cimport int64_t
+
+from cynorm._kernels.xla_ffi cimport *
+
+
+cdef void* batch_norm_ffi(void* frame) noexcept nogil:
+    # args: x [, weight] [, bias] [, running_mean, running_var];
+    # rets: y, then in training save_mean, save_invstd (the math type) and,
+    # with running statistics, their updated values;
+    # attrs: a, c, b (x's A x C x B), eps, momentum, training, and weight,
+    # bias, running (whether each is passed)
+    cdef cn_ffi_frame* f = <cn_ffi_frame*>frame
+    if cn_ffi_metadata_call(f):
+        return NULL
+    cdef const char* op = "batch_norm"
+    cdef int64_t A, C, B, train, has_w, has_b, has_r
+    cdef double eps, momentum
+    if not (cn_ffi_int_attr(f, "a", &A) and cn_ffi_int_attr(f, "c", &C)
+            and cn_ffi_int_attr(f, "b", &B) and cn_ffi_float_attr(f, "eps", &eps)
+            and cn_ffi_float_attr(f, "momentum", &momentum)
+            and cn_ffi_int_attr(f, "training", &train) and cn_ffi_int_attr(f, "weight", &has_w)
+            and cn_ffi_int_attr(f, "bias", &has_b) and cn_ffi_int_attr(f, "running", &has_r)):
+        return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
+                            "the call lacks an attribute (a, c, b, eps, momentum, training, "
+                            "weight, bias, running)")
+    cdef cn_ffi_buffer* x = cn_ffi_arg(f, 0)
+    cdef int storage = ffi_storage(x)
+    if storage == NOT_PLAIN or A < 0 or C < 0 or B < 0 or cn_ffi_count(x) != A * C * B:
+        return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
+                            "x: a * c * b float64, float32, bfloat16 or float16 values expected")
+    cdef int math = math_storage(storage)
+    cdef int64_t i = 1
+    cdef cn_ffi_buffer* w = NULL
+    cdef cn_ffi_buffer* b = NULL
+    cdef cn_ffi_buffer* rm = NULL
+    cdef cn_ffi_buffer* rv = NULL
+    if has_w:
+        w = cn_ffi_arg(f, i)
+        i += 1
+    if has_b:
+        b = cn_ffi_arg(f, i)
+        i += 1
+    if has_r:
+        rm = cn_ffi_arg(f, i)
+        rv = cn_ffi_arg(f, i + 1)
+    if ((has_w and not ffi_param(w, storage, C)) or (has_b and not ffi_param(b, storage, C))
+            or (has_r and not (ffi_param(rm, storage, C) and ffi_param(rv, storage, C)))
+            or (not train and not has_r)):
+        return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
+                            "weight, bias, running_mean, running_var: c values of x's dtype "
+                            "or of its math type expected (inference needs the running ones)")
+    cdef cn_ffi_buffer* y = cn_ffi_ret(f, 0)
+    cdef cn_ffi_buffer* save_mean = cn_ffi_ret(f, 1) if train else NULL
+    cdef cn_ffi_buffer* save_invstd = cn_ffi_ret(f, 2) if train else NULL
+    cdef cn_ffi_buffer* new_rm = cn_ffi_ret(f, 3) if train and has_r else NULL
+    cdef cn_ffi_buffer* new_rv = cn_ffi_ret(f, 4) if train and has_r else NULL
+    if not (ffi_array(y, storage, A * C * B)
+            and (not train or (ffi_array(save_mean, math, C) and ffi_array(save_invstd, math, C)))
+            and (new_rm == NULL or ffi_array(new_rm, ffi_storage(rm), C))
+            and (new_rv == NULL or ffi_array(new_rv, ffi_storage(rv), C))):
+        return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
+                            "the results: y of x's shape and dtype, c statistics of the math "
+                            "type, running statistics of their own dtype expected")
+    # training updates copies of the running statistics: XLA's inputs stay as they are
+    cdef void* prm = NULL
+    cdef void* prv = NULL
+    if has_r:
+        prm, prv = rm.data, rv.data
+        if train:
+            memcpy(new_rm.data, rm.data, C * itemsize(ffi_storage(rm)))
+            memcpy(new_rv.data, rv.data, C * itemsize(ffi_storage(rv)))
+            prm, prv = new_rm.data, new_rv.data
+    if forward_any(storage, x.data, y.data, w.data if has_w else NULL, ffi_storage(w),
+                   b.data if has_b else NULL, ffi_storage(b), prm, ffi_storage(rm), prv,
+                   ffi_storage(rv), save_mean.data if train else NULL,
+                   save_invstd.data if train else NULL, A, C, B, train, momentum, eps,
+                   max_threads()) != 0:
+        return cn_ffi_error(f, CN_FFI_RESOURCE_EXHAUSTED, op, "could not allocate its workspace")
+    return NULL
+
+
+cdef void* batch_norm_backward_ffi(void* frame) noexcept nogil:
+    # args: dy, x [, weight], first, second (training: save_mean and
+    # save_invstd; inference: the running mean and variance, any dtype);
+    # rets: grad_x [, grad_weight] [, grad_bias] (each in its parameter's
+    # dtype); attrs: a, c, b, eps, training, weight (whether it is passed),
+    # weight_grad, bias_grad (whether each is returned)
+    cdef cn_ffi_frame* f = <cn_ffi_frame*>frame
+    if cn_ffi_metadata_call(f):
+        return NULL
+    cdef const char* op = "batch_norm"
+    cdef int64_t A, C, B, train, has_w, want_gw, want_gb
+    cdef double eps
+    if not (cn_ffi_int_attr(f, "a", &A) and cn_ffi_int_attr(f, "c", &C)
+            and cn_ffi_int_attr(f, "b", &B) and cn_ffi_float_attr(f, "eps", &eps)
+            and cn_ffi_int_attr(f, "training", &train) and cn_ffi_int_attr(f, "weight", &has_w)
+            and cn_ffi_int_attr(f, "weight_grad", &want_gw)
+            and cn_ffi_int_attr(f, "bias_grad", &want_gb)):
+        return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
+                            "the backward call lacks an attribute (a, c, b, eps, training, "
+                            "weight, weight_grad, bias_grad)")
+    cdef cn_ffi_buffer* x = cn_ffi_arg(f, 1)
+    cdef int storage = ffi_storage(x)
+    if storage == NOT_PLAIN or A < 0 or C < 0 or B < 0 or cn_ffi_count(x) != A * C * B:
+        return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
+                            "x: a * c * b float64, float32, bfloat16 or float16 values expected")
+    cdef cn_ffi_buffer* dy = cn_ffi_arg(f, 0)
+    cdef cn_ffi_buffer* w = cn_ffi_arg(f, 2) if has_w else NULL
+    cdef cn_ffi_buffer* first = cn_ffi_arg(f, 2 + (has_w != 0))
+    cdef cn_ffi_buffer* second = cn_ffi_arg(f, 3 + (has_w != 0))
+    cdef cn_ffi_buffer* gx = cn_ffi_ret(f, 0)
+    cdef cn_ffi_buffer* gw = cn_ffi_ret(f, 1) if want_gw else NULL
+    cdef cn_ffi_buffer* gb = cn_ffi_ret(f, 1 + (want_gw != 0)) if want_gb else NULL
+    if not (ffi_array(dy, storage, A * C * B) and ffi_array(gx, storage, A * C * B)
+            and (not has_w or ffi_param(w, storage, C))
+            and ffi_storage(first) != NOT_PLAIN and cn_ffi_count(first) == C
+            and ffi_storage(second) != NOT_PLAIN and cn_ffi_count(second) == C
+            and (not want_gw or (ffi_storage(gw) != NOT_PLAIN and cn_ffi_count(gw) == C))
+            and (not want_gb or (ffi_storage(gb) != NOT_PLAIN and cn_ffi_count(gb) == C))):
+        return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
+                            "dy, grad_x of x's shape and dtype, c-value weight, statistics and "
+                            "parameter gradients expected")
+    # 8 * C doubles of work, first and second as float64, a widened weight
+    cdef double* work = <double*>malloc((10 * C + 1) * sizeof(double) + C * sizeof(float))
+    if work == NULL:
+        return cn_ffi_error(f, CN_FFI_RESOURCE_EXHAUSTED, op,
+                            "could not allocate the per-channel workspace")
+    cdef double* p1 = work + 8 * C
+    cdef double* p2 = work + 9 * C
+    cdef Py_ssize_t c
+    for c in range(C):
+        p1[c] = value_at(first.data, ffi_storage(first), c)
+        p2[c] = value_at(second.data, ffi_storage(second), c)
+    cdef int rc = backward_any(storage, dy.data, x.data, gx.data, w.data if has_w else NULL,
+                               ffi_storage(w), p1, p2, work, <float*>(work + 10 * C), A, C, B,
+                               train, eps, want_gw or want_gb or train, max_threads())
+    # each sum rounded into its parameter's dtype as batch_norm_backward rounds it
+    for c in range(C):
+        if want_gw:
+            store_value(gw.data, ffi_storage(gw), c, work[3 * C + c])
+        if want_gb:
+            store_value(gb.data, ffi_storage(gb), c, work[c])
+    free(work)
+    if rc != 0:
+        return cn_ffi_error(f, CN_FFI_RESOURCE_EXHAUSTED, op,
+                            "could not allocate the reduction workspace")
+    return NULL
+
+
+def ffi_handlers(int major, int minor):
+    """Batch norm's XLA FFI handlers, {target name: PyCapsule of the
+    handler's address}, reporting API version major.minor (the runtime
+    registers only handlers of its own version)."""
+    cn_ffi_claim(major, minor)
+    return {
+        "cynorm_batch_norm": PyCapsule_New(<void*>batch_norm_ffi, NULL, NULL),
+        "cynorm_batch_norm_backward": PyCapsule_New(<void*>batch_norm_backward_ffi, NULL, NULL),
+    }
