@@ -5,7 +5,8 @@ in one process.
 
 For layer norm and RMS norm (with weight, and bias for layer norm) over
 float32 and bfloat16 rows, and batch norm in training (weight, bias and
-running statistics; channels first and channels last), it times a jitted
+running statistics; channels first and channels last) and group norm (32
+groups, both layouts), it times a jitted
 forward and a jitted value-and-gradient (with respect to x and the
 parameters) of each, and
 prints the medians and XLA's time / cynorm.jax's (> 1: cynorm.jax faster).
@@ -24,6 +25,7 @@ sys.path.insert(0, HERE)
 ROWS = [(8, 64), (512, 768), (4096, 768), (2048, 4096)]
 # (shape, channel axis)
 CHANNELS = [((8, 64, 14, 14), 1), ((32, 64, 28, 28), 1), ((32, 28, 28, 64), -1)]
+GROUPS = [((2, 320, 32, 32), 1), ((2, 32, 32, 320), -1)]
 
 
 def main():
@@ -77,6 +79,22 @@ def main():
     def bn_ours(axis):
         return lambda x, w, b, rm, rv: cj.batch_norm(x, w, b, rm, rv, True, 0.1, 1e-5, axis)
 
+    def gn_xla(axis):
+        def f(x, w, b):
+            x32 = x.astype(jnp.float32)
+            if axis == -1:
+                x32 = jnp.moveaxis(x32, -1, 1)
+            g = x32.reshape(x.shape[0], 32, -1)
+            m = g.mean(-1, keepdims=True)
+            r = jax.lax.rsqrt(jnp.square(g - m).mean(-1, keepdims=True) + 1e-5)
+            shape = (1, -1) + (1,) * (x.ndim - 2)
+            y = ((g - m) * r).reshape(x32.shape) * w.reshape(shape) + b.reshape(shape)
+            return (jnp.moveaxis(y, 1, -1) if axis == -1 else y).astype(x.dtype)
+        return f
+
+    def gn_ours(axis):
+        return lambda x, w, b: cj.group_norm(x, 32, w, b, 1e-5, axis)
+
     cases = []      # (op, ours, theirs, shape, channel axis)
     for shape in ROWS:
         cases.append(("layer_norm", lambda x, w, b: cj.layer_norm(x, x.shape[-1], w, b), ln_xla,
@@ -87,6 +105,9 @@ def main():
     for shape, axis in CHANNELS:
         cases.append(("batch_norm" + (" (channels last)" if axis == -1 else ""), bn_ours(axis),
                       bn_xla(axis), shape, axis))
+    for shape, axis in GROUPS:
+        cases.append(("group_norm" + (" (channels last)" if axis == -1 else ""), gn_ours(axis),
+                      gn_xla(axis), shape, axis))
 
     def first(f):
         # the output the gradient is taken of: y (batch norm also returns its running statistics)

@@ -1,8 +1,8 @@
-"""cynorm's row norms inside JAX: callable under ``jax.jit``, with gradients.
+"""cynorm's norms inside JAX: callable under ``jax.jit``, with gradients.
 
 ``import cynorm.jax`` (JAX must be installed: ``pip install "jax[cpu]"``)
-gives :func:`layer_norm`, :func:`rms_norm` and :func:`batch_norm` as JAX
-functions, and
+gives :func:`layer_norm`, :func:`rms_norm`, :func:`batch_norm` and
+:func:`group_norm` as JAX functions, and
 ``jax.custom_vjp`` wires ``jax.grad`` to cynorm's backward kernels.
 
 On JAX with ``jax.ffi`` the kernels run as XLA FFI custom calls (handlers in
@@ -30,7 +30,7 @@ from cynorm import _kernels
 _rows = _kernels.load("layer_norm")
 _channels = _kernels.load("batch_norm")
 
-__all__ = ["batch_norm", "layer_norm", "rms_norm", "route"]
+__all__ = ["batch_norm", "group_norm", "layer_norm", "rms_norm", "route"]
 
 Shape = Union[int, Sequence[int]]
 
@@ -434,3 +434,102 @@ def batch_norm(x: Any, weight: Any = None, bias: Any = None, running_mean: Any =
     return _batch_norm(jnp.asarray(x), _array(weight), _array(bias), _array(running_mean),
                        _array(running_var), bool(training), float(momentum), float(eps),
                        int(axis))
+
+
+# ---- group norm --------------------------------------------------------------
+
+def _gn_dims(x, num_groups, axis, weight, bias):
+    """Trace-time checks of group_norm's arguments; (N, C, HW, channels last)."""
+    if x.ndim < 2:
+        raise ValueError(f"cynorm.jax.group_norm: x must have at least 2 dimensions, "
+                         f"got shape {tuple(x.shape)}")
+    if axis not in (1, -1, x.ndim - 1):
+        raise ValueError(f"cynorm.jax.group_norm: axis must be 1 (channels first) or -1 "
+                         f"(channels last), got {axis} for {x.ndim} dimensions")
+    last = axis != 1 and x.ndim > 2
+    C = int(x.shape[-1] if last else x.shape[1])
+    _check_params("group_norm", x, (C,), dict(weight=weight, bias=bias))
+    if not 0 < num_groups or C % num_groups:
+        raise ValueError(f"cynorm.jax.group_norm: num_groups {num_groups} must divide the "
+                         f"{C} channels")
+    N = int(x.shape[0])
+    return N, C, int(np.prod(x.shape, dtype=np.int64)) // max(1, N * C), last
+
+
+def _gn_forward(x, weight, bias, num_groups, eps, axis):
+    N, C, HW, last = _gn_dims(x, num_groups, axis, weight, bias)
+    stat = jax.ShapeDtypeStruct((N, num_groups), jnp.float32 if x.dtype in (jnp.bfloat16,
+                                                                           jnp.float16)
+                                else x.dtype)
+    shapes = (_like(x), stat, stat)
+    if _FFI and x.size > 0:
+        return _ffi("cynorm_group_norm", shapes, x, weight, bias, n=N, c=C, hw=HW,
+                    groups=num_groups, last=last, eps=eps, weight=weight is not None,
+                    bias=bias is not None)
+
+    def host(x, weight, bias):
+        return _cn.group_norm(*_arrays(x), num_groups, *_arrays(weight, bias), eps, axis)
+    return _call(host, shapes, x, weight, bias)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _group_norm(x, weight, bias, num_groups, eps, axis):
+    return _gn_forward(x, weight, bias, num_groups, eps, axis)[0]
+
+
+def _group_norm_fwd(x, weight, bias, num_groups, eps, axis):
+    y, mean, rstd = _gn_forward(x, weight, bias, num_groups, eps, axis)
+    return y, (x, weight, bias, mean, rstd)
+
+
+def _group_norm_bwd(num_groups, eps, axis, saved, gy):
+    x, weight, bias, mean, rstd = saved
+    N, C, HW, last = _gn_dims(x, num_groups, axis, weight, bias)
+    shapes = tuple(s for s in (_like(x), _like(weight), _like(bias)) if s is not None)
+    if _FFI and x.size > 0:
+        grads = list(_ffi("cynorm_group_norm_backward", shapes, gy, x, mean, rstd, weight, n=N,
+                          c=C, hw=HW, groups=num_groups, last=last, weight=weight is not None,
+                          weight_grad=weight is not None, bias_grad=bias is not None))
+    else:
+        mask = (True, weight is not None, bias is not None)
+
+        def host(gy, x, mean, rstd, weight):
+            gx, gw, gb = _cn.group_norm_backward(*_arrays(gy, x, mean, rstd, weight),
+                                                 num_groups, mask, axis)
+            return tuple(g for g in (gx, gw, gb) if g is not None)
+        grads = list(_call(host, shapes, gy, x, mean, rstd, weight))
+    gx = grads.pop(0)
+    gw = grads.pop(0) if weight is not None else None
+    gb = grads.pop(0) if bias is not None else None
+    return gx, gw, gb
+
+
+_group_norm.defvjp(_group_norm_fwd, _group_norm_bwd)
+
+
+def group_norm(x: Any, num_groups: int, weight: Any = None, bias: Any = None,
+               eps: float = 1e-5, axis: int = 1) -> jax.Array:
+    """Group norm (``torch.nn.functional.group_norm``) on cynorm's kernels,
+    differentiable with ``jax.grad``; channels-last data is read in place.
+
+    Parameters
+    ----------
+    x : jax.Array
+        float64, float32, bfloat16 or float16, (N, C, ...) or, with
+        ``axis=-1``, (N, ..., C).
+    num_groups : int
+        Divides C (static under jit).
+    weight, bias : jax.Array, optional
+        Shape ``(C,)``: x's dtype, or float32 for 16-bit x.
+    eps : float, default 1e-5
+        Added to each group's variance (static).
+    axis : int, default 1
+        The channel axis: 1, or -1 for channels-last data (static).
+
+    Returns
+    -------
+    jax.Array
+        x's shape and dtype.
+    """
+    return _group_norm(jnp.asarray(x), _array(weight), _array(bias), int(num_groups),
+                       float(eps), int(axis))

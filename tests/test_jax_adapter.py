@@ -306,3 +306,62 @@ def test_batch_norm_bad_arguments_raise_when_traced():
         cj.batch_norm(x, axis=2)
     with pytest.raises(TypeError, match="weight must have dtype float32, got float16"):
         cj.batch_norm(x, jnp.ones(3, jnp.float16))
+
+
+# ---- group norm ------------------------------------------------------------------
+
+GN_CASES = [(1, (2, 6, 5, 4)), (-1, (2, 5, 4, 6)), (1, (3, 6)), (-1, (2, 3, 3, 2, 6))]
+
+
+@ffi
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("axis,shape", GN_CASES)
+def test_ffi_group_norm_gives_cynorms_bits(dt, axis, shape):
+    for pdt in sorted({np.dtype(dt), np.dtype(np.float32)}, key=str):
+        x, w, b, _, _ = bn_args(dt, shape, axis, pdt, seed=8)
+        y, mean, rstd = cynorm.group_norm(x, 3, w, b, 1e-5, axis)
+        got = jax.jit(lambda x, w, b: cj._gn_forward(x, w, b, 3, 1e-5, axis))(x, w, b)
+        for g, r in zip(got, (y, mean, rstd)):
+            assert g.dtype == r.dtype and np.array_equal(host(g), r)
+        gy = np.random.default_rng(9).standard_normal(shape).astype(dt)
+        want = cynorm.group_norm_backward(gy, x, mean, rstd, w, 3, (True, True, True), axis)
+        _, vjp = jax.vjp(lambda x, w, b: cj.group_norm(x, 3, w, b, 1e-5, axis), x, w, b)
+        for g, r in zip(jax.jit(vjp)(gy), want):
+            assert g.dtype == r.dtype and np.array_equal(host(g), r)
+
+
+def gn_ref(x, G, w=None, b=None, eps=1e-5):
+    N, C = x.shape[:2]
+    g = x.reshape(N, G, -1)
+    m = g.mean(-1, keepdims=True)
+    y = ((g - m) / jnp.sqrt(((g - m) ** 2).mean(-1, keepdims=True) + eps)).reshape(x.shape)
+    shape = (1, C) + (1,) * (x.ndim - 2)
+    return y * (1 if w is None else w.reshape(shape)) + (0 if b is None else b.reshape(shape))
+
+
+def test_group_norm_matches_the_formula_on_both_routes(monkeypatch):
+    x, w, b = data(2, 6, 5), data(6, seed=1), data(6, seed=2)
+    runs = []
+    for use_ffi in (True, False):
+        monkeypatch.setattr(cj, "_FFI", use_ffi and cj._FFI)
+        y = jax.jit(lambda x, w, b: cj.group_norm(x, 2, w, b))(x, w, b)
+        close(y, gn_ref(x, 2, w, b))
+        loss = lambda f: lambda x, w, b: (f(x, w, b) ** 3).sum()     # noqa: E731
+        got = jax.grad(loss(lambda x, w, b: cj.group_norm(x, 2, w, b)), (0, 1, 2))(x, w, b)
+        want = jax.grad(loss(lambda x, w, b: gn_ref(x, 2, w, b)), (0, 1, 2))(x, w, b)
+        for g, r in zip(got, want):
+            close(g, r, 1e-4)
+        close(cj.group_norm(x, 3), gn_ref(x, 3))
+        runs.append([host(y)] + [host(g) for g in got])
+    for a, b in zip(*runs):
+        assert np.array_equal(a, b)
+
+
+def test_group_norm_bad_arguments_raise_when_traced():
+    x = data(2, 6, 5)
+    with pytest.raises(ValueError, match="num_groups 4 must divide the 6 channels"):
+        cj.group_norm(x, 4)
+    with pytest.raises(ValueError, match="axis must be 1 .channels first. or -1"):
+        cj.group_norm(x, 2, axis=0)
+    with pytest.raises(ValueError, match=r"weight: shape \(6,\) expected, got \(5,\)"):
+        cj.group_norm(x, 2, jnp.ones(5))

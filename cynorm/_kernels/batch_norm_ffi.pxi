@@ -1,7 +1,9 @@
 # Included by batch_norm.pyx.
-# Batch norm as XLA FFI handlers (cynorm.jax registers them for the CPU):
-# forward_any / backward_any on XLA's buffers, with no Python and no copy.
-# x is seen as A x C x B (channels in the middle, as the kernels take it).
+# Batch norm and group norm as XLA FFI handlers (cynorm.jax registers them
+# for the CPU): forward_any / backward_any and group_forward_any /
+# group_backward_any on XLA's buffers, with no Python and no copy.  Batch
+# norm sees x as A x C x B (channels in the middle, as its kernels take it),
+# group norm as N x C x HW, or N x HW x C (last).
 # Each handler checks what it is given (cynorm.jax built the call, so a
 # failure means a mismatch) and reports errors through the runtime.
 
@@ -155,12 +157,163 @@ cdef void* batch_norm_backward_ffi(void* frame) noexcept nogil:
     return NULL
 
 
+cdef bint group_params(const cn_ffi_buffer* w, const cn_ffi_buffer* b, int storage,
+                       Py_ssize_t C, double* dst) noexcept nogil:
+    # weight and bias (NULL: none) as float64 into dst[:C], dst[C:2C] (1 and
+    # 0 for none), as gn_params reads them; False if one is not C values of
+    # x's dtype or its math type
+    if (w != NULL and not ffi_param(w, storage, C)) or (b != NULL and not ffi_param(b, storage, C)):
+        return False
+    cdef Py_ssize_t i
+    for i in range(C):
+        dst[i] = 1.0 if w == NULL else value_at(w.data, ffi_storage(w), i)
+        dst[C + i] = 0.0 if b == NULL else value_at(b.data, ffi_storage(b), i)
+    return True
+
+
+cdef bint group_attrs(cn_ffi_frame* f, int64_t* N, int64_t* C, int64_t* HW, int64_t* G,
+                      int64_t* last) noexcept nogil:
+    # x's N, C, HW, its number of groups and layout; False if one is missing
+    # or they do not describe whole groups
+    return (cn_ffi_int_attr(f, "n", N) and cn_ffi_int_attr(f, "c", C)
+            and cn_ffi_int_attr(f, "hw", HW) and cn_ffi_int_attr(f, "groups", G)
+            and cn_ffi_int_attr(f, "last", last) and N[0] >= 0 and HW[0] > 0
+            and G[0] > 0 and C[0] > 0 and C[0] % G[0] == 0)
+
+
+cdef void* group_norm_ffi(void* frame) noexcept nogil:
+    # args: x [, weight] [, bias]; rets: y, mean, rstd (N * G, the math
+    # type); attrs: n, c, hw, groups, last, eps, weight, bias (whether each
+    # is passed)
+    cdef cn_ffi_frame* f = <cn_ffi_frame*>frame
+    if cn_ffi_metadata_call(f):
+        return NULL
+    cdef const char* op = "group_norm"
+    cdef int64_t N, C, HW, G, last, has_w, has_b
+    cdef double eps
+    if not (group_attrs(f, &N, &C, &HW, &G, &last) and cn_ffi_float_attr(f, "eps", &eps)
+            and cn_ffi_int_attr(f, "weight", &has_w) and cn_ffi_int_attr(f, "bias", &has_b)):
+        return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
+                            "the call lacks an attribute (n, c, hw, groups, last, eps, weight, "
+                            "bias), or its groups do not divide c")
+    cdef cn_ffi_buffer* x = cn_ffi_arg(f, 0)
+    cdef int storage = ffi_storage(x)
+    if storage == NOT_PLAIN or cn_ffi_count(x) != N * C * HW:
+        return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
+                            "x: n * c * hw float64, float32, bfloat16 or float16 values expected")
+    cdef int math = math_storage(storage)
+    cdef cn_ffi_buffer* w = cn_ffi_arg(f, 1) if has_w else NULL
+    cdef cn_ffi_buffer* b = cn_ffi_arg(f, 1 + (has_w != 0)) if has_b else NULL
+    cdef cn_ffi_buffer* y = cn_ffi_ret(f, 0)
+    cdef cn_ffi_buffer* mean = cn_ffi_ret(f, 1)
+    cdef cn_ffi_buffer* rstd = cn_ffi_ret(f, 2)
+    if not (ffi_array(y, storage, N * C * HW) and ffi_array(mean, math, N * G)
+            and ffi_array(rstd, math, N * G)):
+        return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
+                            "the results: y of x's shape and dtype, n * groups statistics of "
+                            "the math type expected")
+    # the parameters as float64, then the statistics in float64 (mean, var, rstd)
+    cdef double* buf = <double*>malloc((2 * C + 3 * N * G + 1) * sizeof(double))
+    if buf == NULL:
+        return cn_ffi_error(f, CN_FFI_RESOURCE_EXHAUSTED, op, "could not allocate the coefficients")
+    if not group_params(w, b, storage, C, buf):
+        free(buf)
+        return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
+                            "weight, bias: c values of x's dtype or of its math type expected")
+    cdef double* m64 = buf + 2 * C
+    cdef bint affine = has_w or has_b
+    cdef int rc = 0
+    cdef Py_ssize_t i
+    if N > 0:
+        rc = group_forward_any(storage, x.data, y.data, buf if affine else NULL,
+                               buf + C if affine else NULL, m64, m64 + N * G, m64 + 2 * N * G,
+                               N, C, HW, G, eps, last, False, max_threads())
+    for i in range(N * G):
+        store_value(mean.data, math, i, m64[i])
+        store_value(rstd.data, math, i, m64[2 * N * G + i])
+    free(buf)
+    if rc != 0:
+        return cn_ffi_error(f, CN_FFI_RESOURCE_EXHAUSTED, op,
+                            "could not allocate the reduction workspace")
+    return NULL
+
+
+cdef void* group_norm_backward_ffi(void* frame) noexcept nogil:
+    # args: dy, x, mean, rstd [, weight]; rets: grad_x [, grad_weight]
+    # [, grad_bias] (each in its parameter's dtype); attrs: n, c, hw, groups,
+    # last, weight (whether it is passed), weight_grad, bias_grad
+    cdef cn_ffi_frame* f = <cn_ffi_frame*>frame
+    if cn_ffi_metadata_call(f):
+        return NULL
+    cdef const char* op = "group_norm"
+    cdef int64_t N, C, HW, G, last, has_w, want_gw, want_gb
+    if not (group_attrs(f, &N, &C, &HW, &G, &last) and cn_ffi_int_attr(f, "weight", &has_w)
+            and cn_ffi_int_attr(f, "weight_grad", &want_gw)
+            and cn_ffi_int_attr(f, "bias_grad", &want_gb)):
+        return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
+                            "the backward call lacks an attribute (n, c, hw, groups, last, "
+                            "weight, weight_grad, bias_grad), or its groups do not divide c")
+    cdef cn_ffi_buffer* x = cn_ffi_arg(f, 1)
+    cdef int storage = ffi_storage(x)
+    if storage == NOT_PLAIN or cn_ffi_count(x) != N * C * HW:
+        return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
+                            "x: n * c * hw float64, float32, bfloat16 or float16 values expected")
+    cdef int math = math_storage(storage)
+    cdef cn_ffi_buffer* dy = cn_ffi_arg(f, 0)
+    cdef cn_ffi_buffer* mean = cn_ffi_arg(f, 2)
+    cdef cn_ffi_buffer* rstd = cn_ffi_arg(f, 3)
+    cdef cn_ffi_buffer* w = cn_ffi_arg(f, 4) if has_w else NULL
+    cdef cn_ffi_buffer* gx = cn_ffi_ret(f, 0)
+    cdef cn_ffi_buffer* gw = cn_ffi_ret(f, 1) if want_gw else NULL
+    cdef cn_ffi_buffer* gb = cn_ffi_ret(f, 1 + (want_gw != 0)) if want_gb else NULL
+    if not (ffi_array(dy, storage, N * C * HW) and ffi_array(gx, storage, N * C * HW)
+            and ffi_array(mean, math, N * G) and ffi_array(rstd, math, N * G)
+            and (not want_gw or (ffi_storage(gw) != NOT_PLAIN and cn_ffi_count(gw) == C))
+            and (not want_gb or (ffi_storage(gb) != NOT_PLAIN and cn_ffi_count(gb) == C))):
+        return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
+                            "dy, grad_x of x's shape and dtype, n * groups statistics of the "
+                            "math type, c-value parameter gradients expected")
+    # the weight as float64 (and an unused bias slot), the sums, the statistics as float64
+    cdef double* buf = <double*>malloc((4 * C + 2 * N * G + 1) * sizeof(double))
+    if buf == NULL:
+        return cn_ffi_error(f, CN_FFI_RESOURCE_EXHAUSTED, op, "could not allocate the coefficients")
+    if not group_params(w, NULL, storage, C, buf):
+        free(buf)
+        return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
+                            "weight: c values of x's dtype or of its math type expected")
+    cdef double* sums = buf + 2 * C
+    cdef double* st = buf + 4 * C
+    cdef Py_ssize_t i
+    cdef int rc = 0
+    for i in range(N * G):
+        st[i] = value_at(mean.data, math, i)
+        st[N * G + i] = value_at(rstd.data, math, i)
+    if N > 0:
+        rc = group_backward_any(storage, dy.data, x.data, gx.data, st, st + N * G,
+                                buf if has_w else NULL, sums, sums + C, N, C, HW, G, last, False,
+                                max_threads())
+    else:
+        memset(sums, 0, 2 * C * sizeof(double))
+    for i in range(C):
+        if want_gw:
+            store_value(gw.data, ffi_storage(gw), i, sums[i])
+        if want_gb:
+            store_value(gb.data, ffi_storage(gb), i, sums[C + i])
+    free(buf)
+    if rc != 0:
+        return cn_ffi_error(f, CN_FFI_RESOURCE_EXHAUSTED, op,
+                            "could not allocate the reduction workspace")
+    return NULL
+
+
 def ffi_handlers(int major, int minor):
-    """Batch norm's XLA FFI handlers, {target name: PyCapsule of the
+    """Batch norm's and group norm's XLA FFI handlers, {target name: PyCapsule of the
     handler's address}, reporting API version major.minor (the runtime
     registers only handlers of its own version)."""
     cn_ffi_claim(major, minor)
     return {
         "cynorm_batch_norm": PyCapsule_New(<void*>batch_norm_ffi, NULL, NULL),
         "cynorm_batch_norm_backward": PyCapsule_New(<void*>batch_norm_backward_ffi, NULL, NULL),
+        "cynorm_group_norm": PyCapsule_New(<void*>group_norm_ffi, NULL, NULL),
+        "cynorm_group_norm_backward": PyCapsule_New(<void*>group_norm_backward_ffi, NULL, NULL),
     }

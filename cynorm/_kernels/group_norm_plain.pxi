@@ -1,11 +1,9 @@
-{{py:
-# rendered by setup.py with DTYPES; included by batch_norm.pyx
-}}
+# Included by batch_norm.pyx.
 # Group norm's and instance norm's plain-case entries: arguments _plain.pyx
 # recognizes as already in the kernels' form (x C-ordered in either channel
 # order, or a torch channels_last tensor's NumPy view; parameters of the
 # policy's dtypes; no out=, no running statistics) go straight to
-# group_forward_<sfx> / group_backward_<sfx>; anything else returns None, and
+# group_forward_any / group_backward_any (group_norm.pxi.tp); anything else returns None, and
 # the Python layer (cynorm/groupnorm.py) takes the call.
 
 cdef bint gn_layout(object x, object axis, Py_ssize_t* sizes, bint* last, bint* moved,
@@ -166,12 +164,9 @@ cdef object plain_group_forward(object x, Py_ssize_t G, object weight, object bi
     cdef bint affine = weight is not None or bias is not None
     cdef int nt = max_threads(), rc = 0
     with nogil:
-{{for sfx, io, math, npname in DTYPES}}
-        if storage == STORAGE_{{sfx.upper()}}:
-            rc = group_forward_{{sfx}}(<const {{io}}*>px, <{{io}}*>py, buf if affine else NULL,
-                                     buf + C if affine else NULL, m64, m64 + N * G,
-                                     m64 + 2 * N * G, N, C, HW, G, eps, last, False, nt)
-{{endfor}}
+        rc = group_forward_any(storage, px, py, buf if affine else NULL,
+                               buf + C if affine else NULL, m64, m64 + N * G, m64 + 2 * N * G,
+                               N, C, HW, G, eps, last, False, nt)
     try:
         if rc != 0:
             raise MemoryError(op + ": could not allocate the reduction workspace")
@@ -254,12 +249,9 @@ cdef object plain_group_backward(object grad_out, object x, object mean, object 
     cdef bint weighted = weight is not None
     cdef int nt = max_threads(), rc = 0
     with nogil:
-{{for sfx, io, math, npname in DTYPES}}
-        if storage == STORAGE_{{sfx.upper()}}:
-            rc = group_backward_{{sfx}}(<const {{io}}*>pdy, <const {{io}}*>px, <{{io}}*>pgx, st,
-                                      st + N * G, buf if weighted else NULL, sums, sums + C, N,
-                                      C, HW, G, last, fixed, nt)
-{{endfor}}
+        rc = group_backward_any(storage, pdy, px, pgx, st, st + N * G,
+                                buf if weighted else NULL, sums, sums + C, N, C, HW, G, last,
+                                fixed, nt)
     cdef cnp.npy_intp c_dims[1]
     c_dims[0] = C
     try:
