@@ -14,7 +14,10 @@ CPU.  On top of them:
   :class:`RMSNorm`, :class:`GroupNorm`, :class:`BatchNorm1d`,
   :class:`BatchNorm2d`, :class:`BatchNorm3d`, :class:`InstanceNorm1d`,
   :class:`InstanceNorm2d`, :class:`InstanceNorm3d`;
-- :func:`replace_norms`, which swaps a model's CPU norms for these in place.
+- :func:`weight_norm`, ``torch.nn.utils.parametrizations.weight_norm`` on
+  cynorm's kernel (the :class:`WeightNorm` parametrization);
+- :func:`replace_norms`, which swaps a model's CPU norms (and weight-norm
+  parametrizations) for these in place.
 
 Tensors that cynorm cannot take (on a device, or of a dtype outside
 float64, float32, bfloat16 and float16) run PyTorch's own kernels.
@@ -30,9 +33,9 @@ from torch import Tensor
 
 import cynorm as _cn
 
-__all__ = ["layer_norm", "rms_norm", "group_norm", "batch_norm", "instance_norm", "LayerNorm",
-           "RMSNorm", "GroupNorm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "InstanceNorm1d",
-           "InstanceNorm2d", "InstanceNorm3d", "replace_norms"]
+__all__ = ["layer_norm", "rms_norm", "group_norm", "batch_norm", "instance_norm", "weight_norm",
+           "LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d",
+           "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d", "WeightNorm", "replace_norms"]
 
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 _DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
@@ -622,6 +625,83 @@ def instance_norm(input: Tensor, running_mean: Optional[Tensor] = None,
     return y
 
 
+# ---- weight norm -------------------------------------------------------------
+
+def _weight_norm_fwd(v: Tensor, g: Tensor, dim: Optional[int]) -> Tuple[Tensor, Tensor]:
+    va, ga = _plain(v, g)
+    w, norm = _cn.weight_norm_interface(va, ga, dim)
+    return _like(_tensor(w), v), _tensor(norm)
+
+
+def _weight_norm_fake(v, g, dim):
+    return torch.empty_like(v), torch.empty_like(g, dtype=_stat_dtype(v))
+
+
+def _weight_norm_bwd(grad_w: Tensor, v: Tensor, g: Tensor, norm: Tensor,
+                     dim: Optional[int]) -> Tuple[Tensor, Tensor]:
+    gw, va, ga, na = _plain(grad_w, v, g, norm)
+    gv, gg = _cn.weight_norm_backward(gw, va, ga, na, dim)
+    return _like(_tensor(gv), v), _tensor(gg)
+
+
+def _weight_norm_bwd_fake(grad_w, v, g, norm, dim):
+    return torch.empty_like(v), torch.empty_like(g)
+
+
+def _weight_norm_setup(ctx, inputs, output):
+    v, g, dim = inputs
+    ctx.save_for_backward(v, g, output[1])
+    ctx.dim = dim
+
+
+def _weight_norm_grad(ctx, backward, gw, _gnorm):
+    v, g, norm = ctx.saved_tensors
+    gv, gg = backward(gw, v, g, norm, ctx.dim)
+    return gv, gg, None
+
+
+_weight_norm = _register("weight_norm", _weight_norm_fwd, _weight_norm_fake, _weight_norm_bwd,
+                         _weight_norm_bwd_fake, _weight_norm_setup, _weight_norm_grad)
+
+
+class WeightNorm(torch.nn.utils.parametrizations._WeightNorm):
+    """The parametrization ``torch.nn.utils.parametrizations.weight_norm``
+    registers, computing w = g * v / ||v|| (``torch._weight_norm``) with
+    cynorm's kernels (PyTorch's for tensors cynorm does not take)."""
+
+    def forward(self, weight_g: Tensor, weight_v: Tensor) -> Tensor:
+        if not _ours(weight_v, weight_g) or weight_g.dtype not in _DTYPES:
+            return super().forward(weight_g, weight_v)
+        # torch's dim -1 is the whole tensor, cynorm's None
+        return _weight_norm(weight_v, weight_g, None if self.dim == -1 else self.dim)[0]
+
+
+def weight_norm(module: torch.nn.Module, name: str = "weight",
+                dim: Optional[int] = 0) -> torch.nn.Module:
+    """``torch.nn.utils.parametrizations.weight_norm`` with cynorm's kernels:
+    the same parametrization (parameters ``parametrizations.<name>.original0``
+    = g and ``original1`` = v, the same state_dict keys and the loading of
+    old ``<name>_g`` / ``<name>_v`` keys), computed by :class:`WeightNorm`.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        The module whose parameter is reparametrized.
+    name : str, default "weight"
+        The parameter's name.
+    dim : int or None, default 0
+        The axis whose slices are normalized; None: the whole tensor.
+
+    Returns
+    -------
+    torch.nn.Module
+        The module, reparametrized in place.
+    """
+    torch.nn.utils.parametrizations.weight_norm(module, name, dim)  # type: ignore[arg-type]
+    module.parametrizations[name][0].__class__ = WeightNorm  # type: ignore[index]
+    return module
+
+
 # ---- modules -----------------------------------------------------------------
 
 class LayerNorm(torch.nn.LayerNorm):
@@ -702,7 +782,8 @@ _SWAPS = {torch.nn.LayerNorm: LayerNorm, torch.nn.RMSNorm: RMSNorm,
           torch.nn.GroupNorm: GroupNorm, torch.nn.BatchNorm1d: BatchNorm1d,
           torch.nn.BatchNorm2d: BatchNorm2d, torch.nn.BatchNorm3d: BatchNorm3d,
           torch.nn.InstanceNorm1d: InstanceNorm1d, torch.nn.InstanceNorm2d: InstanceNorm2d,
-          torch.nn.InstanceNorm3d: InstanceNorm3d}
+          torch.nn.InstanceNorm3d: InstanceNorm3d,
+          torch.nn.utils.parametrizations._WeightNorm: WeightNorm}
 
 
 def replace_norms(model: torch.nn.Module) -> List[str]:
@@ -710,9 +791,11 @@ def replace_norms(model: torch.nn.Module) -> List[str]:
 
     Each ``torch.nn`` ``LayerNorm``, ``RMSNorm``, ``GroupNorm``,
     ``BatchNorm1d/2d/3d`` and ``InstanceNorm1d/2d/3d`` (exactly those
-    classes, not subclasses) becomes the
-    cynorm module of the same name: it keeps its parameters, buffers, hooks
-    and state_dict keys; only its class changes.
+    classes, not subclasses) becomes the cynorm module of the same name, and
+    each weight-norm parametrization
+    (``torch.nn.utils.parametrizations.weight_norm``) becomes
+    :class:`WeightNorm`: each keeps its parameters, buffers, hooks and
+    state_dict keys; only its class changes.
 
     Parameters
     ----------

@@ -183,3 +183,57 @@ def test_export_runs_cynorm_operators():
             "cynorm.group_norm.default", "cynorm.batch_norm.default",
             "cynorm.instance_norm.default"} <= targets
     torch.testing.assert_close(ep.module()(x), model(x))
+
+
+# ---- weight norm -------------------------------------------------------------
+
+def test_weight_norm_gradcheck():
+    v, g = f64(5, 7), f64(5, 1, seed=1)
+    assert torch.autograd.gradcheck(lambda v, g: ct._weight_norm(v, g, 0)[0], (v, g))
+    v, g = f64(3, 4, 2, seed=2), f64(1, 4, 1, seed=3)
+    assert torch.autograd.gradcheck(lambda v, g: ct._weight_norm(v, g, 1)[0], (v, g))
+    assert torch.autograd.gradcheck(lambda v, g: ct._weight_norm(v, g, None)[0],
+                                    (v, f64(1, 1, 1, seed=4)))
+
+
+@pytest.mark.parametrize("dim", [0, 1, None])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_weight_norm_matches_torchs_parametrization(dim, dtype):
+    torch.manual_seed(0)
+    ours, theirs = torch.nn.Conv2d(3, 4, 3).to(dtype), torch.nn.Conv2d(3, 4, 3).to(dtype)
+    theirs.load_state_dict(ours.state_dict())
+    ct.weight_norm(ours, dim=dim)
+    torch.nn.utils.parametrizations.weight_norm(theirs, dim=dim)
+    assert type(ours.parametrizations.weight[0]) is ct.WeightNorm
+    assert ours.state_dict().keys() == theirs.state_dict().keys()
+    x = torch.randn(2, 3, 6, 6, dtype=dtype)
+    y, want = ours(x), theirs(x)
+    tol = dict(rtol=1e-2, atol=1e-2) if dtype == torch.bfloat16 else {}
+    torch.testing.assert_close(y, want, **tol)
+    y.square().sum().backward()
+    want.square().sum().backward()
+    for (name, a), b in zip(ours.named_parameters(), theirs.parameters()):
+        if dtype == torch.bfloat16:     # both round the float32 gradient: two bfloat16 steps
+            tol = dict(rtol=1.6e-2, atol=1.6e-2 * float(b.grad.abs().max()))
+        torch.testing.assert_close(a.grad, b.grad, msg=name, **tol)
+    # the state_dict round trip, and the old-style weight_g / weight_v keys
+    sd = theirs.state_dict()
+    old = {"weight_g": sd["parametrizations.weight.original0"],
+           "weight_v": sd["parametrizations.weight.original1"], "bias": sd["bias"]}
+    for state in (sd, old):
+        fresh = ct.weight_norm(torch.nn.Conv2d(3, 4, 3).to(dtype), dim=dim)
+        fresh.load_state_dict(state)
+        torch.testing.assert_close(fresh(x), y)
+
+
+def test_replace_norms_swaps_weight_norm_and_compile_takes_it():
+    model = torch.nn.Sequential(torch.nn.utils.parametrizations.weight_norm(torch.nn.Linear(6, 4)),
+                                torch.nn.LayerNorm(4))
+    eager = copy.deepcopy(model)
+    assert ct.replace_norms(model) == ["0.parametrizations.weight.0", "1"]
+    x = torch.randn(3, 6)
+    torch.testing.assert_close(model(x), eager(x))
+    compiled = torch.compile(model, fullgraph=True)
+    torch.testing.assert_close(compiled(x), eager(x))
+    ep = torch.export.export(model, (x,))
+    assert "cynorm.weight_norm.default" in {str(n.target) for n in ep.graph.nodes}
