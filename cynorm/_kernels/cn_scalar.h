@@ -25,6 +25,32 @@ static inline uint32_t cn_sel(int c, uint32_t a, uint32_t b) {
     return (a & m) | (b & ~m);
 }
 
+/* a * b and a + b, where both are NaN, with a's NaN (x86 returns its first
+ * source's NaN; clang commutes the operands of a multiply or add as its
+ * register allocation likes, differently in each loop of a pass, so the
+ * NaN's sign would depend on the loop).  For the passes' NaN-coefficient
+ * rows only (cn_pass_exact_value_<sfx>): a select per operation. */
+static inline float cn_mulk_float(float a, float b) { return a != a ? a : a * b; }
+static inline float cn_addk_float(float a, float b) { return a != a ? a : a + b; }
+static inline double cn_mulk_double(double a, double b) { return a != a ? a : a * b; }
+static inline double cn_addk_double(double a, double b) { return a != a ? a : a + b; }
+
+/* -v, negated after v is computed: clang moves a negation into the product
+ * or quotient that made v (-(a * b) / c as ((-a) * b) / c), which flips no
+ * NaN the multiply or divide produced or passed on (nll_loss's gradient
+ * -(w * g) / total).  The empty asm hides v's origin from clang; GCC keeps
+ * the order anyway. */
+static inline double cn_negate(double v) {
+#if defined(__clang__) && (defined(__x86_64__) || defined(__i386__))
+    __asm__("" : "+x"(v));
+#elif defined(__clang__) && defined(__aarch64__)
+    __asm__("" : "+w"(v));
+#elif defined(__clang__)
+    __asm__("" : "+m"(v));
+#endif
+    return -v;
+}
+
 /* ---- bfloat16: the upper half of a float32 ---------------------------- */
 /* The conversions work on raw bits (uint16_t): GCC vectorizes loops over
  * uint16_t arrays, and the struct types are only for Cython's fused types. */
