@@ -24,7 +24,7 @@ float64, float32, bfloat16 and float16) run PyTorch's own kernels.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import List, Optional, Tuple, cast
 
 import ml_dtypes
 import numpy as np
@@ -697,8 +697,9 @@ def weight_norm(module: torch.nn.Module, name: str = "weight",
     torch.nn.Module
         The module, reparametrized in place.
     """
-    torch.nn.utils.parametrizations.weight_norm(module, name, dim)  # type: ignore[arg-type]
-    module.parametrizations[name][0].__class__ = WeightNorm  # type: ignore[index]
+    # (torch's annotation says int; its code takes None, as documented)
+    torch.nn.utils.parametrizations.weight_norm(module, name, cast(int, dim))
+    getattr(module, "parametrizations")[name][0].__class__ = WeightNorm
     return module
 
 
