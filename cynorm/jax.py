@@ -143,6 +143,26 @@ def _arrays(*args):
     return [None if a is None else np.asarray(a) for a in args]
 
 
+def _grad_shapes(x, weight, bias=None):
+    """What a backward call returns: grad_x, then the gradient of each
+    parameter given."""
+    return tuple(s for s in (_like(x), _like(weight), _like(bias)) if s is not None)
+
+
+def _given(*grads):
+    # a host backward's results as _grad_shapes lists them
+    return tuple(g for g in grads if g is not None)
+
+
+def _spread(grads, weight, bias=None):
+    """(grad_x, grad_weight, grad_bias) from a backward's results, None for
+    a parameter not given."""
+    grads = list(grads)
+    gx = grads.pop(0)
+    gw = grads.pop(0) if weight is not None else None
+    return gx, gw, grads.pop(0) if bias is not None else None
+
+
 # ---- layer norm --------------------------------------------------------------
 
 def _ln_forward(x, weight, bias, shape, eps):
@@ -169,7 +189,7 @@ def _layer_norm_fwd(x, weight, bias, shape, eps):
 
 def _layer_norm_bwd(shape, eps, saved, gy):
     x, weight, bias, mean, rstd = saved
-    shapes = tuple(s for s in (_like(x), _like(weight), _like(bias)) if s is not None)
+    shapes = _grad_shapes(x, weight, bias)
     n = int(np.prod(shape, dtype=np.int64))
     if _FFI and n > 0:
         grads = list(_ffi("cynorm_layer_norm_backward", shapes, gy, x, mean, rstd, weight, n=n,
@@ -181,12 +201,9 @@ def _layer_norm_bwd(shape, eps, saved, gy):
         def host(gy, x, mean, rstd, weight, bias):
             gx, gw, gb = _cn.layer_norm_backward(*_arrays(gy, x), shape,
                                                  *_arrays(mean, rstd, weight, bias), mask)
-            return tuple(g for g in (gx, gw, gb) if g is not None)
+            return _given(gx, gw, gb)
         grads = list(_call(host, shapes, gy, x, mean, rstd, weight, bias))
-    gx = grads.pop(0)
-    gw = grads.pop(0) if weight is not None else None
-    gb = grads.pop(0) if bias is not None else None
-    return gx, gw, gb
+    return _spread(grads, weight, bias)
 
 
 _layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
@@ -247,7 +264,7 @@ def _rms_norm_fwd(x, weight, shape, eps):
 
 def _rms_norm_bwd(shape, eps, saved, gy):
     x, weight, rstd = saved
-    shapes = (_like(x),) if weight is None else (_like(x), _like(weight))
+    shapes = _grad_shapes(x, weight)
     n = int(np.prod(shape, dtype=np.int64))
     if _FFI and n > 0:
         grads = _ffi("cynorm_rms_norm_backward", shapes, gy, x, rstd, weight, n=n,
@@ -256,10 +273,10 @@ def _rms_norm_bwd(shape, eps, saved, gy):
         mask = (True, weight is not None)
 
         def host(gy, x, rstd, weight):
-            gx, gw = _cn.rms_norm_backward(*_arrays(gy, x), shape, *_arrays(rstd, weight), mask)
-            return (gx,) if gw is None else (gx, gw)
+            return _given(*_cn.rms_norm_backward(*_arrays(gy, x), shape, *_arrays(rstd, weight),
+                                                 mask))
         grads = _call(host, shapes, gy, x, rstd, weight)
-    return grads[0], (grads[1] if weight is not None else None)
+    return _spread(grads, weight)[:2]
 
 
 _rms_norm.defvjp(_rms_norm_fwd, _rms_norm_bwd)
@@ -293,6 +310,13 @@ def rms_norm(x: Any, normalized_shape: Shape, weight: Any = None,
 
 # ---- batch norm --------------------------------------------------------------
 
+def _around(x, axis):
+    """x as (A, C, B): the sizes before, at and after the channel axis."""
+    ax = axis % x.ndim
+    return (int(np.prod(x.shape[:ax], dtype=np.int64)), int(x.shape[ax]),
+            int(np.prod(x.shape[ax + 1:], dtype=np.int64)))
+
+
 def _bn_check(x, axis, training, weight, bias, running_mean, running_var):
     """Trace-time checks of batch_norm's arguments; x as (A, C, B) around
     the channel axis."""
@@ -302,10 +326,7 @@ def _bn_check(x, axis, training, weight, bias, running_mean, running_var):
     if not -x.ndim <= axis < x.ndim:
         raise ValueError(f"cynorm.jax.batch_norm: axis {axis} is out of range for x of "
                          f"{x.ndim} dimensions")
-    ax = axis % x.ndim
-    C = int(x.shape[ax])
-    A = int(np.prod(x.shape[:ax], dtype=np.int64))
-    B = int(np.prod(x.shape[ax + 1:], dtype=np.int64))
+    A, C, B = _around(x, axis)
     _check_params("batch_norm", x, (C,), dict(weight=weight, bias=bias,
                                               running_mean=running_mean, running_var=running_var))
     if (running_mean is None) != (running_var is None):
@@ -366,11 +387,8 @@ def _batch_norm_fwd(x, weight, bias, running_mean, running_var, training, moment
 def _batch_norm_bwd(training, momentum, eps, axis, saved, cotangents):
     x, weight, bias, first, second, running_mean, running_var = saved
     gy = cotangents[0]      # the running statistics carry no gradient, as in torch
-    ax = axis % x.ndim
-    C = int(x.shape[ax])
-    A = int(np.prod(x.shape[:ax], dtype=np.int64))
-    B = int(np.prod(x.shape[ax + 1:], dtype=np.int64))
-    shapes = tuple(s for s in (_like(x), _like(weight), _like(bias)) if s is not None)
+    A, C, B = _around(x, axis)
+    shapes = _grad_shapes(x, weight, bias)
     if _FFI and x.size > 0:
         grads = list(_ffi("cynorm_batch_norm_backward", shapes, gy, x, weight, first, second,
                           a=A, c=C, b=B, eps=eps, training=training, weight=weight is not None,
@@ -383,12 +401,9 @@ def _batch_norm_bwd(training, momentum, eps, axis, saved, cotangents):
                                                                            second)
             gx, gw, gb = _cn.batch_norm_backward(*_arrays(gy, x, weight, rm, rv, sm, si),
                                                  training, eps, mask, axis)
-            return tuple(g for g in (gx, gw, gb) if g is not None)
+            return _given(gx, gw, gb)
         grads = list(_call(host, shapes, gy, x, weight, first, second))
-    gx = grads.pop(0)
-    gw = grads.pop(0) if weight is not None else None
-    gb = grads.pop(0) if bias is not None else None
-    return gx, gw, gb, None, None
+    return _spread(grads, weight, bias) + (None, None)
 
 
 _batch_norm.defvjp(_batch_norm_fwd, _batch_norm_bwd)
@@ -485,7 +500,7 @@ def _group_norm_fwd(x, weight, bias, num_groups, eps, axis):
 def _group_norm_bwd(num_groups, eps, axis, saved, gy):
     x, weight, bias, mean, rstd = saved
     N, C, HW, last = _gn_dims(x, num_groups, axis, weight, bias)
-    shapes = tuple(s for s in (_like(x), _like(weight), _like(bias)) if s is not None)
+    shapes = _grad_shapes(x, weight, bias)
     if _FFI and x.size > 0:
         grads = list(_ffi("cynorm_group_norm_backward", shapes, gy, x, mean, rstd, weight, n=N,
                           c=C, hw=HW, groups=num_groups, last=last, weight=weight is not None,
@@ -496,12 +511,9 @@ def _group_norm_bwd(num_groups, eps, axis, saved, gy):
         def host(gy, x, mean, rstd, weight):
             gx, gw, gb = _cn.group_norm_backward(*_arrays(gy, x, mean, rstd, weight),
                                                  num_groups, mask, axis)
-            return tuple(g for g in (gx, gw, gb) if g is not None)
+            return _given(gx, gw, gb)
         grads = list(_call(host, shapes, gy, x, mean, rstd, weight))
-    gx = grads.pop(0)
-    gw = grads.pop(0) if weight is not None else None
-    gb = grads.pop(0) if bias is not None else None
-    return gx, gw, gb
+    return _spread(grads, weight, bias)
 
 
 _group_norm.defvjp(_group_norm_fwd, _group_norm_bwd)
