@@ -14,8 +14,10 @@ PyTorch's allocator).
     python benchmarks/bench_cudnn_gpu.py                  # needs a GPU, torch with CUDA
     python benchmarks/bench_cudnn_gpu.py --calls 200 --json out.json --markdown table.md
 
---markdown writes the table alone, under a line naming the GPU and the
-versions, ready to paste into benchmarks/README.md (.ci/gpu_run does).
+--markdown writes the tables alone, in benchmarks/README.md's layout (batch
+norm's cells auto / legacy, layer norm's and RMSNorm's forward / backward),
+under a line naming the GPU and the versions, ready to paste
+(.ci/gpu_run does).
 Median of `--repeats` samples of `--calls` calls each.
 """
 import argparse
@@ -25,32 +27,69 @@ import sys
 import time
 
 
-def markdown_table(rows):
-    """The rows as a Markdown table; host and device time side by side with
-    torch's, and cudnn_bind's host time as a multiple of torch's."""
-    lines = ["| shape | dtype | layout | call | cudnn_bind API | cudnn_bind host µs | "
-             "torch host µs | host ratio | cudnn_bind device µs | torch device µs | "
-             "device ratio | cudnn_bind host µs, DeviceArray |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+COLUMNS = ("cudnn_bind host µs | torch host µs | host ratio | cudnn_bind device µs | "
+           "torch device µs | device ratio")
 
+
+def _cells(pair):
+    """The timing cells of a group of rows (a group of one or two: batch
+    norm's auto and legacy runs, or an op's forward and backward), each
+    cell "first / second"; a row that failed reads "failed"."""
     def num(r, key):
-        return f"{r[key]:.1f}" if key in r else "—"
+        if r is not None and "error" in r:
+            return "failed"
+        return f"{r[key]:.1f}" if r is not None and key in r else "—"
 
     def ratio(r, a, b):
-        return f"{r[a] / r[b]:.2f}" if a in r and b in r else "—"
+        if r is not None and "error" in r:
+            return "failed"
+        return f"{r[a] / r[b]:.2f}" if r is not None and a in r and b in r else "—"
 
+    return [" / ".join(f(r) for r in pair)
+            for f in (lambda r: num(r, "host_us"), lambda r: num(r, "torch_host_us"),
+                      lambda r: ratio(r, "host_us", "torch_host_us"),
+                      lambda r: num(r, "device_us"), lambda r: num(r, "torch_device_us"),
+                      lambda r: ratio(r, "device_us", "torch_device_us"),
+                      lambda r: num(r, "devarr_host_us"))]
+
+
+def markdown_tables(rows):
+    """The rows as benchmarks/README.md's two tables: batch norm, each call
+    one row with cells `backend="auto"` / `backend="legacy"` and the API auto
+    ran; layer norm and RMSNorm, each op one row with cells forward /
+    backward.  Ratios are cudnn_bind/torch."""
+    def key(r):
+        return (tuple(r["shape"]), r["dtype"], r["layout"], r["call"])
+
+    bn = ["| shape | dtype | layout | call | `auto` ran | " + COLUMNS
+          + " | cudnn_bind host µs, DeviceArray |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    rn = ["| shape | dtype | op | " + COLUMNS + " | cudnn_bind host µs, DeviceArray, forward |",
+          "|---|---|---|---|---|---|---|---|---|---|"]
+    groups = {}
     for r in rows:
-        shape = "×".join(str(d) for d in r["shape"])
-        head = f"| {shape} | {r['dtype']} | {r['layout']} | {r['call']} | {r['backend']} |"
-        if "error" in r:
-            message = r["error"].replace("|", "/").replace("\n", " ")[:300]
-            lines.append(f"{head} failed: {message} | | | | | | |")
-            continue
-        lines.append(f"{head} {num(r, 'host_us')} | {num(r, 'torch_host_us')} | "
-                     f"{ratio(r, 'host_us', 'torch_host_us')} | {num(r, 'device_us')} | "
-                     f"{num(r, 'torch_device_us')} | {ratio(r, 'device_us', 'torch_device_us')} | "
-                     f"{num(r, 'devarr_host_us')} |")
-    return "\n".join(lines)
+        if r["layout"] == "rows":       # "layer norm forward" -> ("layer norm", "forward")
+            op, _, direction = r["call"].rpartition(" ")
+            groups.setdefault((tuple(r["shape"]), r["dtype"], "rows", op), {})[direction] = r
+        else:
+            groups.setdefault(key(r), {})[r.get("asked", "auto")] = r
+    for (shape, dtype, layout, call), g in groups.items():
+        dims = "×".join(str(d) for d in shape)
+        if layout == "rows":
+            fwd = g.get("forward")
+            cells = _cells((fwd, g.get("backward")))
+            cells[-1] = _cells((fwd,))[-1]      # DeviceArray: the forward only
+            rn.append(f"| {dims} | {dtype} | {call} | " + " | ".join(cells) + " |")
+        else:
+            auto = g.get("auto")
+            ran = auto["backend"] if auto else "—"
+            bn.append(f"| {dims} | {dtype} | {layout} | {call} | {ran} | "
+                      + " | ".join(_cells((auto, g.get("legacy")))) + " |")
+    failures = [f"- {'×'.join(str(d) for d in r['shape'])} {r['dtype']} {r['call']} "
+                f"({r.get('asked', 'auto')}): " + r["error"].replace("\n", " ")[:300]
+                for r in rows if "error" in r]
+    return ("\n".join(bn) + "\n\nLayer norm and RMSNorm:\n\n" + "\n".join(rn)
+            + ("\n\nFailed:\n\n" + "\n".join(failures) if failures else ""))
 
 
 def main():
@@ -94,9 +133,11 @@ def main():
 
     rows = []
 
-    def measure(shape, dtype, layout, name, backend, ours, theirs, ours_devarr=None):
+    def measure(shape, dtype, layout, name, backend, ours, theirs, ours_devarr=None,
+                asked="auto"):
+        # backend: the API the call ran on; asked: the backend= it was given
         row = {"shape": shape, "dtype": str(dtype).replace("torch.", ""), "layout": layout,
-               "call": name, "backend": backend}
+               "call": name, "backend": backend, "asked": asked}
         try:
             row["host_us"], row["device_us"] = timed(ours)
             if theirs is not None:
@@ -142,7 +183,7 @@ def main():
             except Exception as exc:  # noqa: BLE001
                 rows.append({"shape": shape, "dtype": str(dtype).replace("torch.", ""),
                              "layout": layout, "call": "training forward", "backend": used,
-                             "error": f"{type(exc).__name__}: {exc}"})
+                             "asked": backend, "error": f"{type(exc).__name__}: {exc}"})
                 continue
             # torch's saved tensors for its backward: its own forward's
             # (y, save_mean, save_invstd, reserve): torch 2.11's cudnn_batch_norm
@@ -156,12 +197,14 @@ def main():
             measure(shape, dtype, layout, "training forward", used,
                     lambda: cudnn_bind.batch_norm_forward_training(x, w, b, rm, rv, **bk),
                     lambda: F.batch_norm(x, rm, rv, w, b, training=True),
-                    lambda: cudnn_bind.batch_norm_forward_training(dx, dw, db, drm, drv, **bk))
+                    lambda: cudnn_bind.batch_norm_forward_training(dx, dw, db, drm, drv, **bk),
+                    backend)
             measure(shape, dtype, layout, "backward", used,
                     lambda: cudnn_bind.batch_norm_backward(x, dy, w, sm, si, 1e-5, reserve, **bk),
                     torch_bwd,
                     lambda: cudnn_bind.batch_norm_backward(dx, ddy, dw, dsm, dsi, 1e-5,
-                                                           dreserve, **bk))
+                                                           dreserve, **bk),
+                    backend)
             used_inf = used
             if backend == "auto":
                 try:
@@ -171,7 +214,8 @@ def main():
             measure(shape, dtype, layout, "inference", used_inf,
                     lambda: cudnn_bind.batch_norm_forward_inference(x, w, b, rm, rv, **bk),
                     lambda: F.batch_norm(x, rm, rv, w, b, training=False),
-                    lambda: cudnn_bind.batch_norm_forward_inference(dx, dw, db, drm, drv, **bk))
+                    lambda: cudnn_bind.batch_norm_forward_inference(dx, dw, db, drm, drv, **bk),
+                    backend)
 
     # layer norm and RMSNorm: torch's CUDA kernels (not cuDNN) are the peer
     for (rows_, cols), dtype in [((32, 768), torch.float32), ((32, 768), torch.bfloat16),
@@ -205,7 +249,7 @@ def main():
                 lambda: cudnn_bind.rms_norm_forward(dx_, cols, dw_, 1e-6))
         measure(shape, dtype, "rows", "RMS norm backward", "graph",
                 lambda: cudnn_bind.rms_norm_backward(dy, x, cols, inv, w), None)
-    table = markdown_table(rows)
+    table = markdown_tables(rows)
     print(table)
     if args.markdown:
         with open(args.markdown, "w") as f:
