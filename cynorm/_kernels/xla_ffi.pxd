@@ -2,7 +2,9 @@
 # the checks the handlers share.
 from libc.stdint cimport int64_t
 
-from cynorm._kernels._plain cimport NOT_PLAIN, STORAGE_BF16, STORAGE_F16, STORAGE_F32, STORAGE_F64
+from cynorm._kernels._plain cimport (
+    NOT_PLAIN, STORAGE_BF16, STORAGE_F16, STORAGE_F32, STORAGE_F64, math_storage,
+)
 
 cdef extern from "cn_xla_ffi.h" nogil:
     enum:
@@ -50,8 +52,6 @@ cdef inline bint ffi_array(const cn_ffi_buffer* b, int storage, int64_t count) n
 
 
 cdef inline bint ffi_param(const cn_ffi_buffer* b, int storage, int64_t count) noexcept nogil:
-    # b holds `count` values of x's storage or of its math type (float32 for
-    # 16-bit x: math_storage)
+    # b holds `count` values of x's storage or of its math type
     return b != NULL and cn_ffi_count(b) == count and (
-        ffi_storage(b) == storage
-        or ffi_storage(b) == (STORAGE_F64 if storage == STORAGE_F64 else STORAGE_F32))
+        ffi_storage(b) == storage or ffi_storage(b) == math_storage(storage))
