@@ -32,6 +32,8 @@ import torch
 from torch import Tensor
 
 import cynorm as _cn
+from torch._C import _functorch
+from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
 
 __all__ = ["layer_norm", "rms_norm", "group_norm", "batch_norm", "instance_norm", "weight_norm",
            "LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d",
@@ -56,6 +58,14 @@ def _array(t: Optional[Tensor]) -> Optional[np.ndarray]:
     (about a microsecond; DLPack's export costs several a tensor)."""
     if t is None:
         return None
+    if _functorch.is_functorch_wrapped_tensor(t):
+        # a torch.func level's wrapper (Eager's derivatives, under one level):
+        # the plain tensor, read with that level's dispatch off, which would
+        # wrap every view of it again
+        with torch._C._DisableFuncTorch():
+            while _functorch.is_functorch_wrapped_tensor(t):
+                t = _functorch.get_unwrapped(t)
+            return _array(t)
     t = t.detach()
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(_BF16)
@@ -101,7 +111,51 @@ def _ours(x: Tensor, *params: Optional[Tensor]) -> bool:
             and all(p is None or p.device.type == "cpu" for p in params))
 
 
-def _register(name, forward, forward_fake, backward, backward_fake, setup, grad):
+_SAVED = object()      # an input Eager.jvp finds in ctx.saved_tensors
+
+
+def _transformed() -> bool:
+    """Whether a call runs under forward-mode AD (dual tensors) or a
+    torch.func transform, where tensors carry what a plain call would drop."""
+    return (torch.autograd.forward_ad._current_level >= 0
+            or torch._C._functorch.peek_interpreter_stack() is not None)
+
+
+def _tangents(fn, inputs, input_tangents, running=()):
+    """An operator's output tangents, for a body that calls fn on its own
+    arguments: cynorm.jvp's rule on the inputs as arrays (lists as tuples),
+    the first output laid out as the first input.  running: the positions of
+    running statistics, which the body updates in copies (their tangents
+    too, here)."""
+    primals, tangents = [], []
+    for i, (a, t) in enumerate(zip(inputs, input_tangents)):
+        if isinstance(a, Tensor):
+            a, t = _array(a), _array(t)
+            if i in running:
+                a, t = a.copy(), None if t is None else t.copy()
+        else:
+            a, t = (tuple(a) if isinstance(a, list) else a), None
+        primals.append(a)
+        tangents.append(t)
+    _, out = _cn.jvp(fn, primals, tangents)
+    return ((_like(_tensor(out[0]), inputs[0]),)
+            + tuple(None if o is None else _tensor(o) for o in out[1:]))
+
+
+def _one_level(name, backward):
+    """The Function's derivatives are cynorm's kernels on plain arrays: a
+    second level of differentiation would see constants.  Refused: nested
+    torch.func transforms, and a backward that builds a graph
+    (create_graph=True; torch.func.grad asks for one at its single level)."""
+    levels = len(retrieve_all_functorch_interpreters())
+    if levels > 1 or (backward and levels == 0 and torch.is_grad_enabled()):
+        raise NotImplementedError(
+            f"cynorm.torch.{name}: a derivative of a derivative (double backward, "
+            "create_graph=True, nested torch.func transforms) is not supported: "
+            "cynorm's backward and forward-mode rules are not differentiable themselves")
+
+
+def _register(name, forward, forward_fake, backward, backward_fake, setup, grad, tangents):
     """The operators cynorm::<name> and cynorm::<name>_backward, made from
     their bodies (forward, backward) with their fake kernels and the
     autograd formula (setup, grad); returns the function that runs them.
@@ -110,7 +164,8 @@ def _register(name, forward, forward_fake, backward, backward_fake, setup, grad)
     same bodies and the same formula through a torch.autograd.Function, or
     straight where nothing needs a gradient: PyTorch's operator dispatch
     costs tens of microseconds a call in Python, more than the kernels on
-    small tensors."""
+    small tensors.  The Function's forward-mode rule (dual tensors,
+    torch.func.jvp) is tangents(inputs, input_tangents): cynorm.jvp's rule."""
     op = torch.library.custom_op(f"cynorm::{name}", forward, mutates_args=(),
                                  device_types="cpu")
     op.register_fake(forward_fake)
@@ -121,20 +176,35 @@ def _register(name, forward, forward_fake, backward, backward_fake, setup, grad)
 
     class Eager(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, *inputs):
-            out = forward(*inputs)
-            setup(ctx, inputs, out)
-            return out
+        def forward(*inputs):
+            return forward(*inputs)
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            setup(ctx, inputs, output)
+            # the inputs again for jvp (its tensors through save_for_forward,
+            # as torch.func asks)
+            ctx.save_for_forward(*[t for t in inputs if isinstance(t, Tensor)])
+            ctx.forward_inputs = [_SAVED if isinstance(t, Tensor) else t for t in inputs]
 
         @staticmethod
         def backward(ctx, *grads):
+            _one_level(name, True)
             return grad(ctx, backward, *grads)
+
+        @staticmethod
+        def jvp(ctx, *input_tangents):
+            _one_level(name, False)
+            saved = iter(ctx.saved_tensors)
+            inputs = [next(saved) if t is _SAVED else t for t in ctx.forward_inputs]
+            return tangents(inputs, input_tangents)
 
     def run(*inputs):
         if torch.compiler.is_compiling():
             return op(*inputs)
-        if torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad
-                                           for t in inputs):
+        if _transformed() or (torch.is_grad_enabled()
+                              and any(isinstance(t, Tensor) and t.requires_grad
+                                      for t in inputs)):
             return Eager.apply(*inputs)
         return forward(*inputs)
 
@@ -190,7 +260,8 @@ def _layer_norm_grad(ctx, backward, gy, _gmean, _grstd):
 
 
 _layer_norm = _register("layer_norm", _layer_norm_fwd, _layer_norm_fake, _layer_norm_bwd,
-                        _layer_norm_bwd_fake, _layer_norm_setup, _layer_norm_grad)
+                        _layer_norm_bwd_fake, _layer_norm_setup, _layer_norm_grad,
+                        lambda inputs, t: _tangents(_cn.layer_norm, inputs, t))
 
 
 def layer_norm(input: Tensor, normalized_shape, weight: Optional[Tensor] = None,
@@ -266,7 +337,8 @@ def _rms_norm_grad(ctx, backward, gy, _grstd):
 
 
 _rms_norm = _register("rms_norm", _rms_norm_fwd, _rms_norm_fake, _rms_norm_bwd,
-                      _rms_norm_bwd_fake, _rms_norm_setup, _rms_norm_grad)
+                      _rms_norm_bwd_fake, _rms_norm_setup, _rms_norm_grad,
+                      lambda inputs, t: _tangents(_cn.rms_norm, inputs, t))
 
 
 def rms_norm(input: Tensor, normalized_shape, weight: Optional[Tensor] = None,
@@ -345,7 +417,8 @@ def _group_norm_grad(ctx, backward, gy, _gmean, _grstd):
 
 
 _group_norm = _register("group_norm", _group_norm_fwd, _group_norm_fake, _group_norm_bwd,
-                        _group_norm_bwd_fake, _group_norm_setup, _group_norm_grad)
+                        _group_norm_bwd_fake, _group_norm_setup, _group_norm_grad,
+                        lambda inputs, t: _tangents(_cn.group_norm, inputs, t))
 
 
 def group_norm(input: Tensor, num_groups: int, weight: Optional[Tensor] = None,
@@ -399,6 +472,12 @@ def _running_outputs(x, rm, rv, updated):
             return _nothing(x)
         return torch.empty_like(a) if isinstance(a, Tensor) else _tensor(a)
     return out(rm), out(rv)
+
+
+def _running_tangents(fn, inputs, input_tangents):
+    # batch and instance norm: (x, weight, bias, running_mean, running_var,
+    # ...); the returned running statistics are not differentiable
+    return _tangents(fn, inputs, input_tangents, running=(3, 4)) + (None, None)
 
 
 def _batch_norm_fwd(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
@@ -463,7 +542,8 @@ def _batch_norm_grad(ctx, backward, gy, _gmean, _ginvstd, _grm, _grv):
 
 
 _batch_norm = _register("batch_norm", _batch_norm_fwd, _batch_norm_fake, _batch_norm_bwd,
-                        _batch_norm_bwd_fake, _batch_norm_setup, _batch_norm_grad)
+                        _batch_norm_bwd_fake, _batch_norm_setup, _batch_norm_grad,
+                        lambda inputs, t: _running_tangents(_cn.batch_norm, inputs, t))
 
 
 def batch_norm(input: Tensor, running_mean: Optional[Tensor], running_var: Optional[Tensor],
@@ -579,7 +659,8 @@ def _instance_norm_grad(ctx, backward, gy, _gmean, _grstd, _grm, _grv):
 
 _instance_norm = _register("instance_norm", _instance_norm_fwd, _instance_norm_fake,
                            _instance_norm_bwd, _instance_norm_bwd_fake, _instance_norm_setup,
-                           _instance_norm_grad)
+                           _instance_norm_grad,
+                           lambda inputs, t: _running_tangents(_cn.instance_norm, inputs, t))
 
 
 def instance_norm(input: Tensor, running_mean: Optional[Tensor] = None,
@@ -661,7 +742,8 @@ def _weight_norm_grad(ctx, backward, gw, _gnorm):
 
 
 _weight_norm = _register("weight_norm", _weight_norm_fwd, _weight_norm_fake, _weight_norm_bwd,
-                         _weight_norm_bwd_fake, _weight_norm_setup, _weight_norm_grad)
+                         _weight_norm_bwd_fake, _weight_norm_setup, _weight_norm_grad,
+                         lambda inputs, t: _tangents(_cn.weight_norm_interface, inputs, t))
 
 
 class WeightNorm(torch.nn.utils.parametrizations._WeightNorm):

@@ -52,6 +52,88 @@ def test_batch_norm_gradcheck_training_and_eval():
                                     (x, w, b))
 
 
+# ---- forward mode (dual tensors, torch.func) ---------------------------------
+
+_G = torch.Generator().manual_seed(5)
+RM, RV = (torch.randn(3, dtype=torch.float64, generator=_G),
+          torch.rand(3, dtype=torch.float64, generator=_G) + 0.5)
+
+
+# (name, cynorm's function, torch's, the shapes of its differentiable inputs)
+FORWARD_CASES = [
+    ("layer_norm", lambda x, w, b: ct.layer_norm(x, 8, w, b),
+     lambda x, w, b: F.layer_norm(x, (8,), w, b), [(3, 5, 8), (8,), (8,)]),
+    ("rms_norm", lambda x, w: ct.rms_norm(x, [8], w), lambda x, w: F.rms_norm(x, [8], w),
+     [(3, 5, 8), (8,)]),
+    ("group_norm", lambda x, w, b: ct.group_norm(x, 3, w, b),
+     lambda x, w, b: F.group_norm(x, 3, w, b), [(2, 6, 3, 4), (6,), (6,)]),
+    ("instance_norm", lambda x, w, b: ct.instance_norm(x, weight=w, bias=b),
+     lambda x, w, b: F.instance_norm(x, weight=w, bias=b), [(2, 3, 5), (3,), (3,)]),
+    ("batch_norm training", lambda x, w, b: ct.batch_norm(x, None, None, w, b, True),
+     lambda x, w, b: F.batch_norm(x, None, None, w, b, True), [(4, 3, 5), (3,), (3,)]),
+    ("batch_norm eval", lambda x, w, b: ct.batch_norm(x, RM, RV, w, b, False),
+     lambda x, w, b: F.batch_norm(x, RM, RV, w, b, False), [(4, 3, 5), (3,), (3,)]),
+    ("weight_norm", lambda v, g: ct._weight_norm(v, g, 0)[0],
+     # (torch's _weight_norm has no forward-mode formula: its definition)
+     lambda v, g: g * v / torch.linalg.vector_norm(v, dim=1, keepdim=True), [(5, 7), (5, 1)]),
+]
+FORWARD_IDS = [c[0] for c in FORWARD_CASES]
+
+
+def _inputs(shapes, seed=0):
+    return [f64(*s, seed=seed + i) for i, s in enumerate(shapes)]
+
+
+@pytest.mark.parametrize("name, ours, theirs, shapes", FORWARD_CASES, ids=FORWARD_IDS)
+def test_forward_ad_gradcheck(name, ours, theirs, shapes):
+    # dual tensors through the Function's jvp (cynorm.jvp's rules), against
+    # finite differences; the backward checked alongside
+    torch.manual_seed(0)
+    assert torch.autograd.gradcheck(ours, tuple(_inputs(shapes)), check_forward_ad=True)
+
+
+@pytest.mark.parametrize("name, ours, theirs, shapes", FORWARD_CASES, ids=FORWARD_IDS)
+def test_torch_func_jvp_and_grad_match_torch(name, ours, theirs, shapes):
+    primals = [t.detach() for t in _inputs(shapes)]
+    tangents = [t.detach() for t in _inputs(shapes, seed=10)]
+    torch.manual_seed(0)
+    y, ty = torch.func.jvp(ours, tuple(primals), tuple(tangents))
+    torch.manual_seed(0)
+    ry, rty = torch.func.jvp(theirs, tuple(primals), tuple(tangents))
+    torch.testing.assert_close(y, ry)
+    torch.testing.assert_close(ty, rty)
+    argnums = tuple(range(len(primals)))
+    torch.manual_seed(0)
+    g = torch.func.grad(lambda *a: (ours(*a) ** 2).sum(), argnums)(*primals)
+    torch.manual_seed(0)
+    rg = torch.func.grad(lambda *a: (theirs(*a) ** 2).sum(), argnums)(*primals)
+    torch.testing.assert_close(g, rg)
+
+
+def test_dual_tensor_tangents_reach_the_output():
+    # a tangent is never dropped: before forward mode was wired, a dual
+    # tensor's tangent vanished and the output had none
+    import torch.autograd.forward_ad as fwad
+    x, w, b = (t.detach() for t in _inputs([(3, 5, 8), (8,), (8,)]))
+    tx, tw, tb = (t.detach() for t in _inputs([(3, 5, 8), (8,), (8,)], seed=10))
+    with fwad.dual_level():
+        y = ct.layer_norm(fwad.make_dual(x, tx), 8, fwad.make_dual(w, tw), fwad.make_dual(b, tb))
+        ry = F.layer_norm(fwad.make_dual(x, tx), (8,), fwad.make_dual(w, tw),
+                          fwad.make_dual(b, tb))
+        torch.testing.assert_close(fwad.unpack_dual(y).tangent, fwad.unpack_dual(ry).tangent)
+
+
+def test_second_derivatives_are_refused():
+    x, w = _inputs([(3, 5, 8), (8,)])
+    with pytest.raises(NotImplementedError, match="derivative of a derivative"):
+        gx, = torch.autograd.grad((ct.layer_norm(x, 8, w) ** 2).sum(), x, create_graph=True)
+    inner = torch.func.grad(lambda a: (ct.rms_norm(a, [8], w.detach()) ** 2).sum())
+    with pytest.raises(NotImplementedError, match="derivative of a derivative"):
+        torch.func.grad(lambda a: inner(a).sum())(x.detach())
+    with pytest.raises(NotImplementedError, match="derivative of a derivative"):
+        torch.func.jvp(inner, (x.detach(),), (torch.ones_like(x),))
+
+
 # ---- the modules against PyTorch's ----------------------------------------
 
 MODULES = [
