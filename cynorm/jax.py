@@ -6,7 +6,8 @@ gives :func:`layer_norm`, :func:`rms_norm`, :func:`batch_norm` and
 ``jax.custom_vjp`` wires ``jax.grad`` to cynorm's backward kernels.
 
 On JAX with ``jax.ffi`` the kernels run as XLA FFI custom calls (handlers in
-cynorm/_kernels/layer_norm_ffi.pxi, registered for the CPU at import): XLA
+cynorm/_kernels/layer_norm_ffi.pxi and batch_norm_ffi.pxi, registered for
+the CPU at import): XLA
 hands them its buffers, with no Python and no copy.  Elsewhere (older JAX,
 or a runtime whose FFI version the handlers cannot speak) they run through
 ``jax.pure_callback``; :data:`route` says which, and why.  Under
