@@ -118,7 +118,7 @@ def _transformed() -> bool:
     """Whether a call runs under forward-mode AD (dual tensors) or a
     torch.func transform, where tensors carry what a plain call would drop."""
     return (torch.autograd.forward_ad._current_level >= 0
-            or torch._C._functorch.peek_interpreter_stack() is not None)
+            or _functorch.peek_interpreter_stack() is not None)
 
 
 def _tangents(fn, inputs, input_tangents, running=()):
