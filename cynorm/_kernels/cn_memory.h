@@ -185,8 +185,8 @@ CN_ALWAYS_INLINE void cn_prefetch_next_group(const void *p, ptrdiff_t ld, int R,
         cn_prefetch_read((const char *)p + q * ld * isz, 1);
 }
 
-/* An elementwise pass over one short row, rows in memory order (N,C,H,W
- * batch norm at 14x14, one task per row): the data CN_PREFETCH_BYTES ahead
+/* An elementwise pass over one short row of two inputs, rows in memory
+ * order (layer norm's grad_x row by row): the data CN_PREFETCH_BYTES ahead
  * of inputs a and b (the rows that follow), and for 2-byte elements the
  * output lines as far ahead (16-bit outputs have no blocked write
  * prefetch). */
