@@ -2,8 +2,10 @@
 
 ``import cynorm.jax`` (JAX must be installed: ``pip install "jax[cpu]"``)
 gives :func:`layer_norm`, :func:`rms_norm`, :func:`batch_norm` and
-:func:`group_norm` as JAX functions, and
-``jax.custom_vjp`` wires ``jax.grad`` to cynorm's backward kernels.
+:func:`group_norm` as JAX functions.  Each is a ``jax.custom_jvp``: its
+forward kernels, and a tangent (cynorm._jax_forward) that ``jax.jvp``
+evaluates with cynorm's JVP rule and ``jax.grad`` transposes into the op's
+backward kernels.
 
 On JAX with ``jax.ffi`` the kernels run as XLA FFI custom calls (handlers in
 cynorm/_kernels/layer_norm_ffi.pxi and batch_norm_ffi.pxi, registered for
@@ -26,6 +28,8 @@ import numpy as np
 
 import cynorm as _cn
 from cynorm import _kernels
+from cynorm._jax_forward import first_order as _first_order, register as _register_jvp, \
+    tangent as _tangent
 
 # this CPU's builds of the row-norm and the batch-norm kernels
 _rows = _kernels.load("layer_norm")
@@ -178,17 +182,30 @@ def _ln_forward(x, weight, bias, shape, eps):
     return _call(host, (_like(x), st, st), x, weight, bias)
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+_ln_forward_once = _first_order("layer_norm", _ln_forward, (3, 4))
+
+
+@partial(jax.custom_jvp, nondiff_argnums=(3, 4))
 def _layer_norm(x, weight, bias, shape, eps):
     return _ln_forward(x, weight, bias, shape, eps)[0]
 
 
-def _layer_norm_fwd(x, weight, bias, shape, eps):
-    y, mean, rstd = _ln_forward(x, weight, bias, shape, eps)
-    return y, (x, weight, bias, mean, rstd)
+@_layer_norm.defjvp
+def _layer_norm_jvp(shape, eps, primals, tangents):
+    x, weight, bias = primals
+    y, mean, rstd = _ln_forward_once(x, weight, bias, shape, eps)
+    return y, _tangent("layer_norm", (shape, eps), (x, weight, bias, mean, rstd), tangents)
 
 
-def _layer_norm_bwd(shape, eps, saved, gy):
+def _layer_norm_host(primals, tangents, static):
+    x, weight, bias, _, _ = primals
+    tx, tw, tb = tangents
+    shape, eps = static
+    return _cn.jvp(_cn.layer_norm, (x, shape, weight, bias, eps), (tx, None, tw, tb, None))[1][0]
+
+
+def _layer_norm_bwd(saved, gy, static):
+    shape, _ = static
     x, weight, bias, mean, rstd = saved
     shapes = _grad_shapes(x, weight, bias)
     n = int(np.prod(shape, dtype=np.int64))
@@ -207,7 +224,7 @@ def _layer_norm_bwd(shape, eps, saved, gy):
     return _spread(grads, weight, bias)
 
 
-_layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
+_register_jvp("layer_norm", _layer_norm_host, _layer_norm_bwd)
 
 
 def layer_norm(x: Any, normalized_shape: Shape, weight: Any = None, bias: Any = None,
@@ -253,17 +270,30 @@ def _rms_forward(x, weight, shape, eps):
     return _call(host, shapes, x, weight)
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+_rms_forward_once = _first_order("rms_norm", _rms_forward, (2, 3))
+
+
+@partial(jax.custom_jvp, nondiff_argnums=(2, 3))
 def _rms_norm(x, weight, shape, eps):
     return _rms_forward(x, weight, shape, eps)[0]
 
 
-def _rms_norm_fwd(x, weight, shape, eps):
-    y, rstd = _rms_forward(x, weight, shape, eps)
-    return y, (x, weight, rstd)
+@_rms_norm.defjvp
+def _rms_norm_jvp(shape, eps, primals, tangents):
+    x, weight = primals
+    y, rstd = _rms_forward_once(x, weight, shape, eps)
+    return y, _tangent("rms_norm", (shape, eps), (x, weight, rstd), tangents)
 
 
-def _rms_norm_bwd(shape, eps, saved, gy):
+def _rms_norm_host(primals, tangents, static):
+    x, weight, _ = primals
+    tx, tw = tangents
+    shape, eps = static
+    return _cn.jvp(_cn.rms_norm, (x, shape, weight, eps), (tx, None, tw, None))[1][0]
+
+
+def _rms_norm_bwd(saved, gy, static):
+    shape, _ = static
     x, weight, rstd = saved
     shapes = _grad_shapes(x, weight)
     n = int(np.prod(shape, dtype=np.int64))
@@ -280,7 +310,7 @@ def _rms_norm_bwd(shape, eps, saved, gy):
     return _spread(grads, weight)[:2]
 
 
-_rms_norm.defvjp(_rms_norm_fwd, _rms_norm_bwd)
+_register_jvp("rms_norm", _rms_norm_host, _rms_norm_bwd)
 
 
 def rms_norm(x: Any, normalized_shape: Shape, weight: Any = None,
@@ -372,22 +402,42 @@ def _bn_forward(x, weight, bias, running_mean, running_var, training, momentum, 
     return y, running_mean, running_var, save_mean, save_invstd
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
+_bn_forward_once = _first_order("batch_norm", _bn_forward, (5, 6, 7, 8))
+
+
+@partial(jax.custom_jvp, nondiff_argnums=(5, 6, 7, 8))
 def _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps, axis):
     return _bn_forward(x, weight, bias, running_mean, running_var, training, momentum, eps,
                        axis)[:3]
 
 
-def _batch_norm_fwd(x, weight, bias, running_mean, running_var, training, momentum, eps, axis):
-    y, rm, rv, sm, si = _bn_forward(x, weight, bias, running_mean, running_var, training,
-                                    momentum, eps, axis)
+@_batch_norm.defjvp
+def _batch_norm_jvp(training, momentum, eps, axis, primals, tangents):
+    x, weight, bias, running_mean, running_var = primals
+    y, rm, rv, sm, si = _bn_forward_once(x, weight, bias, running_mean, running_var, training,
+                                         momentum, eps, axis)
     first, second = (sm, si) if training else (running_mean, running_var)
-    return (y, rm, rv), (x, weight, bias, first, second, running_mean, running_var)
+    ty = _tangent("batch_norm", (training, momentum, eps, axis),
+                  (x, weight, bias, first, second), tangents[:3])
+    # the running statistics carry no derivative, as in torch
+    zero = [None if r is None else jnp.zeros_like(r) for r in (rm, rv)]
+    return (y, rm, rv), (ty, zero[0], zero[1])
 
 
-def _batch_norm_bwd(training, momentum, eps, axis, saved, cotangents):
-    x, weight, bias, first, second, running_mean, running_var = saved
-    gy = cotangents[0]      # the running statistics carry no gradient, as in torch
+def _batch_norm_host(primals, tangents, static):
+    x, weight, bias, first, second = primals
+    tx, tw, tb = tangents
+    training, momentum, eps, axis = static
+    # eval: first, second are the running statistics; training: copies
+    # would be updated, and the output's tangent does not depend on them
+    rm, rv = (None, None) if training else (np.array(first), np.array(second))
+    return _cn.jvp(_cn.batch_norm, (x, weight, bias, rm, rv, training, momentum, eps, axis),
+                   (tx, tw, tb, None, None, None, None, None, None))[1][0]
+
+
+def _batch_norm_bwd(saved, gy, static):
+    training, _, eps, axis = static
+    x, weight, bias, first, second = saved
     A, C, B = _around(x, axis)
     shapes = _grad_shapes(x, weight, bias)
     if _FFI and x.size > 0:
@@ -404,10 +454,10 @@ def _batch_norm_bwd(training, momentum, eps, axis, saved, cotangents):
                                                  training, eps, mask, axis)
             return _given(gx, gw, gb)
         grads = list(_call(host, shapes, gy, x, weight, first, second))
-    return _spread(grads, weight, bias) + (None, None)
+    return _spread(grads, weight, bias)
 
 
-_batch_norm.defvjp(_batch_norm_fwd, _batch_norm_bwd)
+_register_jvp("batch_norm", _batch_norm_host, _batch_norm_bwd)
 
 
 def batch_norm(x: Any, weight: Any = None, bias: Any = None, running_mean: Any = None,
@@ -488,17 +538,32 @@ def _gn_forward(x, weight, bias, num_groups, eps, axis):
     return _call(host, shapes, x, weight, bias)
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+_gn_forward_once = _first_order("group_norm", _gn_forward, (3, 4, 5))
+
+
+@partial(jax.custom_jvp, nondiff_argnums=(3, 4, 5))
 def _group_norm(x, weight, bias, num_groups, eps, axis):
     return _gn_forward(x, weight, bias, num_groups, eps, axis)[0]
 
 
-def _group_norm_fwd(x, weight, bias, num_groups, eps, axis):
-    y, mean, rstd = _gn_forward(x, weight, bias, num_groups, eps, axis)
-    return y, (x, weight, bias, mean, rstd)
+@_group_norm.defjvp
+def _group_norm_jvp(num_groups, eps, axis, primals, tangents):
+    x, weight, bias = primals
+    y, mean, rstd = _gn_forward_once(x, weight, bias, num_groups, eps, axis)
+    return y, _tangent("group_norm", (num_groups, eps, axis), (x, weight, bias, mean, rstd),
+                       tangents)
 
 
-def _group_norm_bwd(num_groups, eps, axis, saved, gy):
+def _group_norm_host(primals, tangents, static):
+    x, weight, bias, _, _ = primals
+    tx, tw, tb = tangents
+    num_groups, eps, axis = static
+    return _cn.jvp(_cn.group_norm, (x, num_groups, weight, bias, eps, axis),
+                   (tx, None, tw, tb, None, None))[1][0]
+
+
+def _group_norm_bwd(saved, gy, static):
+    num_groups, _, axis = static
     x, weight, bias, mean, rstd = saved
     N, C, HW, last = _gn_dims(x, num_groups, axis, weight, bias)
     shapes = _grad_shapes(x, weight, bias)
@@ -517,7 +582,7 @@ def _group_norm_bwd(num_groups, eps, axis, saved, gy):
     return _spread(grads, weight, bias)
 
 
-_group_norm.defvjp(_group_norm_fwd, _group_norm_bwd)
+_register_jvp("group_norm", _group_norm_host, _group_norm_bwd)
 
 
 def group_norm(x: Any, num_groups: int, weight: Any = None, bias: Any = None,

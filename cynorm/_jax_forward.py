@@ -1,0 +1,149 @@
+"""Forward mode for cynorm.jax: one JAX primitive, linear in its tangents.
+
+Each op of cynorm.jax is a ``jax.custom_jvp`` whose rule takes the primal
+outputs from the op's kernels and y's tangent from :func:`tangent`, which
+binds ``cynorm_tangent``: a primitive that is linear in the tangents it is
+given, the op's inputs and saved statistics being constants to it.
+
+* Evaluated (``jax.jvp``, ``jax.linearize``'s linear function), it runs the
+  op's cynorm JVP rule (``cynorm.jvp``) on the host through
+  ``jax.pure_callback``.
+* Transposed (``jax.grad``, ``jax.vjp``: JAX differentiates in reverse by
+  transposing the forward mode), it runs the op's backward kernels.
+* Under ``jax.vmap``, once per batch element.
+* Its own derivative is refused (a derivative of a derivative).
+
+An op registers its two halves with :func:`register`.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.core import ShapedArray
+from jax.interpreters import ad, batching, mlir
+
+try:
+    _core = importlib.import_module("jax.extend.core")
+except ImportError:                  # JAX before jax.extend.core
+    _core = importlib.import_module("jax.core")
+Primitive = _core.Primitive
+
+
+class _Rule(NamedTuple):
+    # host(primals, tangents, static) -> y's tangent (NumPy), primals and
+    # tangents as lists of NumPy arrays or None
+    host: Callable[[list, list, tuple], np.ndarray]
+    # backward(primals, ct, static) -> the gradients of the tangent slots
+    # (None where a slot is None), primals and ct as JAX values
+    backward: Callable[[list, Any, tuple], Sequence[Any]]
+
+
+_RULES: dict[str, _Rule] = {}
+
+_tangent_p = Primitive("cynorm_tangent")
+
+
+def register(op: str, host: Callable[[list, list, tuple], np.ndarray],
+             backward: Callable[[list, Any, tuple], Sequence[Any]]) -> None:
+    """op's halves: its JVP on the host, and its backward kernels."""
+    _RULES[op] = _Rule(host, backward)
+
+
+def tangent(op: str, static: tuple, primals: Sequence[Any], tangents: Sequence[Any]) -> Any:
+    """The tangent of op's first output y (x's shape and dtype), linear in
+    `tangents`.  primals: op's differentiable inputs (x first), then what
+    its backward needs (saved statistics); tangents: one per input, None
+    where the input is None.  static: op's hashable non-array arguments."""
+    slots = list(primals) + list(tangents)
+    present = tuple(a is not None for a in slots)
+    return _tangent_p.bind(*[a for a in slots if a is not None], op=op, static=static,
+                           present=present, nprimal=len(primals))
+
+
+def _unpack(arrays: Sequence[Any], present: tuple, nprimal: int) -> tuple[list, list]:
+    # (primals, tangents), None in the slots not present
+    it = iter(arrays)
+    slots = [next(it) if p else None for p in present]
+    return slots[:nprimal], slots[nprimal:]
+
+
+def _abstract(*arrays, op, static, present, nprimal):
+    x = arrays[0]
+    return ShapedArray(x.shape, x.dtype)
+
+
+def _impl(*arrays, op, static, present, nprimal):
+    x = arrays[0]
+
+    def host(*values):
+        primals, tangents = _unpack([np.asarray(v) for v in values], present, nprimal)
+        return np.asarray(_RULES[op].host(primals, tangents, static))
+    return jax.pure_callback(host, jax.ShapeDtypeStruct(x.shape, x.dtype), *arrays,
+                             vmap_method="sequential")
+
+
+def _transpose(ct, *arrays, op, static, present, nprimal):
+    nprim = sum(present[:nprimal])
+    given, tangent_args = arrays[:nprim], arrays[nprim:]
+    if any(ad.is_undefined_primal(a) for a in given):
+        raise NotImplementedError(f"cynorm.jax.{op}: its tangent is linear in the tangents "
+                                  "only, not in the op's inputs")
+    it = iter(given)
+    primals = [next(it) if p else None for p in present[:nprimal]]
+    grads = ([None] * (len(present) - nprimal) if type(ct) is ad.Zero
+             else _RULES[op].backward(primals, ct, static))
+    out = [None] * nprim
+    for t, g in zip(tangent_args, [g for g, p in zip(grads, present[nprimal:]) if p]):
+        if not ad.is_undefined_primal(t):
+            out.append(None)            # a constant (a zero tangent made concrete)
+        elif g is None:
+            out.append(jnp.zeros(t.aval.shape, t.aval.dtype))
+        else:
+            out.append(g)
+    return out
+
+
+def _batched(args, dims, *, op, static, present, nprimal):
+    # the primitive once per batch element (its host rule and backward
+    # kernels take no batch axis)
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+    front = [batching.bdim_at_front(a, d, size) for a, d in zip(args, dims)]
+    out = jax.lax.map(lambda xs: _tangent_p.bind(*xs, op=op, static=static, present=present,
+                                                 nprimal=nprimal), front)
+    return out, 0
+
+
+def _refuse(op: str) -> NotImplementedError:
+    return NotImplementedError(
+        f"cynorm.jax.{op}: a derivative of a derivative (jax.hessian, a jvp of a jvp or of a "
+        "grad) is not supported: cynorm's backward and forward-mode rules are not "
+        "differentiable themselves")
+
+
+def _second_order(primals, tangents, *, op, **params):
+    raise _refuse(op)
+
+
+def first_order(op: str, fn: Callable[..., Any], nondiff_argnums: tuple[int, ...]) -> Any:
+    """fn (an op's forward kernels, as its custom_jvp rule calls them) with
+    a derivative that raises: differentiating the rule itself is a second
+    derivative, which would otherwise fail inside JAX on the kernels' custom
+    call."""
+    wrapped = jax.custom_jvp(fn, nondiff_argnums=nondiff_argnums)
+
+    def refused(*args):
+        raise _refuse(op)
+    wrapped.defjvp(refused)
+    return wrapped
+
+
+_tangent_p.def_abstract_eval(_abstract)
+_tangent_p.def_impl(_impl)
+mlir.register_lowering(_tangent_p, mlir.lower_fun(_impl, multiple_results=False))
+ad.primitive_transposes[_tangent_p] = _transpose
+ad.primitive_jvps[_tangent_p] = _second_order
+batching.primitive_batchers[_tangent_p] = _batched
