@@ -24,12 +24,21 @@ The grid has two parts:
 Each part runs at every thread count in --threads (outputs must be the same
 at each: the determinism rule).  The grid runs only the public API, so the
 same script compares any two builds.
+
+--cross-platform (on both save and compare) compares builds for different
+CPUs (x86-64 against aarch64, .ci/aarch64): the structured part only (the
+fuzz part's inputs are not the same bits on both: its generator draws them
+with NumPy's exp and log, SIMD routines of their own on x86-64), every NaN
+stored with its sign bit clear (the NaN an invalid operation creates is
+negative on x86-64 and positive on Arm: no build can change that), and the
+outputs of PLATFORM_DEPENDENT reported but not counted.
 """
 import argparse
 import hashlib
 import contextlib
 import io
 import os
+import re
 import sys
 import time
 import warnings
@@ -43,6 +52,19 @@ DEFAULT_FUZZ_SEED = 20261124
 # outputs up to this size are kept whole (a difference is then reported in
 # ulps); larger ones by their SHA-256
 KEEP_BYTES = 1 << 16
+# --cross-platform: NaNs stored with the sign bit clear
+CANONICAL_NANS = False
+# --cross-platform: outputs whose bits are not the kernels' own, by key
+# (regular expression) and why; a difference in them is listed, not counted
+PLATFORM_DEPENDENT = [
+    (r"/nested/[^/]+/\d+/[^/]+/gelu(_tanh|_backward)?/",
+     "libm's erf, erff and tanhf (activations.pyx.tp): glibc's aarch64 build "
+     "contracts them to FMAs, its x86-64 build does not (1 ulp in erf/erff, "
+     "up to 3 in tanhf; more in gelu_backward where its two terms cancel)"),
+    (r"/nested/[^/]+/\d+/\d+/softmax(_backward)?/1/",
+     "nested softmax along a dim other than the last: NumPy's exp "
+     "(nested/reductions.py), a SIMD routine of NumPy's own on x86-64"),
+]
 
 
 def _dtypes():
@@ -81,6 +103,8 @@ class Grid:
             self.out[key] = np.zeros(0, np.uint8)
         elif isinstance(res, np.ndarray) or np.isscalar(res):
             a = np.asarray(res)
+            if CANONICAL_NANS:
+                a = _nan_sign_clear(a)
             raw = np.ascontiguousarray(a).tobytes()
             if len(raw) > KEEP_BYTES:      # large outputs: their digest
                 raw = b"sha256:" + hashlib.sha256(raw).digest()
@@ -93,6 +117,19 @@ class Grid:
     def error(self, key, exc):
         self.out[key + "::error"] = np.frombuffer(
             f"{type(exc).__name__}: {exc}".encode(), np.uint8).copy()
+
+
+def _nan_sign_clear(a):
+    """a with every NaN's sign bit clear (a copy where it has a NaN)."""
+    if a.dtype.kind != "f" and a.dtype.name != "bfloat16":
+        return a
+    nan = np.isnan(a)
+    if not nan.any():
+        return a
+    a = np.array(a)
+    bits = a.view(f"u{a.dtype.itemsize}")
+    bits[nan] &= bits.dtype.type(np.iinfo(bits.dtype).max >> 1)     # all but the sign bit
+    return a
 
 
 def _data(rng, shape, dt, scale=1.0, offset=0.0):
@@ -419,8 +456,9 @@ def ulps(a_bytes, b_bytes, dtype_key):
     return None
 
 
-def compare(saved, now):
+def compare(saved, now, cross_platform=False):
     bad = 0
+    known = {}
     for key in sorted(set(saved) | set(now)):
         if key.endswith("::dtype"):
             continue
@@ -435,8 +473,15 @@ def compare(saved, now):
             extra = f"  max {u} ulp" if u is not None else ""
             if key.endswith("::error"):
                 extra = f"\n    before: {bytes(a).decode()}\n    after:  {bytes(b).decode()}"
+            why = next((w for pat, w in PLATFORM_DEPENDENT if re.search(pat, key)),
+                       None) if cross_platform else None
+            if why is not None:
+                known[why] = known.get(why, 0) + 1
+                continue
             print(f"differs: {key} [{meta}]{extra}")
             bad += 1
+    for why, count in known.items():
+        print(f"platform-dependent, not counted: {count} outputs ({why})")
     n = sum(1 for k in saved if not k.endswith("::dtype"))
     print(f"{n} outputs compared, {bad} differ or are missing")
     return bad
@@ -450,7 +495,14 @@ def main(argv=None):
     ap.add_argument("--fuzz-cases", type=int, default=200,
                     help="cases per fuzz target (0: structured grid only)")
     ap.add_argument("--fuzz-seed", type=int, default=DEFAULT_FUZZ_SEED)
+    ap.add_argument("--cross-platform", action="store_true",
+                    help="builds for different CPUs: structured part only, NaN signs cleared, "
+                         "PLATFORM_DEPENDENT outputs not counted (use on save and compare)")
     args = ap.parse_args(argv)
+    if args.cross_platform:
+        global CANONICAL_NANS
+        CANONICAL_NANS = True
+        args.fuzz_cases = 0
     threads = [int(t) for t in args.threads.split(",")]
     import cynorm
     print(f"cynorm from {os.path.dirname(cynorm.__file__)}, SIMD {cynorm.config()['simd_compiled']}",
@@ -464,7 +516,7 @@ def main(argv=None):
         return 0
     with np.load(args.path) as f:
         saved = {k: f[k] for k in f.files}
-    return 1 if compare(saved, out) else 0
+    return 1 if compare(saved, out, args.cross_platform) else 0
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import numpy as np
 from cynorm import groupnorm as _gn
 from cynorm.forward_ad._registry import register_jvp
 from cynorm.forward_ad._common import (
-    bind, cast_like, check_running_tangents, m, math_dtype, zeros_like,
+    bind, cast_like, check_running_tangents, cube, m, math_dtype, zeros_like,
 )
 from cynorm.forward_ad.norm_rules import _update_in_place
 from cynorm._validation import check_bool, normalize_dim
@@ -184,7 +184,7 @@ def _instance_norm_jvp(primals, tangents, kwargs):
         tm = zero if t["running_mean"] is None else np.broadcast_to(
             m(t["running_mean"], dt).reshape(1, C, 1, 1), mu.shape)
         tr = zero if t["running_var"] is None else np.broadcast_to(
-            -0.5 * r ** 3 * m(t["running_var"], dt).reshape(1, C, 1, 1), r.shape)
+            -0.5 * cube(r) * m(t["running_var"], dt).reshape(1, C, 1, 1), r.shape)
         TX = 0.0 if t["x"] is None else _grouped(t["x"], C, axis, dt)
         t_xhat = (TX - tm) * r + (X - mu) * tr
         ty = t_xhat if wv is None else t_xhat * wv

@@ -22,7 +22,7 @@ from cynorm import layernorm as _ln
 from cynorm import weightnorm as _wn
 from cynorm.forward_ad._registry import register_jvp
 from cynorm.forward_ad._common import (
-    bind, cast_like, check_running_tangents, m, math_dtype, tangent_sum, zeros_like,
+    bind, cast_like, check_running_tangents, cube, m, math_dtype, tangent_sum, zeros_like,
 )
 from cynorm._validation import check_bool, normalize_dim
 
@@ -284,7 +284,7 @@ def batch_norm_backward_tangents(dy, x, weight, mean, inv, training, t, axis, ma
     mu = m(mean, dt).reshape(1, C, 1)
     t_inv = 0.0
     if t["running_var"] is not None:
-        t_inv = -0.5 * inv ** 3 * m(t["running_var"], dt).reshape(1, C, 1)
+        t_inv = -0.5 * cube(inv) * m(t["running_var"], dt).reshape(1, C, 1)
     if mask[0]:
         if TDY is not None:
             t_gx += TDY * inv * w
@@ -436,7 +436,7 @@ def _weight_norm_backward_jvp(primals, tangents, kwargs):
         t_s = t_s + (GW * m(tv, dt)).sum(axis=axes, keepdims=True)
     TG = np.zeros_like(n) if tg is None else m(tg, dt).reshape(n.shape)
     with np.errstate(invalid="ignore", divide="ignore"):
-        n3 = n ** 3
+        n3 = cube(n)
         # grad_g = s / n;  grad_v = (g / n) grad_w - (g s / n**3) v
         t_gg = t_s / n - s * t_n / (n * n)
         coef_gw = TG / n - G * t_n / (n * n)

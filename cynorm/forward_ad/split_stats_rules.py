@@ -21,7 +21,7 @@ of an argument a::
 import numpy as np
 
 from cynorm import batchnorm_stats as _st
-from cynorm.forward_ad._common import bind, cast_like, m, math_dtype, zeros_like
+from cynorm.forward_ad._common import bind, cast_like, cube, m, math_dtype, zeros_like
 from cynorm.forward_ad._registry import register_jvp
 from cynorm.forward_ad.norm_rules import _channels, _update_in_place, _vec, _xhat_tangent
 from cynorm._validation import check_updatable, normalize_dim
@@ -87,8 +87,8 @@ def _batch_norm_gather_stats_jvp(primals, tangents, kwargs):
         t_mu = (n * TM).sum(axis=0) / total
         # var = sum(n_k (var_k + (mean_k - mu)**2)) / N with var_k = 1/invstd_k**2 - eps;
         # the t_mu term drops out (the deviations' weighted sum is 0)
-        t_var = (n * (-2.0 * TS / S ** 3 + 2.0 * (M - mu) * TM)).sum(axis=0) / total
-        t_inv = -0.5 * inv ** 3 * t_var
+        t_var = (n * (-2.0 * TS / cube(S) + 2.0 * (M - mu) * TM)).sum(axis=0) / total
+        t_inv = -0.5 * cube(inv) * t_var
     if args["running_mean"] is not None and total > 0:
         mom = float(args["momentum"])
         _update_in_place(t["running_mean"], args["running_mean"], mom, t_mu)
