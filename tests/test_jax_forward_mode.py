@@ -54,6 +54,17 @@ def gn_ref(x, G, w, b, axis, eps=1e-5):
 
 RM, RV = rand(6, 9), np.abs(rand(6, 10)) + 0.5
 
+
+def bn_op(training):
+    """OPS' entry of batch norm on (N, C, L) with running statistics."""
+    return (lambda x, w, b: cj.batch_norm(x, w, b, RM, RV, training)[0],
+            lambda x, w, b: bn_ref(x, w, b, RM, RV, training, 1),
+            lambda x, w, b, t: cynorm.jvp(cynorm.batch_norm,
+                                          (x, w, b, RM.copy(), RV.copy(), training),
+                                          (t[0], t[1], t[2], None, None, None)),
+            (4, 6, 5), (6,))
+
+
 # name -> (cynorm.jax call, jnp formula, cynorm.jvp call for the host bits,
 #          x's shape, parameter shape); f(x, w, b) with w, b differentiable
 OPS = {
@@ -65,18 +76,8 @@ OPS = {
                  lambda x, w, b, t: cynorm.jvp(cynorm.rms_norm, (x, (16,), w, None),
                                                (t[0], None, t[1], None)),
                  (3, 5, 16), (16,)),
-    "batch_norm_training": (
-        lambda x, w, b: cj.batch_norm(x, w, b, RM, RV, True)[0],
-        lambda x, w, b: bn_ref(x, w, b, RM, RV, True, 1),
-        lambda x, w, b, t: cynorm.jvp(cynorm.batch_norm, (x, w, b, RM.copy(), RV.copy(), True),
-                                      (t[0], t[1], t[2], None, None, None)),
-        (4, 6, 5), (6,)),
-    "batch_norm_eval": (
-        lambda x, w, b: cj.batch_norm(x, w, b, RM, RV, False)[0],
-        lambda x, w, b: bn_ref(x, w, b, RM, RV, False, 1),
-        lambda x, w, b, t: cynorm.jvp(cynorm.batch_norm, (x, w, b, RM.copy(), RV.copy(), False),
-                                      (t[0], t[1], t[2], None, None, None)),
-        (4, 6, 5), (6,)),
+    "batch_norm_training": bn_op(True),
+    "batch_norm_eval": bn_op(False),
     "batch_norm_channels_last": (
         lambda x, w, b: cj.batch_norm(x, w, b, training=True, axis=-1)[0],
         lambda x, w, b: bn_ref(x, w, b, None, None, True, -1),
