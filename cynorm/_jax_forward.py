@@ -92,8 +92,7 @@ def _transpose(ct, *arrays, op, static, present, nprimal):
     if any(ad.is_undefined_primal(a) for a in given):
         raise NotImplementedError(f"cynorm.jax.{op}: its tangent is linear in the tangents "
                                   "only, not in the op's inputs")
-    it = iter(given)
-    primals = [next(it) if p else None for p in present[:nprimal]]
+    primals, _ = _unpack(given, present[:nprimal], nprimal)
     grads = ([None] * (len(present) - nprimal) if type(ct) is ad.Zero
              else _RULES[op].backward(primals, ct, static))
     out = [None] * nprim
