@@ -17,6 +17,8 @@ The grid has two parts:
   path: rows, columns, fused, segments, channels-last, middle dims,
   dim=None, eval/training, with and without affine parameters, on small,
   tail-crossing (lane and block edges) and multi-block / multi-chunk shapes;
+  and every norm on data holding NaNs of both signs and infinities, with
+  NaN weights and biases (specials_grid: the NaNs' bits too);
 * fuzz: the first --fuzz-cases cases of every target of tests/fuzz (a fixed
   seed), called in this process: their outputs, or the class and message of
   the error they raise.
@@ -387,8 +389,100 @@ def group_norm_grid(grid, rng):
                     axis=axis))
 
 
+def _specials(rng, shape, dt, axis=-1):
+    """Data with NaNs of both signs and infinities of both signs, placed so
+    that along `axis` some slices are clean, some hold one NaN, some NaNs of
+    both signs (their order each way), some +inf and -inf together, some one
+    infinity: NaN statistics, NaN coefficients and NaN passing through."""
+    x = np.asarray(rng.standard_normal(shape) * 2 + 1, np.float64)
+    x = np.moveaxis(x, axis, -1)            # a view: writes go to x's memory
+    lead = x.reshape(-1, x.shape[-1]) if x.size else x.reshape(0, 1)
+    n = lead.shape[-1]
+    for i in range(lead.shape[0]):
+        kind = i % 6
+        if kind == 1:
+            lead[i, (7 * i) % n] = np.nan
+        elif kind == 2:
+            lead[i, (3 * i) % n], lead[i, (5 * i + 1) % n] = np.nan, -np.nan
+        elif kind == 3:
+            lead[i, (5 * i + 1) % n], lead[i, (3 * i) % n] = np.nan, -np.nan
+        elif kind == 4:
+            lead[i, (3 * i) % n], lead[i, (5 * i + 1) % n] = np.inf, -np.inf
+        elif kind == 5:
+            lead[i, (11 * i) % n] = -np.inf
+    x = np.moveaxis(x, -1, axis)
+    return np.ascontiguousarray(x).astype(dt)
+
+
+def specials_grid(grid, rng):
+    """Every kernel family on data holding NaNs and infinities: the NaNs'
+    signs are part of the bits, and must not depend on the compiler, the SIMD
+    level or the path (compare a gcc and a clang build, or two levels)."""
+    import cynorm
+    for dt in _dtypes():
+        md = _math(dt)
+        for shape in ((12, 7), (24, 300), (6, 2100)):
+            key = f"special/{_name(dt)}/{shape}"
+            x = _specials(rng, shape, dt)
+            N = shape[-1]
+            w, b = _data(rng, N, md), _data(rng, N, md)
+            dy = _specials(rng, shape, dt, axis=0)
+            y, m, r = cynorm.layer_norm(x, N, w, b)
+            grid.put(f"{key}/ln", (y, m, r))
+            grid.put(f"{key}/ln_backward", cynorm.layer_norm_backward(dy, x, N, m, r, w, b))
+            yr, rr = cynorm.rms_norm(x, N, w)
+            grid.put(f"{key}/rms", (yr, rr))
+            grid.put(f"{key}/rms_backward", cynorm.rms_norm_backward(dy, x, N, rr, w))
+            res = _data(rng, shape, dt)
+            grid.put(f"{key}/add_ln", cynorm.add_layer_norm(x, res, N, w, b))
+            # NaNs of both signs meeting in the add
+            neg = -x.astype(np.float64)
+            grid.put(f"{key}/add_rms_nans", cynorm.add_rms_norm(x, neg.astype(dt), N, w))
+            # a NaN weight and a NaN bias (of the other sign) in one column
+            wnan, bnan = w.copy(), b.copy()
+            wnan[1], bnan[1], bnan[2] = np.nan, -np.nan, np.nan
+            y, m, r = cynorm.layer_norm(x, N, wnan, bnan)
+            grid.put(f"{key}/ln_nan_params", (y, m, r))
+            grid.put(f"{key}/ln_nan_params_backward",
+                     cynorm.layer_norm_backward(dy, x, N, m, r, wnan, bnan))
+            grid.put(f"{key}/rms_nan_params", cynorm.rms_norm(x, N, wnan))
+            for dim in (0, 1):
+                g = _data(rng, (shape[0], 1) if dim == 0 else (1, N), md) + 2
+                g.ravel()[1] = -np.nan
+                wn, nn = cynorm.weight_norm_interface(x, g, dim)
+                grid.put(f"{key}/wn/{dim}", (wn, nn))
+                grid.put(f"{key}/wn_backward/{dim}",
+                         cynorm.weight_norm_backward(dy, x, g, nn, dim))
+        for shape, axis in (((4, 12, 5, 7), 1), ((4, 5, 7, 12), -1), ((300, 24), 1),
+                            ((2, 12, 2100), 1)):
+            key = f"special/{_name(dt)}/bn/{shape}/{axis}"
+            C = shape[axis]
+            x = _specials(rng, shape, dt, axis=0 if axis == -1 else -1)
+            dy = _specials(rng, shape, dt, axis=axis)
+            w, b = _data(rng, C, md), _data(rng, C, md)
+            w[1], b[1], b[2] = np.nan, -np.nan, -np.nan
+            rm, rv = np.zeros(C, md), np.ones(C, md)
+            y, sm, si = cynorm.batch_norm(x, w, b, rm, rv, True, 0.1, 1e-5, axis)
+            grid.put(f"{key}/train", (y, sm, si, rm, rv))
+            grid.put(f"{key}/eval", cynorm.batch_norm(x, w, b, rm, rv, False, 0.1, 1e-5, axis))
+            for train in (True, False):
+                grid.put(f"{key}/backward/{train}", cynorm.batch_norm_backward(
+                    dy, x, w, rm, rv, sm, si, train, 1e-5, (True, True, True), axis))
+            if len(shape) == 4:
+                G = 3
+                y, m, r = cynorm.group_norm(x, G, w, b, axis=axis)
+                grid.put(f"{key}/gn", (y, m, r))
+                grid.put(f"{key}/gn_backward", cynorm.group_norm_backward(dy, x, m, r, w, G,
+                                                                          axis=axis))
+                rm, rv = np.zeros(C, md), np.ones(C, md)
+                out = cynorm.instance_norm(x, w, b, rm, rv, True, 0.1, 1e-5, axis)
+                grid.put(f"{key}/in", out + (rm, rv))
+                grid.put(f"{key}/in_backward", cynorm.instance_norm_backward(
+                    dy, x, out[1], out[2], w, True, axis=axis))
+
+
 STRUCTURED = [weight_norm_grid, layer_norm_grid, batch_norm_grid, nested_grid, softmax_grid,
-              rms_norm_grid, add_norm_grid, group_norm_grid]
+              rms_norm_grid, add_norm_grid, group_norm_grid, specials_grid]
 
 
 def structured(grid, prefix):

@@ -135,14 +135,21 @@ def affine(inv, weight, bias, C):
 def update_running(rm, rv, mean, var, n, momentum):
     """PyTorch's running-statistics rule, in float64, stored in place (each
     of rm, rv may be None): new = momentum * batch + (1 - momentum) * old,
-    with the unbiased variance."""
+    with the unbiased variance; a NaN stored as np.nan's bits, as the
+    kernels store it (docs/guarantees.rst, Determinism)."""
     if rm is not None:
-        rm[...] = from_float64(momentum * mean + (1.0 - momentum) * rm.astype(np.float64),
-                               rm.dtype)
+        rm[...] = from_float64(_np_nans(momentum * mean + (1.0 - momentum)
+                                        * rm.astype(np.float64)), rm.dtype)
     if rv is not None:
         unbiased = var * (n / (n - 1))
-        rv[...] = from_float64(momentum * unbiased + (1.0 - momentum) * rv.astype(np.float64),
-                               rv.dtype)
+        rv[...] = from_float64(_np_nans(momentum * unbiased + (1.0 - momentum)
+                                        * rv.astype(np.float64)), rv.dtype)
+
+
+def _np_nans(a):
+    """a (a fresh float64 array) with every NaN as np.nan."""
+    a[np.isnan(a)] = np.nan
+    return a
 
 
 def _running(a, name, C, policy, training):

@@ -39,6 +39,26 @@ for dt in (np.float32, np.float64, ml_dtypes.bfloat16, np.float16):
     for k, a in dict(w=w, n=n, gv=gv, gg=gg, y=y, m=m, r=r, lx=lx, by=by, bm=bm, bi=bi, bx=bx,
                      cl=cl, cm=cm, ci=ci, cr0=cr[0], cr1=cr[1]).items():
         out[f"{name}-{k}"] = np.asarray(a).view(np.uint8)
+    # NaNs of both signs (each order in a row) and +inf with -inf: the NaNs'
+    # bits too (statistics, rows and channels of NaN coefficients)
+    sp = v.astype(np.float64)
+    sp[::5, 3], sp[1::5, 5] = np.nan, -np.nan
+    sp[2::5, 4], sp[2::5, 9], sp[3::5, 9], sp[3::5, 4] = np.nan, -np.nan, np.nan, -np.nan
+    sp[4::5, 1], sp[4::5, 2] = np.inf, -np.inf
+    sp = sp.astype(dt)
+    s3 = sp.reshape(37, 12, 25)
+    sw, sn = cynorm.weight_norm_interface(sp, g, 0)
+    sy, sm, sr = cynorm.layer_norm(sp, 300)
+    sb = cynorm.batch_norm(s3, training=True)
+    for k, a in dict(
+            sw=sw, sn=sn, wb=cynorm.weight_norm_backward(sp, sp, g, sn, 0),
+            sy=sy, sm=sm, sr=sr, lb=cynorm.layer_norm_backward(sp, sp, 300, sm, sr),
+            rms=cynorm.rms_norm(sp, 300), sb=sb,
+            bb=cynorm.batch_norm_backward(s3, s3, None, None, None, sb[1], sb[2], True),
+            bc=cynorm.batch_norm(sp, training=True), gn=cynorm.group_norm(s3, 3),
+            ).items():
+        for i, part in enumerate(a if isinstance(a, tuple) else (a,)):
+            out[f"{name}-nan-{k}-{i}"] = np.asarray(part).view(np.uint8)
 import cynorm.nested as nt
 for dt in (np.float32, np.float64):
     nx = nt.nested_array([(rng.standard_normal((n, m)) * 3).astype(dt) for n, m in ((3, 40), (5, 7), (2, 300))])

@@ -10,6 +10,7 @@
 #ifndef CN_SCALAR_H
 #define CN_SCALAR_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -25,15 +26,36 @@ static inline uint32_t cn_sel(int c, uint32_t a, uint32_t b) {
     return (a & m) | (b & ~m);
 }
 
-/* a * b and a + b, where both are NaN, with a's NaN (x86 returns its first
- * source's NaN; clang commutes the operands of a multiply or add as its
- * register allocation likes, differently in each loop of a pass, so the
- * NaN's sign would depend on the loop).  For the passes' NaN-coefficient
- * rows only (cn_pass_exact_value_<sfx>): a select per operation. */
-static inline float cn_mulk_float(float a, float b) { return a != a ? a : a * b; }
-static inline float cn_addk_float(float a, float b) { return a != a ? a : a + b; }
-static inline double cn_mulk_double(double a, double b) { return a != a ? a : a * b; }
-static inline double cn_addk_double(double a, double b) { return a != a ? a : a + b; }
+/* The NaN the kernels store where a statistic, a coefficient or a value
+ * computed from one is NaN: NumPy's np.nan (quiet, sign clear, no payload).
+ * Where two NaNs meet in an add or a multiply, x86 and Arm return the first
+ * operand's, and compilers order the operands of those as they like (clang
+ * differently in each loop), so the arithmetic's own NaN would depend on the
+ * compiler and the SIMD level; this one does not.  Stored to 16 bits it is
+ * 0x7fc0 (bfloat16) and 0x7e00 (float16). */
+static inline float cn_nan_float(void) { return cn_bits_f32(0x7fc00000u); }
+static inline double cn_nan_double(void) {
+    uint64_t u = 0x7ff8000000000000ull;
+    double d;
+    memcpy(&d, &u, 8);
+    return d;
+}
+/* v, or the canonical NaN where v is NaN (statistics and sums, as stored).
+ * On the bits: clang folds a floating-point "v is NaN ? NaN : v" into v
+ * (LLVM gives a NaN no particular bits). */
+static inline double cn_canonical(double v) {
+    uint64_t u;
+    memcpy(&u, &v, 8);
+    if ((u << 1) > (0x7ff0000000000000ull << 1))
+        u = 0x7ff8000000000000ull;
+    memcpy(&v, &u, 8);
+    return v;
+}
+/* cn_canonical over a[0:n], in place */
+static inline void cn_canonical_run(double *a, ptrdiff_t n) {
+    for (ptrdiff_t j = 0; j < n; j++)
+        a[j] = cn_canonical(a[j]);
+}
 
 /* -v, negated after v is computed: clang moves a negation into the product
  * or quotient that made v (-(a * b) / c as ((-a) * b) / c), which flips no
