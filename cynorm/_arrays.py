@@ -15,26 +15,44 @@ from cynorm._validation import check_out, split_shape
 MaybeArray = TypeVar("MaybeArray", bound=Optional[Array])
 
 
-def layout(arrays: Sequence[Array], outs: Sequence[Optional[Array]]) -> tuple[list[Array], bool]:
-    """Kernel views of `arrays` (all C-contiguous), and whether they are the
-    transposes of F-ordered data.  A given output decides the order; without
-    one, F order is used only when every input is F-contiguous (and not C).
-    Inputs in the other order, or in neither, are copied once."""
+def layout(arrays: Sequence[Array],
+           outs: Sequence[Optional[Array]]) -> tuple[list[Array], Optional[tuple[int, ...]]]:
+    """Kernel views of `arrays` (each C-contiguous), and the order of their
+    axes in memory: None for C order, else the permutation p with which the
+    kernels see a.transpose(p).  So data stored in any order of its axes is
+    read in place: F order, or a channels-last array seen as (N, C, H, W)
+    (what a channels_last torch tensor's .numpy() or DLPack view is).  A
+    given output decides the order (C or F: check_big_out); without one, the
+    inputs' common order, C order when they have none.  Inputs in another
+    order, or in none, are copied once."""
     given = [o for o in outs if o is not None]
     if given:
-        use_f = not given[0].flags.c_contiguous
+        order = None if given[0].flags.c_contiguous else tuple(range(given[0].ndim))[::-1]
     elif all(a.flags.c_contiguous and a.flags.aligned for a in arrays):
-        return list(arrays), False
+        return list(arrays), None
     else:
-        use_f = all(a.flags.f_contiguous for a in arrays)
-    if use_f:
-        return [np.require(a, requirements=["F", "A"]).T for a in arrays], True
-    return [c_aligned(a) for a in arrays], False
+        order = memory_order(arrays[0])
+        if order is not None and not all(memory_order(a) == order for a in arrays[1:]):
+            order = None
+    if order is None:
+        return [c_aligned(a) for a in arrays], None
+    return [c_aligned(a.transpose(order)) for a in arrays], order
+
+
+def memory_order(a: Array) -> Optional[tuple[int, ...]]:
+    """The permutation p of a's axes with a.transpose(p) C-contiguous (the
+    axes by falling stride); None where a is C-contiguous or in no order."""
+    if a.flags.c_contiguous:
+        return None
+    order = tuple(sorted(range(a.ndim), key=lambda i: -abs(a.strides[i])))
+    return order if a.transpose(order).flags.c_contiguous else None
 
 
 def c_aligned(a: Array) -> Array:
     """a itself if C-contiguous and aligned (the kernels cast its data to
     typed pointers), else a C-contiguous aligned copy."""
+    if a.flags.c_contiguous and a.flags.aligned:
+        return a
     return np.require(a, requirements=["C", "A"])
 
 
@@ -83,14 +101,21 @@ def _shares_memory(a: Array, b: Array) -> bool:
 
 
 def big_out(out: Optional[Array], shape: tuple[int, ...], dtype: np.dtype[Any],
-            transposed: bool) -> tuple[Array, Array]:
-    """The kernel's C-contiguous buffer for an input-shaped output, and the array
-    the caller gets back."""
+            order: Optional[tuple[int, ...]]) -> tuple[Array, Array]:
+    """The kernel's C-contiguous buffer for an input-shaped output, and the
+    array the caller gets back: in `order` (layout), as the inputs."""
     if out is None:
-        kshape = shape[::-1] if transposed else shape
+        kshape = shape if order is None else tuple(shape[i] for i in order)
         buf = _empty(kshape, dtype, math.prod(kshape) * dtype.itemsize)
-        return buf, (buf.T if transposed else buf)
-    return (out.T if transposed else out), out
+        return buf, (buf if order is None else buf.transpose(_inverse(order)))
+    return (out if order is None else out.transpose(order)), out
+
+
+def _inverse(order: tuple[int, ...]) -> tuple[int, ...]:
+    inv = [0] * len(order)
+    for i, o in enumerate(order):
+        inv[o] = i
+    return tuple(inv)
 
 
 def check_big_out(out: Any, name: str, shape: tuple[int, ...], dtype: Any) -> Optional[Array]:
@@ -106,8 +131,10 @@ def small_out(out: Any, name: str, shape: tuple[int, ...], dtype: Any) -> tuple[
     return arr, arr
 
 
-def kernel_dims(shape: tuple[int, ...], dim: Optional[int], transposed: bool) -> tuple[int, int, int]:
-    if transposed:
-        shape = shape[::-1]
-        dim = None if dim is None else len(shape) - 1 - dim
+def kernel_dims(shape: tuple[int, ...], dim: Optional[int],
+                order: Optional[tuple[int, ...]]) -> tuple[int, int, int]:
+    """(A, D, B) of the kernels' view (layout's order) around dim."""
+    if order is not None:
+        shape = tuple(shape[i] for i in order)
+        dim = None if dim is None else order.index(dim)
     return split_shape(shape, dim)

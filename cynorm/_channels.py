@@ -72,10 +72,10 @@ def as_math(a, policy):
 
 
 def prepare(arrays, axis, outs):
-    """Kernel views of the x-shaped inputs, whether they are transposed
-    (F order), and (A, C, B)."""
-    views, transposed = layout(list(arrays), outs)
-    return views, transposed, kernel_dims(arrays[0].shape, axis, transposed)
+    """Kernel views of the x-shaped inputs, the order of their axes in
+    memory (_arrays.layout), and (A, C, B)."""
+    views, order = layout(list(arrays), outs)
+    return views, order, kernel_dims(arrays[0].shape, axis, order)
 
 
 def moments(kx, dims, policy, eps, passes=1):

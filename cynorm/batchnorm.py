@@ -10,8 +10,10 @@ Conventions:
 
 * ``axis`` is the channel axis: 1 for N,C,... layouts, -1 for channels-last
   (N,...,C); any rank >= 2.  x may have any strides and is never modified:
-  C- and F-contiguous inputs are read in place, other layouts are copied once.
-  Large outputs follow the input's order.
+  an input stored contiguously in any order of its axes (C, F, or channels
+  last seen as (N, C, H, W), as a channels_last torch tensor's view is) is
+  read in place, other layouts are copied once.  Large outputs follow the
+  input's order.
 * Training normalizes with the batch's mean and biased variance, returns
   them as save_mean and save_invstd, and updates running_mean/running_var
   *in place* when given: new = (1 - momentum) * old + momentum * batch, with
@@ -105,8 +107,9 @@ def batch_norm(x: ArrayLike, weight: Optional[ArrayLike] = None,
     -------
     y : numpy.ndarray
         The normalized input, x's shape and dtype: ``out[0]`` when given,
-        otherwise a new array, F-contiguous when x is F- and not
-        C-contiguous, C-contiguous otherwise.
+        otherwise a new array in the order of x's axes in memory (F, or
+        channels last seen as (N, C, H, W)) when x is contiguous in one
+        other than C order, C-contiguous otherwise.
     save_mean : numpy.ndarray
         The batch's per-channel mean, shape (C,) in training; shape (0,) in
         inference.  float64 for float64 x, float32 otherwise (``out[1]``
@@ -173,8 +176,8 @@ def _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, 
                         "running_mean", "running_var"), written))
     (x,) = unalias([x], written, keep=y_out)
     weight, bias = unalias([weight, bias], written)
-    (kx,), transposed, dims = prepare([x], axis, (y_out,))
-    ky, y = big_out(y_out, x.shape, x.dtype, transposed)
+    (kx,), order, dims = prepare([x], axis, (y_out,))
+    ky, y = big_out(y_out, x.shape, x.dtype, order)
     batch_norm_into(kx, ky, weight, bias, rm, rv, kmean, kinv, dims, training, momentum, eps)
     return y, save_mean, save_invstd
 
@@ -292,10 +295,10 @@ def backward(grad_out, x, weight, running_mean, running_var, save_mean, save_inv
                              f"{names['training']}=False")
         first = channel_vector(running_mean, "running_mean", C, policy)
         second = channel_vector(running_var, "running_var", C, policy)
-    (kdy, kx), transposed, dims = prepare([grad_out, x], axis, ())
+    (kdy, kx), order, dims = prepare([grad_out, x], axis, ())
     kgx = grad_x = None
     if mask[0]:
-        kgx, grad_x = big_out(None, x.shape, x.dtype, transposed)
+        kgx, grad_x = big_out(None, x.shape, x.dtype, order)
     grad_weight, grad_bias = batch_norm_backward_into(kdy, kx, kgx, weight, first, second, dims,
                                                       training, eps, mask)
     return grad_x, grad_weight, grad_bias

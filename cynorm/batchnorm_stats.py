@@ -272,8 +272,8 @@ def _elemt(x, weight, bias, mean, invstd, eps, axis, out):
     inv = channel_stat(invstd, "invstd", C)
     y_out = check_big_out(single_out(out), "out", x.shape, x.dtype)
     (x,) = unalias([x], (y_out,), keep=y_out)
-    (kx,), transposed, dims = prepare([x], axis, (y_out,))
-    ky, y = big_out(y_out, x.shape, x.dtype, transposed)
+    (kx,), order, dims = prepare([x], axis, (y_out,))
+    ky, y = big_out(y_out, x.shape, x.dtype, order)
     elemt_into(kx, ky, weight, bias, m, inv, dims)
     return y
 
@@ -445,7 +445,7 @@ def _backward_elemt(grad_out, x, mean, invstd, weight, sum_dy, sum_dy_xmu, count
     # no sharing kept: where a float32 term overflows, grad_x's elements are
     # recomputed from grad_out and x after the pass wrote them (exact_input_grad_)
     grad_out, x = unalias([grad_out, x], (gx_out,))
-    (kdy, kx), transposed, dims = prepare([grad_out, x], axis, (gx_out,))
-    kgx, gx = big_out(gx_out, x.shape, x.dtype, transposed)
+    (kdy, kx), order, dims = prepare([grad_out, x], axis, (gx_out,))
+    kgx, gx = big_out(gx_out, x.shape, x.dtype, order)
     backward_elemt_into(kdy, kx, kgx, m, inv, weight, sdy, sdx, total, dims)
     return gx

@@ -299,7 +299,7 @@ def _sync_batch_norm(x, weight, bias, running_mean, running_var, training, momen
     try:
         (x, policy, axis, C, n, _, momentum, eps, weight, bias, rm, rv) = batch_norm_args(
             x, weight, bias, running_mean, running_var, True, momentum, eps, axis)
-        (kx,), transposed, dims = prepare([x], axis, ())
+        (kx,), order, dims = prepare([x], axis, ())
         local_mean, local_var = moments(kx, dims, policy, eps) if n else (np.zeros(C), np.zeros(C))
         fmt.check_local(local_var, eps)
     except Exception:   # noqa: BLE001 - whatever this rank raises, join first: never hang
@@ -311,7 +311,7 @@ def _sync_batch_norm(x, weight, bias, running_mean, running_var, training, momen
                          f"value per channel over the {comm.Get_size()} ranks of comm")
     save_mean = from_float64(mean, stat)
     save_invstd = from_float64(invstd_of(var, eps), stat)
-    ky, y = big_out(None, x.shape, x.dtype, transposed)
+    ky, y = big_out(None, x.shape, x.dtype, order)
     if n > 0:
         # as batch_norm: the float64 mean (save_mean is its rounding), the saved invstd
         inv = save_invstd.astype(np.float64)
@@ -454,7 +454,7 @@ def _sync_backward(grad_out, x, weight, save_mean, save_invstd, count, axis, com
             if count < n or (n > 0 and count < 2):
                 raise ValueError(f"count must be the global batch's values per channel that "
                                  f"sync_batch_norm returned, got {count} with {n} on this rank")
-        (kdy, kx), transposed, dims = prepare([grad_out, x], axis, ())
+        (kdy, kx), order, dims = prepare([grad_out, x], axis, ())
         if n > 0 and (communicate or mask[1] or mask[2]):
             sum_dy, dotp = grad_sums(kdy, kx, mean, dims, policy)
         else:
@@ -468,7 +468,7 @@ def _sync_backward(grad_out, x, weight, save_mean, save_invstd, count, axis, com
         total_dy, total_dotp = _global_sums(MPI, comm, C, (sum_dy, dotp), stat)
     grad_x = None
     if mask[0]:
-        kgx, grad_x = big_out(None, x.shape, x.dtype, transposed)
+        kgx, grad_x = big_out(None, x.shape, x.dtype, order)
         a, zero = affine(inv, weight, None, C)
         if n > 0 and training:
             with np.errstate(divide="ignore", invalid="ignore"):   # eps = 0, constant channel

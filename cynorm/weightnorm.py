@@ -123,8 +123,8 @@ def norm_except_dim(v: ArrayLike, pow: Real = 2, dim: int | None = 0, *,
     shape = () if dim is None else kept_shape(v.shape, dim)
     if out is not None:
         out = check_out(out, "out", shape, v.dtype)
-    (kv,), transposed = _layout([v], ())
-    A, D, B = _kernel_dims(v.shape, dim, transposed)
+    (kv,), order = _layout([v], ())
+    A, D, B = _kernel_dims(v.shape, dim, order)
     norms = np.empty(D, np.float64)
     _kernel("norm_except_dim", policy)(_flat(kv), norms, kind, p, A, D, B, _threads())
     with np.errstate(over="ignore"):      # a float16 norm above 65504 is inf, as in torch
@@ -146,9 +146,9 @@ def _forward(v, g, dim, w_out, w_name, norm_out):
     _check_distinct([(w_name, w_out), ("out[1] (norm)", norm_out)])
     (v,) = _unalias([v], (w_out, norm_out), keep=w_out)
     (g_vec,) = _unalias([g_vec], (w_out, norm_out))
-    (kv,), transposed = _layout([v], (w_out,))
-    A, D, B = _kernel_dims(v.shape, dim, transposed)
-    kw, w = _big_out(w_out, v.shape, v.dtype, transposed)
+    (kv,), order = _layout([v], (w_out,))
+    A, D, B = _kernel_dims(v.shape, dim, order)
+    kw, w = _big_out(w_out, v.shape, v.dtype, order)
     _kernel("weight_norm_forward", policy)(_flat(kv), _flat(g_vec), _flat(kw), _flat(knorm), A, D, B,
                                            _threads())
     return w, norm
@@ -299,9 +299,9 @@ def weight_norm_backward(grad_w: ArrayLike, saved_v: ArrayLike, saved_g: ArrayLi
     _check_distinct([("out[0] (grad_v)", gv_out), ("out[1] (grad_g)", gg_out)])
     grad_w, v = _unalias([grad_w, v], (gv_out, gg_out), keep=gv_out)
     g_vec, norm_vec = _unalias([g_vec, norm_vec], (gv_out, gg_out))
-    (kgw, kv), transposed = _layout([grad_w, v], (gv_out,))
-    A, D, B = _kernel_dims(v.shape, dim, transposed)
-    kgv, grad_v = _big_out(gv_out, v.shape, v.dtype, transposed)
+    (kgw, kv), order = _layout([grad_w, v], (gv_out,))
+    A, D, B = _kernel_dims(v.shape, dim, order)
+    kgv, grad_v = _big_out(gv_out, v.shape, v.dtype, order)
     if g.dtype != policy.stat:
         kgg = np.empty(D, policy.stat)     # 16-bit g: the kernel writes float32
     _kernel("weight_norm_backward", policy)(_flat(kgw), _flat(kv), _flat(g_vec), _flat(norm_vec),

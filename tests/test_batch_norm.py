@@ -674,6 +674,64 @@ def test_grad_out_and_x_in_different_layouts(axis, dtype, rng):
         assert_close(gx, gx_ref, dtype, scale=bn_gx_scale(dy, x, axis, sm, si, w), what=f"elemt x {kx} dy {kdy}")
 
 
+@pytest.mark.parametrize("dtype", [F64, F32, BF16], ids=str)
+@pytest.mark.parametrize("last_shape", [(6, 7, 9, 5), (3, 4, 6, 5, 8)], ids=str)
+def test_channels_last_memory_seen_channels_first_is_read_in_place(last_shape, dtype, rng):
+    """A channels-last array seen as (N, C, ...) with axis=1 (a channels_last
+    torch tensor's view): read in place, as the same memory with axis=-1 is
+    (the same bits), its input-shaped outputs in the same memory order; the
+    split-statistics ops too.  With grad_out in another layout, both are
+    taken in C order."""
+    xl = make_x(rng, last_shape, dtype)
+    dyl = make_x(rng, last_shape, dtype)
+    C = last_shape[-1]
+    x, dy = np.moveaxis(xl, -1, 1), np.moveaxis(dyl, -1, 1)
+    assert not x.flags.c_contiguous and not x.flags.f_contiguous
+    w, b = make_affine(rng, C, param_dtypes(dtype)[-1])
+    stat = np.float64 if dtype == F64 else np.float32
+
+    def same(a, b, what):
+        for u, v in zip(a, b):
+            np.testing.assert_array_equal(bits(u), bits(v), err_msg=what)
+
+    def back(a):          # an input-shaped output of the view, in the kernels' order
+        assert np.shares_memory(a, np.moveaxis(a, 1, -1))
+        assert np.moveaxis(a, 1, -1).flags.c_contiguous, a.strides
+        return np.moveaxis(a, 1, -1)
+
+    for training in (True, False):
+        rm, rv = np.zeros(C, stat), np.ones(C, stat)
+        rml, rvl = rm.copy(), rv.copy()
+        got = cynorm.batch_norm(x, w, b, rm, rv, training, 0.1, 1e-5, 1)
+        want = cynorm.batch_norm(xl, w, b, rml, rvl, training, 0.1, 1e-5, -1)
+        same((back(got[0]),) + got[1:] + (rm, rv), want + (rml, rvl), f"forward {training}")
+        sm, si = (want[1], want[2]) if training else (None, None)
+        got = cynorm.batch_norm_backward(dy, x, w, rm, rv, sm, si, training, 1e-5,
+                                         (True, True, True), 1)
+        want = cynorm.batch_norm_backward(dyl, xl, w, rm, rv, sm, si, training, 1e-5,
+                                          (True, True, True), -1)
+        same((back(got[0]),) + got[1:], want, f"backward {training}")
+    m, i = cynorm.batch_norm_stats(x, 1e-5, 1)
+    same((m, i), cynorm.batch_norm_stats(xl, 1e-5, -1), "stats")
+    same((back(cynorm.batch_norm_elemt(x, w, b, m, i, 1e-5, 1)),),
+         (cynorm.batch_norm_elemt(xl, w, b, m, i, 1e-5, -1),), "elemt")
+    red = cynorm.batch_norm_backward_reduce(dy, x, m, i, w, True, True, True, 1)
+    same(red, cynorm.batch_norm_backward_reduce(dyl, xl, m, i, w, True, True, True, -1), "reduce")
+    count = np.array([x.size // C])
+    gx = cynorm.batch_norm_backward_elemt(dy, x, m, i, w, red[0], red[1], count, 1)
+    same((back(gx),), (cynorm.batch_norm_backward_elemt(dyl, xl, m, i, w, red[0], red[1], count,
+                                                         -1),), "backward_elemt")
+    # grad_out in C order: the inputs have no common order, x is copied to
+    # C order, and the results are C order's
+    sm, si = cynorm.batch_norm(xl, w, b, None, None, True, 0.1, 1e-5, -1)[1:]
+    dyc, xc = np.ascontiguousarray(dy), np.ascontiguousarray(x)
+    got = cynorm.batch_norm_backward(dyc, x, w, None, None, sm, si, True, 1e-5,
+                                     (True, True, True), 1)
+    assert got[0].flags.c_contiguous
+    same(got, cynorm.batch_norm_backward(dyc, xc, w, None, None, sm, si, True, 1e-5,
+                                         (True, True, True), 1), "mixed layouts")
+
+
 @pytest.mark.parametrize("shape,axis", [((2, 0, 200), 1), ((2, 0, 5), 1), ((2, 200, 0), -1), ((4, 0), 1)])
 def test_zero_channels(shape, axis):
     x = np.ones(shape, np.float32)

@@ -97,7 +97,7 @@ def test_layer_norm(shape, dtype, scale):
 def _fused(x, axis):
     """Whether batch norm training takes the one-pass-per-channel kernel."""
     from cynorm._arrays import kernel_dims
-    A, C, B = kernel_dims(x.shape, axis % x.ndim, False)
+    A, C, B = kernel_dims(x.shape, axis % x.ndim, None)
     return load("batch_norm").fused_training(A, C, B, x.dtype.itemsize)
 
 

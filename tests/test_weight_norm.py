@@ -375,3 +375,31 @@ def test_outputs_may_alias_inputs(shape, dim, rng):
     dst = flat[1:].reshape(shape)
     w = cynorm.weight_norm(src, g, dim, out=dst)
     np.testing.assert_array_equal(w, w_ref)
+
+
+@pytest.mark.parametrize("dtype", [F64, F32, BF16], ids=str)
+@pytest.mark.parametrize("dim", [0, 1, None])
+def test_a_channels_last_conv_weight_is_read_in_place(dtype, dim, rng):
+    """A conv weight (O, I, kh, kw) in a channels_last torch tensor's memory
+    ((O, kh, kw, I) in C order): read in place, as that memory seen as
+    (O, kh, kw, I) is (the same bits), w and grad_v in the same memory order."""
+    mem = (rng.standard_normal((8, 3, 3, 5)) * 2).astype(dtype)
+    v = np.moveaxis(mem, -1, 1)                     # (8, 5, 3, 3)
+    gmem = rng.standard_normal(mem.shape).astype(dtype)
+    gw = np.moveaxis(gmem, -1, 1)
+    mdim = {0: 0, 1: 3, None: None}[dim]            # dim in mem's axes
+    gshape = [1] * 4
+    if dim is not None:
+        gshape[dim] = v.shape[dim]
+    g = (rng.random(gshape) + 0.5).astype(stat_dtype(dtype))
+    gm = g if dim is None else np.moveaxis(g, 1, -1)
+    w, n = cynorm.weight_norm_interface(v, g, dim)
+    wm, nm = cynorm.weight_norm_interface(mem, gm, mdim)
+    assert np.moveaxis(w, 1, -1).flags.c_contiguous
+    np.testing.assert_array_equal(bits(np.moveaxis(w, 1, -1)), bits(wm))
+    np.testing.assert_array_equal(bits(n.reshape(-1)), bits(nm.reshape(-1)))
+    gv, gg = cynorm.weight_norm_backward(gw, v, g, n, dim)
+    gvm, ggm = cynorm.weight_norm_backward(gmem, mem, gm, nm, mdim)
+    assert np.moveaxis(gv, 1, -1).flags.c_contiguous
+    np.testing.assert_array_equal(bits(np.moveaxis(gv, 1, -1)), bits(gvm))
+    np.testing.assert_array_equal(bits(gg.reshape(-1)), bits(ggm.reshape(-1)))
