@@ -1,14 +1,15 @@
 """cynorm.jax inside jax.jit against XLA's own fused formula, side by side
 in one process.
 
-    python benchmarks/bench_jax_adapter.py [--threads 1] [--repeats 41]
+    python benchmarks/bench_jax_adapter.py [--threads 1] [--repeats 41] [--passes fwd,grad,jvp]
 
 For layer norm and RMS norm (with weight, and bias for layer norm) over
 float32 and bfloat16 rows, and batch norm in training (weight, bias and
 running statistics; channels first and channels last) and group norm (32
 groups, both layouts), it times a jitted
-forward and a jitted value-and-gradient (with respect to x and the
-parameters) of each, and
+forward, a jitted value-and-gradient (with respect to x and the
+parameters) and a jitted jax.jvp (tangents for x and the parameters) of
+each, and
 prints the medians and XLA's time / cynorm.jax's (> 1: cynorm.jax faster).
 The thread count is set for both (XLA: its intra-op pool, before JAX loads).
 cynorm.jax.route says whether the calls are XLA FFI custom calls or
@@ -32,7 +33,12 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=41)
+    ap.add_argument("--passes", default="fwd,grad,jvp",
+                    help="comma-separated: fwd, grad (forward and gradient), jvp")
     args = ap.parse_args()
+    passes = args.passes.split(",")
+    if not set(passes) <= {"fwd", "grad", "jvp"}:
+        ap.error("--passes takes fwd, grad and jvp")
     if args.threads < 1:
         ap.error("--threads must be at least 1")
     # XLA reads its pool size once, when it loads
@@ -113,6 +119,12 @@ def main():
         # the output the gradient is taken of: y (batch norm also returns its running statistics)
         return lambda *a: (lambda r: r[0] if isinstance(r, tuple) else r)(f(*a))
 
+    def jvp_of(f):
+        # y and its tangent, with x and the parameters as their own tangents
+        def g(x, w, b, *rest):
+            return jax.jvp(lambda x, w, b: first(f)(x, w, b, *rest), (x, w, b), (x, w, b))
+        return jax.jit(g)
+
     print(f"# cynorm.jax vs XLA's formula, {args.threads} thread(s), JAX {jax.__version__}, "
           f"medians of {args.repeats}")
     print(f"# route: {cj.route}")
@@ -126,10 +138,12 @@ def main():
             params = [jnp.asarray(rng.standard_normal(C, np.float32)) for _ in range(2)]
             if name.startswith("batch_norm"):
                 params += [jnp.zeros(C, jnp.float32), jnp.ones(C, jnp.float32)]
-            for label, make in (("fwd", jax.jit),
-                                ("fwd+grad", lambda f: jax.jit(jax.value_and_grad(
-                                    lambda x, *p: (first(f)(x, *p).astype(jnp.float32) ** 2).sum(),
-                                    (0, 1, 2))))):
+            makers = {"fwd": ("fwd", jax.jit),
+                      "grad": ("fwd+grad", lambda f: jax.jit(jax.value_and_grad(
+                          lambda x, *p: (first(f)(x, *p).astype(jnp.float32) ** 2).sum(),
+                          (0, 1, 2)))),
+                      "jvp": ("jvp", jvp_of)}
+            for label, make in (makers[p] for p in passes):
                 fa, fb = make(ours), make(theirs)
                 fns = {"cynorm": lambda: jax.block_until_ready(fa(x, *params)),
                        "xla": lambda: jax.block_until_ready(fb(x, *params))}

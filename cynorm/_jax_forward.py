@@ -6,8 +6,10 @@ binds ``cynorm_tangent``: a primitive that is linear in the tangents it is
 given, the op's inputs and saved statistics being constants to it.
 
 * Evaluated (``jax.jvp``, ``jax.linearize``'s linear function), it runs the
-  op's cynorm JVP rule (``cynorm.jvp``) on the host through
-  ``jax.pure_callback``.
+  op's traced rule where it has one: the op's backward kernel as an XLA
+  custom call for the normalized input's tangent, then XLA's own fused
+  arithmetic for the parameters' terms.  Elsewhere (no XLA FFI), the op's
+  cynorm JVP rule (``cynorm.jvp``) on the host through ``jax.pure_callback``.
 * Transposed (``jax.grad``, ``jax.vjp``: JAX differentiates in reverse by
   transposing the forward mode), it runs the op's backward kernels.
 * Under ``jax.vmap``, once per batch element.
@@ -17,8 +19,9 @@ An op registers its two halves with :func:`register`.
 """
 from __future__ import annotations
 
+import functools
 import importlib
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -40,6 +43,9 @@ class _Rule(NamedTuple):
     # backward(primals, ct, static) -> the gradients of the tangent slots
     # (None where a slot is None), primals and ct as JAX values
     backward: Callable[[list, Any, tuple], Sequence[Any]]
+    # traced(primals, tangents, static) -> y's tangent as JAX values (XLA
+    # custom calls and jax.numpy); None: the host rule through a callback
+    traced: Optional[Callable[[list, list, tuple], Any]]
 
 
 _RULES: dict[str, _Rule] = {}
@@ -48,9 +54,11 @@ _tangent_p = Primitive("cynorm_tangent")
 
 
 def register(op: str, host: Callable[[list, list, tuple], np.ndarray],
-             backward: Callable[[list, Any, tuple], Sequence[Any]]) -> None:
-    """op's halves: its JVP on the host, and its backward kernels."""
-    _RULES[op] = _Rule(host, backward)
+             backward: Callable[[list, Any, tuple], Sequence[Any]],
+             traced: Optional[Callable[[list, list, tuple], Any]] = None) -> None:
+    """op's halves: its JVP (on the host, and traced where given), and its
+    backward kernels."""
+    _RULES[op] = _Rule(host, backward, traced)
 
 
 def tangent(op: str, static: tuple, primals: Sequence[Any], tangents: Sequence[Any]) -> Any:
@@ -76,12 +84,23 @@ def _abstract(*arrays, op, static, present, nprimal):
     return ShapedArray(x.shape, x.dtype)
 
 
+@functools.lru_cache(maxsize=256)
+def _jitted(op, static, present, nprimal):
+    # the op's traced rule as one jitted function: evaluated eagerly it is
+    # compiled (and fused) as it is inside a jit, so both give the same bits
+    traced = _RULES[op].traced
+    return jax.jit(lambda *arrays: traced(*_unpack(arrays, present, nprimal), static))
+
+
 def _impl(*arrays, op, static, present, nprimal):
     x = arrays[0]
+    rule = _RULES[op]
+    if rule.traced is not None:
+        return _jitted(op, static, present, nprimal)(*arrays)
 
     def host(*values):
         primals, tangents = _unpack([np.asarray(v) for v in values], present, nprimal)
-        return np.asarray(_RULES[op].host(primals, tangents, static))
+        return np.asarray(rule.host(primals, tangents, static))
     return jax.pure_callback(host, jax.ShapeDtypeStruct(x.shape, x.dtype), *arrays,
                              vmap_method="sequential")
 

@@ -4,8 +4,9 @@
 gives :func:`layer_norm`, :func:`rms_norm`, :func:`batch_norm` and
 :func:`group_norm` as JAX functions.  Each is a ``jax.custom_jvp``: its
 forward kernels, and a tangent (cynorm._jax_forward) that ``jax.jvp``
-evaluates with cynorm's JVP rule and ``jax.grad`` transposes into the op's
-backward kernels.
+evaluates with the op's backward kernel and XLA's arithmetic (cynorm's JVP
+rule on the host, without the FFI) and ``jax.grad`` transposes into the
+op's backward kernels.
 
 On JAX with ``jax.ffi`` the kernels run as XLA FFI custom calls (handlers in
 cynorm/_kernels/layer_norm_ffi.pxi and batch_norm_ffi.pxi, registered for
@@ -168,6 +169,42 @@ def _spread(grads, weight, bias=None):
     return gx, gw, grads.pop(0) if bias is not None else None
 
 
+def _math(a: Any) -> Any:
+    """a in its math type: float32 for 16-bit values, else a itself."""
+    return a.astype(jnp.float32) if a.dtype in (jnp.bfloat16, jnp.float16) else a
+
+
+def _y_tangent(t_xhat, weight, scaled, tb, pshape, x):
+    """y's tangent t_xhat * w + scaled + tb, scaled being xhat * tw (each
+    term where its inputs are given), in the math type, then in x's dtype;
+    weight and tb seen in pshape."""
+    terms = []
+    if t_xhat is not None:
+        terms.append(t_xhat if weight is None else t_xhat * _math(weight).reshape(pshape))
+    if scaled is not None:
+        terms.append(scaled)
+    if tb is not None:
+        terms.append(_math(tb).reshape(pshape))
+    if not terms:
+        return jnp.zeros_like(x)
+    ty = terms[0]
+    for term in terms[1:]:
+        ty = ty + term
+    return jnp.broadcast_to(ty, x.shape).astype(x.dtype)
+
+
+def _input_tangent(target, x, tx, *args, **attrs):
+    """The normalized input's tangent, in x's math type: the op's backward
+    kernel (target) on x's tangent with no weight (grad_x's formula with
+    g = tx is r * (tx - mean(tx) - xhat * mean(tx * xhat)); args: the saved
+    statistics) as an XLA custom call; None where tx is None."""
+    if tx is None:
+        return None
+    xm = _math(x)
+    return _ffi(target, (_like(xm),), _math(tx), xm, *args, weight=False, weight_grad=False,
+                bias_grad=False, **attrs)[0]
+
+
 # ---- layer norm --------------------------------------------------------------
 
 def _ln_forward(x, weight, bias, shape, eps):
@@ -224,7 +261,20 @@ def _layer_norm_bwd(saved, gy, static):
     return _spread(grads, weight, bias)
 
 
-_register_jvp("layer_norm", _layer_norm_host, _layer_norm_bwd)
+def _layer_norm_traced(primals, tangents, static):
+    x, weight, bias, mean, rstd = primals
+    tx, tw, tb = tangents
+    shape, _ = static
+    if x.size == 0:
+        return jnp.zeros_like(x)
+    t_xhat = _input_tangent("cynorm_layer_norm_backward", x, tx, mean, rstd,
+                            n=int(np.prod(shape, dtype=np.int64)))
+    scaled = None if tw is None else (_math(x) - mean) * rstd * _math(tw)
+    return _y_tangent(t_xhat, weight, scaled, tb, shape, x)
+
+
+_register_jvp("layer_norm", _layer_norm_host, _layer_norm_bwd,
+              _layer_norm_traced if _FFI else None)
 
 
 def layer_norm(x: Any, normalized_shape: Shape, weight: Any = None, bias: Any = None,
@@ -310,7 +360,19 @@ def _rms_norm_bwd(saved, gy, static):
     return _spread(grads, weight)[:2]
 
 
-_register_jvp("rms_norm", _rms_norm_host, _rms_norm_bwd)
+def _rms_norm_traced(primals, tangents, static):
+    x, weight, rstd = primals
+    tx, tw = tangents
+    shape, _ = static
+    if x.size == 0:
+        return jnp.zeros_like(x)
+    t_xhat = _input_tangent("cynorm_rms_norm_backward", x, tx, rstd,
+                            n=int(np.prod(shape, dtype=np.int64)))
+    scaled = None if tw is None else _math(x) * rstd * _math(tw)
+    return _y_tangent(t_xhat, weight, scaled, None, shape, x)
+
+
+_register_jvp("rms_norm", _rms_norm_host, _rms_norm_bwd, _rms_norm_traced if _FFI else None)
 
 
 def rms_norm(x: Any, normalized_shape: Shape, weight: Any = None,
@@ -457,7 +519,35 @@ def _batch_norm_bwd(saved, gy, static):
     return _spread(grads, weight, bias)
 
 
-_register_jvp("batch_norm", _batch_norm_host, _batch_norm_bwd)
+def _batch_norm_traced(primals, tangents, static):
+    x, weight, bias, first, second = primals
+    tx, tw, tb = tangents
+    training, _, eps, axis = static
+    if x.size == 0:
+        return jnp.zeros_like(x)
+    A, C, B = _around(x, axis)
+    pshape = [1] * x.ndim
+    pshape[axis % x.ndim] = C
+    xm = _math(x)
+    if training:        # first, second: save_mean, save_invstd
+        t_xhat = _input_tangent("cynorm_batch_norm_backward", x, tx, first, second, a=A, c=C,
+                                b=B, eps=eps, training=True)
+        scaled = (None if tw is None else (xm - first.reshape(pshape)) * second.reshape(pshape)
+                  * _math(tw).reshape(pshape))
+    else:
+        # first, second: the running statistics; the kernels' invstd from
+        # them (not XLA's rsqrt, which a jit may fold into a constant)
+        first, second = _math(first), _math(second)
+        t_xhat = _input_tangent("cynorm_batch_norm_backward", x, tx, first, second, a=A, c=C,
+                                b=B, eps=eps, training=False)
+        scaled = None if tw is None else _ffi(
+            "cynorm_batch_norm", (_like(xm),), xm, _math(tw), first, second, a=A, c=C, b=B,
+            eps=eps, momentum=0.0, training=False, weight=True, bias=False, running=True)[0]
+    return _y_tangent(t_xhat, weight, scaled, tb, pshape, x)
+
+
+_register_jvp("batch_norm", _batch_norm_host, _batch_norm_bwd,
+              _batch_norm_traced if _FFI else None)
 
 
 def batch_norm(x: Any, weight: Any = None, bias: Any = None, running_mean: Any = None,
@@ -582,7 +672,31 @@ def _group_norm_bwd(saved, gy, static):
     return _spread(grads, weight, bias)
 
 
-_register_jvp("group_norm", _group_norm_host, _group_norm_bwd)
+def _group_norm_traced(primals, tangents, static):
+    x, weight, bias, mean, rstd = primals
+    tx, tw, tb = tangents
+    num_groups, _, axis = static
+    if x.size == 0:
+        return jnp.zeros_like(x)
+    N, C, HW, last = _gn_dims(x, num_groups, axis, weight, bias)
+    t_xhat = _input_tangent("cynorm_group_norm_backward", x, tx, mean, rstd, n=N, c=C, hw=HW,
+                            groups=num_groups, last=last)
+    pshape = (C,) if last else (1, C) + (1,) * (x.ndim - 2)
+    scaled = None
+    if tw is not None:
+        # each group's (x - mean) * rstd, the statistics seen along its channels
+        if last:
+            g = _math(x).reshape(N, HW, num_groups, C // num_groups)
+            xhat = (g - mean[:, None, :, None]) * rstd[:, None, :, None]
+        else:
+            g = _math(x).reshape(N, num_groups, -1)
+            xhat = (g - mean[..., None]) * rstd[..., None]
+        scaled = xhat.reshape(x.shape) * _math(tw).reshape(pshape)
+    return _y_tangent(t_xhat, weight, scaled, tb, pshape, x)
+
+
+_register_jvp("group_norm", _group_norm_host, _group_norm_bwd,
+              _group_norm_traced if _FFI else None)
 
 
 def group_norm(x: Any, num_groups: int, weight: Any = None, bias: Any = None,
