@@ -43,6 +43,12 @@ Shape = Union[int, Sequence[int]]
 _FLOATS = (jnp.float64, jnp.float32, jnp.bfloat16, jnp.float16)
 
 
+def _math_dtype(dtype: Any) -> Any:
+    """The kernels' math type of a storage dtype: float32 for 16-bit ones,
+    else the dtype itself (also the saved statistics' dtype)."""
+    return jnp.float32 if dtype in (jnp.bfloat16, jnp.float16) else dtype
+
+
 def _ffi_version() -> Optional[tuple[int, int]]:
     """The XLA FFI API version of the installed jaxlib, from the C header it
     ships (the runtime registers handlers of its own version only)."""
@@ -104,7 +110,7 @@ def _check_params(op: str, x: Any, shape: tuple[int, ...], params: dict) -> None
     if x.dtype not in _FLOATS:
         raise TypeError(f"cynorm.jax.{op}: x: float64, float32, bfloat16 or float16 expected, "
                         f"got {x.dtype}")
-    math = jnp.float64 if x.dtype == jnp.float64 else jnp.float32
+    math = _math_dtype(x.dtype)
     for name, p in params.items():
         if p is None:
             continue
@@ -122,7 +128,7 @@ def _array(a: Any) -> Any:
 def _stat(x: Any, k: int) -> jax.ShapeDtypeStruct:
     """The saved statistics' shape and dtype: x's leading axes, then ones;
     float32 for 16-bit x."""
-    dt = jnp.float32 if x.dtype in (jnp.bfloat16, jnp.float16) else x.dtype
+    dt = _math_dtype(x.dtype)
     return jax.ShapeDtypeStruct(tuple(x.shape[:x.ndim - k]) + (1,) * k, dt)
 
 
@@ -170,8 +176,8 @@ def _spread(grads, weight, bias=None):
 
 
 def _math(a: Any) -> Any:
-    """a in its math type: float32 for 16-bit values, else a itself."""
-    return a.astype(jnp.float32) if a.dtype in (jnp.bfloat16, jnp.float16) else a
+    """a in its math type (_math_dtype)."""
+    return a.astype(_math_dtype(a.dtype))
 
 
 def _y_tangent(t_xhat, weight, scaled, tb, pshape, x):
@@ -439,8 +445,7 @@ def _bn_forward(x, weight, bias, running_mean, running_var, training, momentum, 
     statistics in training only (None otherwise)."""
     A, C, B = _bn_check(x, axis, training, weight, bias, running_mean, running_var)
     running = running_mean is not None
-    stat = jax.ShapeDtypeStruct((C,), jnp.float32 if x.dtype in (jnp.bfloat16, jnp.float16)
-                                else x.dtype)
+    stat = jax.ShapeDtypeStruct((C,), _math_dtype(x.dtype))
     shapes = [_like(x)]
     if training:
         shapes += [stat, stat] + ([_like(running_mean), _like(running_var)] if running else [])
@@ -614,9 +619,7 @@ def _gn_dims(x, num_groups, axis, weight, bias):
 
 def _gn_forward(x, weight, bias, num_groups, eps, axis):
     N, C, HW, last = _gn_dims(x, num_groups, axis, weight, bias)
-    stat = jax.ShapeDtypeStruct((N, num_groups), jnp.float32 if x.dtype in (jnp.bfloat16,
-                                                                           jnp.float16)
-                                else x.dtype)
+    stat = jax.ShapeDtypeStruct((N, num_groups), _math_dtype(x.dtype))
     shapes = (_like(x), stat, stat)
     if _FFI and x.size > 0:
         return _ffi("cynorm_group_norm", shapes, x, weight, bias, n=N, c=C, hw=HW,
