@@ -9,7 +9,9 @@ heads, 197 tokens, LayerNorm) at batch 8, and a ResNet-18 (BatchNorm2d) on
 forward, a cross-entropy loss, the backward and an SGD update.  The two
 models start from the same weights; their steps are interleaved (the order
 reversed every other step) and the medians compared.  Each run also reports
-the norms' share of the step (torch.profiler, one step each).
+the norm operators' time in a step, as torch.profiler shows it (forward op
+and backward node, each with what runs inside it; the median of 3 profiled
+steps each, alternating), and their share of the step's CPU time.
 """
 import argparse
 import copy
@@ -80,7 +82,18 @@ class ResNet18(nn.Module):
 
 CASES = [("ViT-S/16 blocks x4", VitBlocks, (8, 3, 224, 224)),
          ("ResNet-18", ResNet18, (16, 3, 112, 112))]
-NORM_NAMES = ("layer_norm", "batch_norm", "cynorm::")
+# the norms' top-level events: torch's forward ops and backward nodes, and
+# cynorm.torch's (its eager Functions, _<op>_plain, and their backward nodes)
+NORM_FORWARD = ("aten::layer_norm", "aten::batch_norm")
+BACKWARD = "autograd::engine::evaluate_function: "
+NORM_BACKWARD = ("NativeLayerNormBackward0", "NativeBatchNormBackward0")
+
+
+def is_norm(key):
+    if key.startswith(BACKWARD):
+        node = key[len(BACKWARD):]
+        return node in NORM_BACKWARD or node.endswith("_plainBackward")
+    return key in NORM_FORWARD or (key.startswith("_") and key.endswith("_plain"))
 
 
 def step_fn(model, x, target, autocast):
@@ -95,17 +108,16 @@ def step_fn(model, x, target, autocast):
     return step
 
 
-def norm_share(step):
-    """The norms' share of one step's self CPU time (torch.profiler)."""
+def norm_time(step):
+    """The norm operators' milliseconds in one step, and their share of the
+    step's CPU time (torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         step()
-    total = norms = 0.0
-    for e in prof.key_averages():
-        total += e.self_cpu_time_total
-        if any(k in e.key for k in NORM_NAMES):
-            norms += e.self_cpu_time_total
-    return norms / total if total else float("nan")
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    norms = sum(e.cpu_time_total for e in events if is_norm(e.key))
+    return norms / 1e3, (norms / total if total else float("nan"))
 
 
 def main():
@@ -116,8 +128,8 @@ def main():
     print(f"torch {torch.__version__}, cynorm {cynorm.__version__}; median of {args.steps} "
           f"interleaved steps")
     print("| model | dtype | threads | torch ms/step | cynorm ms/step | torch/cynorm | "
-          "norms' share, torch / cynorm |")
-    print("|---|---|---|---|---|---|---|")
+          "norm ops ms/step, torch / cynorm (ratio) | norms' share, torch / cynorm |")
+    print("|---|---|---|---|---|---|---|---|")
     for threads in (int(t) for t in args.threads.split(",")):
         torch.set_num_threads(threads)
         cynorm.set_num_threads(threads)
@@ -142,11 +154,17 @@ def main():
                         f()
                         times[k].append(time.perf_counter() - t)
                 a, b = (1e3 * np.median(times[k]) for k in ("torch", "cynorm"))
-                share = " / ".join(f"{100 * norm_share(steps[k]):.0f} %"
+                profiled = {k: [] for k in steps}
+                for i in range(3):
+                    for k, f in (items if i % 2 == 0 else items[::-1]):
+                        profiled[k].append(norm_time(f))
+                ms = {k: float(np.median([p[0] for p in v])) for k, v in profiled.items()}
+                share = " / ".join(f"{100 * np.median([p[1] for p in profiled[k]]):.0f} %"
                                    for k in ("torch", "cynorm"))
                 dt = "bfloat16 autocast" if autocast else "float32"
                 print(f"| {name} | {dt} | {threads} | {a:.1f} | {b:.1f} | {a / b:.2f} | "
-                      f"{share} |", flush=True)
+                      f"{ms['torch']:.1f} / {ms['cynorm']:.1f} ({ms['torch'] / ms['cynorm']:.2f}) "
+                      f"| {share} |", flush=True)
 
 
 if __name__ == "__main__":

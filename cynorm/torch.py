@@ -24,7 +24,8 @@ float64, float32, bfloat16 and float16) run PyTorch's own kernels.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Tuple, cast
+import typing
+from typing import Any, List, Optional, Tuple, cast
 
 import ml_dtypes
 import numpy as np
@@ -40,7 +41,7 @@ __all__ = ["layer_norm", "rms_norm", "group_norm", "batch_norm", "instance_norm"
            "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d", "WeightNorm", "replace_norms"]
 
 _BF16 = np.dtype(ml_dtypes.bfloat16)
-_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
+_DTYPES = frozenset((torch.float64, torch.float32, torch.bfloat16, torch.float16))
 
 
 def _tensor(a: np.ndarray) -> Tensor:
@@ -66,22 +67,32 @@ def _array(t: Optional[Tensor]) -> Optional[np.ndarray]:
             while _functorch.is_functorch_wrapped_tensor(t):
                 t = _functorch.get_unwrapped(t)
             return _array(t)
-    t = t.detach()
     if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(_BF16)
-    return t.numpy()
+        return t.detach().view(torch.int16).numpy().view(_BF16)
+    return t.numpy(force=True)      # detached (on the CPU, a view: no copy)
 
 
-def _plain(*ts: Optional[Tensor]):
-    return [_array(t) for t in ts]
+def _plain(*args):
+    """Arguments as the kernels take them: tensors as arrays (_array), the
+    rest as they are."""
+    return [_array(a) if isinstance(a, Tensor) else a for a in args]
 
 
-def _like(y: Tensor, x: Tensor) -> Tensor:
-    """y laid out as torch.empty_like(x) lays out (what the fake kernels
-    promise), copied only where cynorm returned another layout."""
-    if y.stride() == torch.empty_like(x, device="meta").stride():
-        return y
-    return torch.empty_like(x).copy_(y)
+def _outputs(x: Tensor, xa: np.ndarray, out) -> Any:
+    """The kernels' results as an operator's outputs: the first laid out as
+    x (_like; xa: x as an array), the statistics after it."""
+    return (_like(out[0], x, xa),) + tuple(_tensor(a) for a in out[1:])
+
+
+def _like(y: np.ndarray, x: Tensor, xa: np.ndarray) -> Tensor:
+    """y as a tensor laid out as torch.empty_like(x) lays out (what the fake
+    kernels promise), copied only where cynorm returned another layout.
+    xa: x as an array (y with its strides has x's layout, and x is then
+    dense, a layout empty_like keeps: no torch call needed to tell)."""
+    t = _tensor(y)
+    if y.strides == xa.strides or t.stride() == torch.empty_like(x, device="meta").stride():
+        return t
+    return torch.empty_like(x).copy_(t)
 
 
 def _stat_dtype(x: Tensor) -> torch.dtype:
@@ -98,17 +109,18 @@ def _nothing(x: Tensor) -> Tensor:
     return x.new_empty(0)
 
 
-def _gradients(x: Tensor, gx: Optional[np.ndarray], *gp: Optional[np.ndarray]):
-    """A backward operator's outputs: grad_x laid out as x, then the
-    parameters' gradients; an empty tensor for each one not computed."""
-    return ((_like(_tensor(gx), x) if gx is not None else _nothing(x),)
+def _gradients(x: Tensor, xa: np.ndarray, gx: Optional[np.ndarray],
+               *gp: Optional[np.ndarray]):
+    """A backward operator's outputs: grad_x laid out as x (xa: x as an
+    array), then the parameters' gradients; an empty tensor for each one not
+    computed."""
+    return ((_like(gx, x, xa) if gx is not None else _nothing(x),)
             + tuple(_tensor(g) if g is not None else _nothing(x) for g in gp))
 
 
 def _ours(x: Tensor, *params: Optional[Tensor]) -> bool:
     """Whether cynorm's kernels take this call: CPU tensors of its dtypes."""
-    return (x.device.type == "cpu" and x.dtype in _DTYPES
-            and all(p is None or p.device.type == "cpu" for p in params))
+    return x.is_cpu and x.dtype in _DTYPES and all(p is None or p.is_cpu for p in params)
 
 
 _SAVED = object()      # an input Eager.jvp finds in ctx.saved_tensors
@@ -138,7 +150,7 @@ def _tangents(fn, inputs, input_tangents, running=()):
         primals.append(a)
         tangents.append(t)
     _, out = _cn.jvp(fn, primals, tangents)
-    return ((_like(_tensor(out[0]), inputs[0]),)
+    return ((_like(out[0], inputs[0], primals[0]),)
             + tuple(None if o is None else _tensor(o) for o in out[1:]))
 
 
@@ -147,7 +159,8 @@ def _one_level(name, backward):
     second level of differentiation would see constants.  Refused: nested
     torch.func transforms, and a backward that builds a graph
     (create_graph=True; torch.func.grad asks for one at its single level)."""
-    levels = len(retrieve_all_functorch_interpreters())
+    levels = (0 if _functorch.peek_interpreter_stack() is None
+              else len(retrieve_all_functorch_interpreters()))
     if levels > 1 or (backward and levels == 0 and torch.is_grad_enabled()):
         raise NotImplementedError(
             f"cynorm.torch.{name}: a derivative of a derivative (double backward, "
@@ -155,24 +168,80 @@ def _one_level(name, backward):
             "cynorm's backward and forward-mode rules are not differentiable themselves")
 
 
-def _register(name, forward, forward_fake, backward, backward_fake, setup, grad, tangents):
+def _register(name, forward, forward_fake, backward, backward_fake, *, core, backward_core,
+              saved, attrs, grad, tangents, running=()):
     """The operators cynorm::<name> and cynorm::<name>_backward, made from
-    their bodies (forward, backward) with their fake kernels and the
-    autograd formula (setup, grad); returns the function that runs them.
+    their bodies (forward, backward) and fake kernels, with their autograd
+    formula; returns the function that runs them.
+
+    The formula: saved(inputs, outputs), what the backward reads (tensors,
+    or arrays), and attrs(ctx, inputs), the rest of what it needs, taken in
+    the forward; grad(ctx, backward, saved, grad_y) the inputs' gradients,
+    backward computing them from the backward operator's arguments.
+    core, backward_core: the bodies on arrays (the kernels' calls);
+    running: the positions of the running statistics, which the kernels
+    update in place (the operators, which are functional, on copies) where
+    the argument after them is true.
 
     torch.compile and torch.export trace the operators.  Eager calls run the
-    same bodies and the same formula through a torch.autograd.Function, or
-    straight where nothing needs a gradient: PyTorch's operator dispatch
-    costs tens of microseconds a call in Python, more than the kernels on
-    small tensors.  The Function's forward-mode rule (dual tensors,
-    torch.func.jvp) is tangents(inputs, input_tangents): cynorm.jvp's rule."""
+    cores: straight where nothing needs a gradient (PyTorch's operator
+    dispatch costs tens of microseconds a call in Python, more than the
+    kernels on small tensors), else through one of two
+    torch.autograd.Functions: Plain, whose forward keeps the arrays its
+    backward reads (a call's Python work is much of its cost where the
+    model's large operators leave the caches cold), or, under torch.func's
+    transforms and dual tensors, Eager, which runs the operators' bodies and
+    whose forward-mode rule is tangents(inputs, input_tangents):
+    cynorm.jvp's rule."""
     op = torch.library.custom_op(f"cynorm::{name}", forward, mutates_args=(),
                                  device_types="cpu")
     op.register_fake(forward_fake)
     bop = torch.library.custom_op(f"cynorm::{name}_backward", backward, mutates_args=(),
                                   device_types="cpu")
     bop.register_fake(backward_fake)
-    op.register_autograd(lambda ctx, *grads: grad(ctx, bop, *grads), setup_context=setup)
+
+    def setup(ctx, inputs, output):
+        ctx.save_for_backward(*saved(inputs, output))
+        attrs(ctx, inputs)
+        if running:
+            ctx.mark_non_differentiable(*output[-2:])
+
+    op.register_autograd(lambda ctx, gy, *_: grad(ctx, bop, ctx.saved_tensors, gy),
+                         setup_context=setup)
+    # the op's outputs past the first (the statistics; the running ones):
+    # None where an eager call returns y alone
+    rest = (None,) * (len(typing.get_args(typing.get_type_hints(forward)["return"])) - 1)
+
+    def compute(inputs):
+        # the kernels on the inputs' memory (the running statistics updated
+        # in place: their version counters bumped, as an in-place torch op)
+        arrays = [_array(t) if isinstance(t, Tensor) else t for t in inputs]
+        out = core(*arrays)
+        if running and inputs[running[-1] + 1]:
+            torch.autograd.graph.increment_version(
+                [inputs[i] for i in running if inputs[i] is not None])
+        return arrays, out
+
+    class Plain(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *inputs):
+            arrays, out = compute(inputs)
+            ctx.arrays = saved(arrays, out)
+            # the tensors read again, for autograd's check that none changed
+            ctx.save_for_backward(*[t for i, t in enumerate(inputs)
+                                    if isinstance(t, Tensor) and i not in running])
+            attrs(ctx, inputs)
+            ctx.set_materialize_grads(False)
+            return _like(out[0], inputs[0], arrays[0])
+
+        @staticmethod
+        def backward(ctx, gy):
+            _one_level(name, True)
+            x = ctx.saved_tensors[0]
+            if gy is None:
+                return (None,) * len(ctx.needs_input_grad)
+            return grad(ctx, lambda *a: _gradients(x, ctx.arrays[0], *backward_core(*a)),
+                        ctx.arrays, _array(gy))
 
     class Eager(torch.autograd.Function):
         @staticmethod
@@ -188,9 +257,9 @@ def _register(name, forward, forward_fake, backward, backward_fake, setup, grad,
             ctx.forward_inputs = [_SAVED if isinstance(t, Tensor) else t for t in inputs]
 
         @staticmethod
-        def backward(ctx, *grads):
+        def backward(ctx, gy, *_):
             _one_level(name, True)
-            return grad(ctx, backward, *grads)
+            return grad(ctx, backward, ctx.saved_tensors, gy)
 
         @staticmethod
         def jvp(ctx, *input_tangents):
@@ -202,23 +271,42 @@ def _register(name, forward, forward_fake, backward, backward_fake, setup, grad,
     def run(*inputs):
         if torch.compiler.is_compiling():
             return op(*inputs)
-        if _transformed() or (torch.is_grad_enabled()
-                              and any(isinstance(t, Tensor) and t.requires_grad
-                                      for t in inputs)):
+        if _transformed():
             return Eager.apply(*inputs)
-        return forward(*inputs)
+        if torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad
+                                           for t in inputs):
+            return (Plain.apply(*inputs),) + rest
+        arrays, out = compute(inputs)
+        return (_like(out[0], inputs[0], arrays[0]),) + rest
 
-    Eager.__name__ = Eager.__qualname__ = f"_{name}_eager"
+    Plain, Eager = _named(f"_{name}_plain", Plain), _named(f"_{name}_eager", Eager)
     return run
+
+
+def _named(name, cls):
+    """The Function cls under the name profiles show: its own, and its
+    backward node's (name + "Backward"), which torch takes from the class
+    statement."""
+    body = {k: v for k, v in vars(cls).items() if k not in ("__dict__", "__weakref__")}
+    return type(name, (torch.autograd.Function,), dict(body, __qualname__=name))
 
 
 # ---- layer norm --------------------------------------------------------------
 
+def _layer_norm_core(x, normalized_shape, weight, bias, eps):
+    return _cn.layer_norm(x, tuple(normalized_shape), weight, bias, eps)
+
+
+def _layer_norm_backward_core(grad_out, x, normalized_shape, mean, rstd, weight, bias,
+                              output_mask):
+    return _cn.layer_norm_backward(grad_out, x, tuple(normalized_shape), mean, rstd, weight,
+                                   bias, tuple(output_mask))
+
+
 def _layer_norm_fwd(x: Tensor, normalized_shape: List[int], weight: Optional[Tensor],
-                bias: Optional[Tensor], eps: float) -> Tuple[Tensor, Tensor, Tensor]:
-    xa, w, b = _plain(x, weight, bias)
-    y, mean, rstd = _cn.layer_norm(xa, tuple(normalized_shape), w, b, eps)
-    return _like(_tensor(y), x), _tensor(mean), _tensor(rstd)
+                    bias: Optional[Tensor], eps: float) -> Tuple[Tensor, Tensor, Tensor]:
+    a = _plain(x, normalized_shape, weight, bias, eps)
+    return _outputs(x, a[0], _layer_norm_core(*a))
 
 
 def _layer_norm_fake(x, normalized_shape, weight, bias, eps):
@@ -229,12 +317,10 @@ def _layer_norm_fake(x, normalized_shape, weight, bias, eps):
 
 
 def _layer_norm_bwd(grad_out: Tensor, x: Tensor, normalized_shape: List[int], mean: Tensor,
-                         rstd: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
-                         output_mask: List[bool]) -> Tuple[Tensor, Tensor, Tensor]:
-    g, xa, m, r, w, b = _plain(grad_out, x, mean, rstd, weight, bias)
-    gx, gw, gb = _cn.layer_norm_backward(g, xa, tuple(normalized_shape), m, r, w, b,
-                                         tuple(output_mask))
-    return _gradients(x, gx, gw, gb)
+                    rstd: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
+                    output_mask: List[bool]) -> Tuple[Tensor, Tensor, Tensor]:
+    a = _plain(grad_out, x, normalized_shape, mean, rstd, weight, bias, output_mask)
+    return _gradients(x, a[1], *_layer_norm_backward_core(*a))
 
 
 def _layer_norm_bwd_fake(grad_out, x, normalized_shape, mean, rstd, weight, bias, output_mask):
@@ -243,25 +329,28 @@ def _layer_norm_bwd_fake(grad_out, x, normalized_shape, mean, rstd, weight, bias
             torch.empty_like(bias) if output_mask[2] and bias is not None else _nothing(x))
 
 
-def _layer_norm_setup(ctx, inputs, output):
-    x, normalized_shape, weight, bias, eps = inputs
-    ctx.save_for_backward(x, output[1], output[2], weight, bias)
-    ctx.normalized_shape = normalized_shape
+def _layer_norm_saved(inputs, output):
+    x, _, weight, bias, _ = inputs
+    return x, output[1], output[2], weight, bias
 
 
-def _layer_norm_grad(ctx, backward, gy, _gmean, _grstd):
-    x, mean, rstd, weight, bias = ctx.saved_tensors
+def _layer_norm_attrs(ctx, inputs):
+    ctx.normalized_shape = inputs[1]
+
+
+def _layer_norm_grad(ctx, backward, saved, gy):
+    x, mean, rstd, weight, bias = saved
     need = ctx.needs_input_grad
     mask = [need[0], weight is not None and need[2], bias is not None and need[3]]
-    gx, gw, gb = backward(gy, x, ctx.normalized_shape, mean, rstd, weight, bias,
-                                      mask)
-    return (_wanted(gx, mask[0]), None, _wanted(gw, mask[1]),
-            _wanted(gb, mask[2]), None)
+    gx, gw, gb = backward(gy, x, ctx.normalized_shape, mean, rstd, weight, bias, mask)
+    return (_wanted(gx, mask[0]), None, _wanted(gw, mask[1]), _wanted(gb, mask[2]), None)
 
 
 _layer_norm = _register("layer_norm", _layer_norm_fwd, _layer_norm_fake, _layer_norm_bwd,
-                        _layer_norm_bwd_fake, _layer_norm_setup, _layer_norm_grad,
-                        lambda inputs, t: _tangents(_cn.layer_norm, inputs, t))
+                        _layer_norm_bwd_fake, core=_layer_norm_core,
+                        backward_core=_layer_norm_backward_core, saved=_layer_norm_saved,
+                        attrs=_layer_norm_attrs, grad=_layer_norm_grad,
+                        tangents=lambda inputs, t: _tangents(_cn.layer_norm, inputs, t))
 
 
 def layer_norm(input: Tensor, normalized_shape, weight: Optional[Tensor] = None,
@@ -296,11 +385,19 @@ def layer_norm(input: Tensor, normalized_shape, weight: Optional[Tensor] = None,
 
 # ---- RMS norm ----------------------------------------------------------------
 
+def _rms_norm_core(x, normalized_shape, weight, eps):
+    return _cn.rms_norm(x, tuple(normalized_shape), weight, eps)
+
+
+def _rms_norm_backward_core(grad_out, x, normalized_shape, rstd, weight, output_mask):
+    return _cn.rms_norm_backward(grad_out, x, tuple(normalized_shape), rstd, weight,
+                                 tuple(output_mask))
+
+
 def _rms_norm_fwd(x: Tensor, normalized_shape: List[int], weight: Optional[Tensor],
-              eps: Optional[float]) -> Tuple[Tensor, Tensor]:
-    xa, w = _plain(x, weight)
-    y, rstd = _cn.rms_norm(xa, tuple(normalized_shape), w, eps)
-    return _like(_tensor(y), x), _tensor(rstd)
+                  eps: Optional[float]) -> Tuple[Tensor, Tensor]:
+    a = _plain(x, normalized_shape, weight, eps)
+    return _outputs(x, a[0], _rms_norm_core(*a))
 
 
 def _rms_norm_fake(x, normalized_shape, weight, eps):
@@ -310,11 +407,9 @@ def _rms_norm_fake(x, normalized_shape, weight, eps):
 
 
 def _rms_norm_bwd(grad_out: Tensor, x: Tensor, normalized_shape: List[int], rstd: Tensor,
-                       weight: Optional[Tensor],
-                       output_mask: List[bool]) -> Tuple[Tensor, Tensor]:
-    g, xa, r, w = _plain(grad_out, x, rstd, weight)
-    gx, gw = _cn.rms_norm_backward(g, xa, tuple(normalized_shape), r, w, tuple(output_mask))
-    return _gradients(x, gx, gw)
+                  weight: Optional[Tensor], output_mask: List[bool]) -> Tuple[Tensor, Tensor]:
+    a = _plain(grad_out, x, normalized_shape, rstd, weight, output_mask)
+    return _gradients(x, a[1], *_rms_norm_backward_core(*a))
 
 
 def _rms_norm_bwd_fake(grad_out, x, normalized_shape, rstd, weight, output_mask):
@@ -322,14 +417,13 @@ def _rms_norm_bwd_fake(grad_out, x, normalized_shape, rstd, weight, output_mask)
             torch.empty_like(weight) if output_mask[1] and weight is not None else _nothing(x))
 
 
-def _rms_norm_setup(ctx, inputs, output):
-    x, normalized_shape, weight, eps = inputs
-    ctx.save_for_backward(x, output[1], weight)
-    ctx.normalized_shape = normalized_shape
+def _rms_norm_saved(inputs, output):
+    x, _, weight, _ = inputs
+    return x, output[1], weight
 
 
-def _rms_norm_grad(ctx, backward, gy, _grstd):
-    x, rstd, weight = ctx.saved_tensors
+def _rms_norm_grad(ctx, backward, saved, gy):
+    x, rstd, weight = saved
     need = ctx.needs_input_grad
     mask = [need[0], weight is not None and need[2]]
     gx, gw = backward(gy, x, ctx.normalized_shape, rstd, weight, mask)
@@ -337,8 +431,10 @@ def _rms_norm_grad(ctx, backward, gy, _grstd):
 
 
 _rms_norm = _register("rms_norm", _rms_norm_fwd, _rms_norm_fake, _rms_norm_bwd,
-                      _rms_norm_bwd_fake, _rms_norm_setup, _rms_norm_grad,
-                      lambda inputs, t: _tangents(_cn.rms_norm, inputs, t))
+                      _rms_norm_bwd_fake, core=_rms_norm_core,
+                      backward_core=_rms_norm_backward_core, saved=_rms_norm_saved,
+                      attrs=_layer_norm_attrs, grad=_rms_norm_grad,
+                      tangents=lambda inputs, t: _tangents(_cn.rms_norm, inputs, t))
 
 
 def rms_norm(input: Tensor, normalized_shape, weight: Optional[Tensor] = None,
@@ -371,11 +467,15 @@ def rms_norm(input: Tensor, normalized_shape, weight: Optional[Tensor] = None,
 
 # ---- group norm --------------------------------------------------------------
 
+def _group_norm_backward_core(grad_out, x, mean, rstd, weight, num_groups, output_mask):
+    return _cn.group_norm_backward(grad_out, x, mean, rstd, weight, num_groups,
+                                   tuple(output_mask))
+
+
 def _group_norm_fwd(x: Tensor, num_groups: int, weight: Optional[Tensor], bias: Optional[Tensor],
-                eps: float) -> Tuple[Tensor, Tensor, Tensor]:
-    xa, w, b = _plain(x, weight, bias)
-    y, mean, rstd = _cn.group_norm(xa, num_groups, w, b, eps)
-    return _like(_tensor(y), x), _tensor(mean), _tensor(rstd)
+                    eps: float) -> Tuple[Tensor, Tensor, Tensor]:
+    a = _plain(x, num_groups, weight, bias, eps)
+    return _outputs(x, a[0], _cn.group_norm(*a))
 
 
 def _group_norm_fake(x, num_groups, weight, bias, eps):
@@ -385,11 +485,10 @@ def _group_norm_fake(x, num_groups, weight, bias, eps):
 
 
 def _group_norm_bwd(grad_out: Tensor, x: Tensor, mean: Tensor, rstd: Tensor,
-                         weight: Optional[Tensor], num_groups: int,
-                         output_mask: List[bool]) -> Tuple[Tensor, Tensor, Tensor]:
-    g, xa, m, r, w = _plain(grad_out, x, mean, rstd, weight)
-    gx, gw, gb = _cn.group_norm_backward(g, xa, m, r, w, num_groups, tuple(output_mask))
-    return _gradients(x, gx, gw, gb)
+                    weight: Optional[Tensor], num_groups: int,
+                    output_mask: List[bool]) -> Tuple[Tensor, Tensor, Tensor]:
+    a = _plain(grad_out, x, mean, rstd, weight, num_groups, output_mask)
+    return _gradients(x, a[1], *_group_norm_backward_core(*a))
 
 
 def _group_norm_bwd_fake(grad_out, x, mean, rstd, weight, num_groups, output_mask):
@@ -400,25 +499,29 @@ def _group_norm_bwd_fake(grad_out, x, mean, rstd, weight, num_groups, output_mas
             x.new_empty(C, dtype=stat) if output_mask[2] else _nothing(x))
 
 
-def _group_norm_setup(ctx, inputs, output):
-    x, num_groups, weight, bias, eps = inputs
-    ctx.save_for_backward(x, output[1], output[2], weight)
-    ctx.num_groups = num_groups
-    ctx.has_bias = bias is not None
+def _group_norm_saved(inputs, output):
+    x, _, weight, _, _ = inputs
+    return x, output[1], output[2], weight
 
 
-def _group_norm_grad(ctx, backward, gy, _gmean, _grstd):
-    x, mean, rstd, weight = ctx.saved_tensors
+def _group_norm_attrs(ctx, inputs):
+    ctx.num_groups = inputs[1]
+    ctx.has_bias = inputs[3] is not None
+
+
+def _group_norm_grad(ctx, backward, saved, gy):
+    x, mean, rstd, weight = saved
     need = ctx.needs_input_grad
     mask = [need[0], weight is not None and need[2], ctx.has_bias and need[3]]
     gx, gw, gb = backward(gy, x, mean, rstd, weight, ctx.num_groups, mask)
-    return (_wanted(gx, mask[0]), None, _wanted(gw, mask[1]),
-            _wanted(gb, mask[2]), None)
+    return (_wanted(gx, mask[0]), None, _wanted(gw, mask[1]), _wanted(gb, mask[2]), None)
 
 
 _group_norm = _register("group_norm", _group_norm_fwd, _group_norm_fake, _group_norm_bwd,
-                        _group_norm_bwd_fake, _group_norm_setup, _group_norm_grad,
-                        lambda inputs, t: _tangents(_cn.group_norm, inputs, t))
+                        _group_norm_bwd_fake, core=_cn.group_norm,
+                        backward_core=_group_norm_backward_core, saved=_group_norm_saved,
+                        attrs=_group_norm_attrs, grad=_group_norm_grad,
+                        tangents=lambda inputs, t: _tangents(_cn.group_norm, inputs, t))
 
 
 def group_norm(input: Tensor, num_groups: int, weight: Optional[Tensor] = None,
@@ -452,26 +555,27 @@ def group_norm(input: Tensor, num_groups: int, weight: Optional[Tensor] = None,
 
 # ---- batch norm --------------------------------------------------------------
 
-def _running_copies(running_mean, running_var, updated):
-    """The running statistics as the kernels take them: where the call
-    updates them, private copies (the operators are functional, and return
-    them as _running_outputs)."""
-    rm, rv = _plain(running_mean, running_var)
-    if updated:
-        rm = None if rm is None else rm.copy()
-        rv = None if rv is None else rv.copy()
-    return rm, rv
+def _functional_running(x, core, a, updated):
+    """An operator's forward with running statistics (batch and instance
+    norm), functional as an operator with an autograd formula must be: the
+    kernels update copies of them, returned as new tensors (empty ones where
+    the call updates none).  a: the arguments as arrays."""
+    rm, rv = ((None if s is None else s.copy()) for s in a[3:5]) if updated else a[3:5]
+    out = _outputs(x, a[0], core(*a[:3], rm, rv, *a[5:]))
+    return out + tuple(_tensor(s) if updated and s is not None else _nothing(x)
+                       for s in (rm, rv))
 
 
-def _running_outputs(x, rm, rv, updated):
-    """The operators' last two outputs: the updated running statistics as
-    tensors (arrays from _running_copies; tensors in the fake kernels, which
-    return new ones alike), or empty ones where the call updates none."""
-    def out(a):
-        if not updated or a is None:
-            return _nothing(x)
-        return torch.empty_like(a) if isinstance(a, Tensor) else _tensor(a)
-    return out(rm), out(rv)
+def _running_fake(x, running_mean, running_var, updated):
+    # the fake kernels' last two outputs, as _functional_running's
+    return tuple(torch.empty_like(s) if updated and s is not None else _nothing(x)
+                 for s in (running_mean, running_var))
+
+
+def _copy(s):
+    # a running statistic as the backward of an eval-mode call reads it:
+    # as it was used (a later call may update the module's buffers)
+    return None if s is None else s.clone() if isinstance(s, Tensor) else s.copy()
 
 
 def _running_tangents(fn, inputs, input_tangents):
@@ -480,35 +584,36 @@ def _running_tangents(fn, inputs, input_tangents):
     return _tangents(fn, inputs, input_tangents, running=(3, 4)) + (None, None)
 
 
+def _batch_norm_backward_core(grad_out, x, weight, running_mean, running_var, save_mean,
+                              save_invstd, training, eps, output_mask):
+    return _cn.batch_norm_backward(grad_out, x, weight, running_mean, running_var,
+                                   save_mean if training else None,
+                                   save_invstd if training else None, training, eps,
+                                   tuple(output_mask))
+
+
 def _batch_norm_fwd(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
-                running_mean: Optional[Tensor], running_var: Optional[Tensor], training: bool,
-                momentum: float, eps: float) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    # functional (an operator that mutates has no autograd formula): in
-    # training, the updated running statistics come back as new tensors
-    xa, w, b = _plain(x, weight, bias)
-    rm, rv = _running_copies(running_mean, running_var, training)
-    y, save_mean, save_invstd = _cn.batch_norm(xa, w, b, rm, rv, training, momentum, eps)
-    return (_like(_tensor(y), x), _tensor(save_mean), _tensor(save_invstd),
-            *_running_outputs(x, rm, rv, training))
+                    running_mean: Optional[Tensor], running_var: Optional[Tensor], training: bool,
+                    momentum: float, eps: float) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    return _functional_running(x, _cn.batch_norm, _plain(x, weight, bias, running_mean,
+                                                         running_var, training, momentum, eps),
+                               training)
 
 
 def _batch_norm_fake(x, weight, bias, running_mean, running_var, training, momentum, eps):
     n = x.shape[1] if training else 0
     return (torch.empty_like(x), x.new_empty(n, dtype=_stat_dtype(x)),
             x.new_empty(n, dtype=_stat_dtype(x)),
-            *_running_outputs(x, running_mean, running_var, training))
+            *_running_fake(x, running_mean, running_var, training))
 
 
 def _batch_norm_bwd(grad_out: Tensor, x: Tensor, weight: Optional[Tensor],
-                         running_mean: Optional[Tensor], running_var: Optional[Tensor],
-                         save_mean: Tensor, save_invstd: Tensor, training: bool, eps: float,
-                         output_mask: List[bool]) -> Tuple[Tensor, Tensor, Tensor]:
-    g, xa, w, rm, rv, sm, si = _plain(grad_out, x, weight, running_mean, running_var,
-                                      save_mean, save_invstd)
-    gx, gw, gb = _cn.batch_norm_backward(g, xa, w, rm, rv, sm if training else None,
-                                         si if training else None, training, eps,
-                                         tuple(output_mask))
-    return _gradients(x, gx, gw, gb)
+                    running_mean: Optional[Tensor], running_var: Optional[Tensor],
+                    save_mean: Tensor, save_invstd: Tensor, training: bool, eps: float,
+                    output_mask: List[bool]) -> Tuple[Tensor, Tensor, Tensor]:
+    a = _plain(grad_out, x, weight, running_mean, running_var, save_mean, save_invstd, training,
+               eps, output_mask)
+    return _gradients(x, a[1], *_batch_norm_backward_core(*a))
 
 
 def _batch_norm_bwd_fake(grad_out, x, weight, running_mean, running_var, save_mean, save_invstd,
@@ -520,30 +625,33 @@ def _batch_norm_bwd_fake(grad_out, x, weight, running_mean, running_var, save_me
             x.new_empty(C, dtype=stat) if output_mask[2] else _nothing(x))
 
 
-def _batch_norm_setup(ctx, inputs, output):
-    x, weight, bias, running_mean, running_var, training, momentum, eps = inputs
-    # eval: the running statistics as they were used (saved before any
-    # later update of the module's buffers)
-    rm = None if training or running_mean is None else running_mean.clone()
-    rv = None if training or running_var is None else running_var.clone()
-    ctx.save_for_backward(x, weight, rm, rv, output[1], output[2])
-    ctx.training, ctx.eps, ctx.has_bias = training, eps, bias is not None
-    ctx.mark_non_differentiable(output[3], output[4])
+def _batch_norm_saved(inputs, output):
+    x, weight, _, running_mean, running_var, training = inputs[:6]
+    # eval: the running statistics as they were used
+    return (x, weight, None if training else _copy(running_mean),
+            None if training else _copy(running_var), output[1], output[2])
 
 
-def _batch_norm_grad(ctx, backward, gy, _gmean, _ginvstd, _grm, _grv):
-    x, weight, rm, rv, save_mean, save_invstd = ctx.saved_tensors
+def _batch_norm_attrs(ctx, inputs):
+    ctx.training, ctx.eps, ctx.has_bias = inputs[5], inputs[7], inputs[2] is not None
+
+
+def _batch_norm_grad(ctx, backward, saved, gy):
+    x, weight, rm, rv, save_mean, save_invstd = saved
     need = ctx.needs_input_grad
     mask = [need[0], weight is not None and need[1], ctx.has_bias and need[2]]
-    gx, gw, gb = backward(gy, x, weight, rm, rv, save_mean, save_invstd,
-                                      ctx.training, ctx.eps, mask)
-    return (_wanted(gx, mask[0]), _wanted(gw, mask[1]),
-            _wanted(gb, mask[2]), None, None, None, None, None)
+    gx, gw, gb = backward(gy, x, weight, rm, rv, save_mean, save_invstd, ctx.training, ctx.eps,
+                          mask)
+    return (_wanted(gx, mask[0]), _wanted(gw, mask[1]), _wanted(gb, mask[2]), None, None, None,
+            None, None)
 
 
 _batch_norm = _register("batch_norm", _batch_norm_fwd, _batch_norm_fake, _batch_norm_bwd,
-                        _batch_norm_bwd_fake, _batch_norm_setup, _batch_norm_grad,
-                        lambda inputs, t: _running_tangents(_cn.batch_norm, inputs, t))
+                        _batch_norm_bwd_fake, core=_cn.batch_norm,
+                        backward_core=_batch_norm_backward_core, saved=_batch_norm_saved,
+                        attrs=_batch_norm_attrs, grad=_batch_norm_grad,
+                        tangents=lambda inputs, t: _running_tangents(_cn.batch_norm, inputs, t),
+                        running=(3, 4))
 
 
 def batch_norm(input: Tensor, running_mean: Optional[Tensor], running_var: Optional[Tensor],
@@ -597,8 +705,9 @@ def batch_norm(input: Tensor, running_mean: Optional[Tensor], running_var: Optio
 
 def _store_running(running_mean, running_var, rm, rv, updated):
     """The operators' updated running statistics into the caller's buffers
-    (outside the autograd graph, as torch updates its own)."""
-    if not updated:
+    (outside the autograd graph, as torch updates its own); rm, rv None:
+    an eager call's kernels updated them in place."""
+    if not updated or (rm is None and rv is None):
         return
     with torch.no_grad():
         if running_mean is not None:
@@ -609,16 +718,19 @@ def _store_running(running_mean, running_var, rm, rv, updated):
 
 # ---- instance norm -----------------------------------------------------------
 
+def _instance_norm_backward_core(grad_out, x, mean, rstd, weight, use_input_stats,
+                                 output_mask):
+    return _cn.instance_norm_backward(grad_out, x, mean, rstd, weight, use_input_stats,
+                                      tuple(output_mask))
+
+
 def _instance_norm_fwd(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
                        running_mean: Optional[Tensor], running_var: Optional[Tensor],
                        use_input_stats: bool, momentum: float,
                        eps: float) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    # functional, as batch norm's: the updated running statistics come back
-    xa, w, b = _plain(x, weight, bias)
-    rm, rv = _running_copies(running_mean, running_var, use_input_stats)
-    y, mean, rstd = _cn.instance_norm(xa, w, b, rm, rv, use_input_stats, momentum, eps)
-    return (_like(_tensor(y), x), _tensor(mean), _tensor(rstd),
-            *_running_outputs(x, rm, rv, use_input_stats))
+    return _functional_running(x, _cn.instance_norm,
+                               _plain(x, weight, bias, running_mean, running_var,
+                                      use_input_stats, momentum, eps), use_input_stats)
 
 
 def _instance_norm_fake(x, weight, bias, running_mean, running_var, use_input_stats, momentum,
@@ -626,30 +738,30 @@ def _instance_norm_fake(x, weight, bias, running_mean, running_var, use_input_st
     shape = (x.shape[0], x.shape[1])
     return (torch.empty_like(x), x.new_empty(shape, dtype=_stat_dtype(x)),
             x.new_empty(shape, dtype=_stat_dtype(x)),
-            *_running_outputs(x, running_mean, running_var, use_input_stats))
+            *_running_fake(x, running_mean, running_var, use_input_stats))
 
 
 def _instance_norm_bwd(grad_out: Tensor, x: Tensor, mean: Tensor, rstd: Tensor,
                        weight: Optional[Tensor], use_input_stats: bool,
                        output_mask: List[bool]) -> Tuple[Tensor, Tensor, Tensor]:
-    g, xa, m, r, w = _plain(grad_out, x, mean, rstd, weight)
-    gx, gw, gb = _cn.instance_norm_backward(g, xa, m, r, w, use_input_stats, tuple(output_mask))
-    return _gradients(x, gx, gw, gb)
+    a = _plain(grad_out, x, mean, rstd, weight, use_input_stats, output_mask)
+    return _gradients(x, a[1], *_instance_norm_backward_core(*a))
 
 
 def _instance_norm_bwd_fake(grad_out, x, mean, rstd, weight, use_input_stats, output_mask):
     return _group_norm_bwd_fake(grad_out, x, mean, rstd, weight, 0, output_mask)
 
 
-def _instance_norm_setup(ctx, inputs, output):
-    x, weight, bias, running_mean, running_var, use_input_stats, momentum, eps = inputs
-    ctx.save_for_backward(x, output[1], output[2], weight)
-    ctx.use_input_stats, ctx.has_bias = use_input_stats, bias is not None
-    ctx.mark_non_differentiable(output[3], output[4])
+def _instance_norm_saved(inputs, output):
+    return inputs[0], output[1], output[2], inputs[1]
 
 
-def _instance_norm_grad(ctx, backward, gy, _gmean, _grstd, _grm, _grv):
-    x, mean, rstd, weight = ctx.saved_tensors
+def _instance_norm_attrs(ctx, inputs):
+    ctx.use_input_stats, ctx.has_bias = inputs[5], inputs[2] is not None
+
+
+def _instance_norm_grad(ctx, backward, saved, gy):
+    x, mean, rstd, weight = saved
     need = ctx.needs_input_grad
     mask = [need[0], weight is not None and need[1], ctx.has_bias and need[2]]
     gx, gw, gb = backward(gy, x, mean, rstd, weight, ctx.use_input_stats, mask)
@@ -658,9 +770,13 @@ def _instance_norm_grad(ctx, backward, gy, _gmean, _grstd, _grm, _grv):
 
 
 _instance_norm = _register("instance_norm", _instance_norm_fwd, _instance_norm_fake,
-                           _instance_norm_bwd, _instance_norm_bwd_fake, _instance_norm_setup,
-                           _instance_norm_grad,
-                           lambda inputs, t: _running_tangents(_cn.instance_norm, inputs, t))
+                           _instance_norm_bwd, _instance_norm_bwd_fake, core=_cn.instance_norm,
+                           backward_core=_instance_norm_backward_core,
+                           saved=_instance_norm_saved, attrs=_instance_norm_attrs,
+                           grad=_instance_norm_grad,
+                           tangents=lambda inputs, t: _running_tangents(_cn.instance_norm,
+                                                                        inputs, t),
+                           running=(3, 4))
 
 
 def instance_norm(input: Tensor, running_mean: Optional[Tensor] = None,
@@ -709,9 +825,8 @@ def instance_norm(input: Tensor, running_mean: Optional[Tensor] = None,
 # ---- weight norm -------------------------------------------------------------
 
 def _weight_norm_fwd(v: Tensor, g: Tensor, dim: Optional[int]) -> Tuple[Tensor, Tensor]:
-    va, ga = _plain(v, g)
-    w, norm = _cn.weight_norm_interface(va, ga, dim)
-    return _like(_tensor(w), v), _tensor(norm)
+    a = _plain(v, g, dim)
+    return _outputs(v, a[0], _cn.weight_norm_interface(*a))
 
 
 def _weight_norm_fake(v, g, dim):
@@ -720,30 +835,34 @@ def _weight_norm_fake(v, g, dim):
 
 def _weight_norm_bwd(grad_w: Tensor, v: Tensor, g: Tensor, norm: Tensor,
                      dim: Optional[int]) -> Tuple[Tensor, Tensor]:
-    gw, va, ga, na = _plain(grad_w, v, g, norm)
-    gv, gg = _cn.weight_norm_backward(gw, va, ga, na, dim)
-    return _like(_tensor(gv), v), _tensor(gg)
+    a = _plain(grad_w, v, g, norm, dim)
+    return _gradients(v, a[1], *_cn.weight_norm_backward(*a))
 
 
 def _weight_norm_bwd_fake(grad_w, v, g, norm, dim):
     return torch.empty_like(v), torch.empty_like(g)
 
 
-def _weight_norm_setup(ctx, inputs, output):
-    v, g, dim = inputs
-    ctx.save_for_backward(v, g, output[1])
-    ctx.dim = dim
+def _weight_norm_saved(inputs, output):
+    return inputs[0], inputs[1], output[1]
 
 
-def _weight_norm_grad(ctx, backward, gw, _gnorm):
-    v, g, norm = ctx.saved_tensors
+def _weight_norm_attrs(ctx, inputs):
+    ctx.dim = inputs[2]
+
+
+def _weight_norm_grad(ctx, backward, saved, gw):
+    v, g, norm = saved
     gv, gg = backward(gw, v, g, norm, ctx.dim)
     return gv, gg, None
 
 
 _weight_norm = _register("weight_norm", _weight_norm_fwd, _weight_norm_fake, _weight_norm_bwd,
-                         _weight_norm_bwd_fake, _weight_norm_setup, _weight_norm_grad,
-                         lambda inputs, t: _tangents(_cn.weight_norm_interface, inputs, t))
+                         _weight_norm_bwd_fake, core=_cn.weight_norm_interface,
+                         backward_core=_cn.weight_norm_backward, saved=_weight_norm_saved,
+                         attrs=_weight_norm_attrs, grad=_weight_norm_grad,
+                         tangents=lambda inputs, t: _tangents(_cn.weight_norm_interface,
+                                                              inputs, t))
 
 
 class WeightNorm(torch.nn.utils.parametrizations._WeightNorm):

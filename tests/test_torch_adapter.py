@@ -134,6 +134,58 @@ def test_second_derivatives_are_refused():
         torch.func.jvp(inner, (x.detach(),), (torch.ones_like(x),))
 
 
+# ---- autograd's bookkeeping, as torch's own ops keep it ---------------------
+
+@pytest.mark.parametrize("which", ["input", "weight"])
+def test_a_saved_tensor_changed_in_place_is_an_error(which):
+    # as with torch's ops: a backward after x or the weight changed in place
+    # (an optimizer step before it) raises rather than computing from new values
+    for f in (ct.layer_norm, F.layer_norm):
+        x, w = _inputs([(3, 5, 8), (8,)])
+        xx = x * 1.0
+        y = f(xx, (8,), w)
+        with torch.no_grad():
+            (xx if which == "input" else w).add_(1.0)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.sum().backward()
+
+
+def test_running_statistics_updated_in_place_as_torch_does():
+    ref = torch.nn.BatchNorm2d(3)
+    ours = copy.deepcopy(ref)
+    ct.replace_norms(ours)
+    x = torch.randn(4, 3, 5, 5, requires_grad=True)
+    before = (ours.running_mean.data_ptr(), ours.running_mean._version)
+    ours(x).sum().backward()
+    ref(x).sum().backward()
+    # the module's own buffer, written in place, its version bumped as by
+    # torch's kernel (what autograd checks saved tensors against)
+    assert ours.running_mean.data_ptr() == before[0]
+    assert ours.running_mean._version > before[1]
+    torch.testing.assert_close(ours.running_mean, ref.running_mean)
+    torch.testing.assert_close(ours.running_var, ref.running_var)
+    # eval: the gradient of the statistics as they were used, whatever a
+    # later training call does to the buffers before the backward
+    ours.eval()
+    xe = torch.randn(4, 3, 5, 5, requires_grad=True)
+    y = ours(xe)
+    want = torch.autograd.grad(F.batch_norm(xe, ours.running_mean.clone(),
+                                            ours.running_var.clone(), ours.weight, ours.bias,
+                                            False).sum(), xe)[0]
+    ours.train()
+    ours(torch.randn(4, 3, 5, 5) * 5 + 3)
+    got = torch.autograd.grad(y.sum(), xe)[0]
+    torch.testing.assert_close(got, want)
+
+
+def test_a_second_backward_through_freed_buffers_is_an_error():
+    x, w = _inputs([(3, 5, 8), (8,)])
+    y = ct.rms_norm(x, [8], w)
+    y.sum().backward()
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        y.sum().backward()
+
+
 # ---- the modules against PyTorch's ----------------------------------------
 
 MODULES = [
