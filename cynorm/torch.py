@@ -67,6 +67,11 @@ def _array(t: Optional[Tensor]) -> Optional[np.ndarray]:
             while _functorch.is_functorch_wrapped_tensor(t):
                 t = _functorch.get_unwrapped(t)
             return _array(t)
+    return _memory(t)
+
+
+def _memory(t: Tensor) -> np.ndarray:
+    """A plain tensor (no torch.func wrapper) as _array gives it."""
     if t.dtype == torch.bfloat16:
         return t.detach().view(torch.int16).numpy().view(_BF16)
     return t.numpy(force=True)      # detached (on the CPU, a view: no copy)
@@ -212,10 +217,10 @@ def _register(name, forward, forward_fake, backward, backward_fake, *, core, bac
     # None where an eager call returns y alone
     rest = (None,) * (len(typing.get_args(typing.get_type_hints(forward)["return"])) - 1)
 
-    def compute(inputs):
+    def compute(inputs, array=_array):
         # the kernels on the inputs' memory (the running statistics updated
         # in place: their version counters bumped, as an in-place torch op)
-        arrays = [_array(t) if isinstance(t, Tensor) else t for t in inputs]
+        arrays = [array(t) if isinstance(t, Tensor) else t for t in inputs]
         out = core(*arrays)
         if running and inputs[running[-1] + 1]:
             torch.autograd.graph.increment_version(
@@ -225,7 +230,7 @@ def _register(name, forward, forward_fake, backward, backward_fake, *, core, bac
     class Plain(torch.autograd.Function):
         @staticmethod
         def forward(ctx, *inputs):
-            arrays, out = compute(inputs)
+            arrays, out = compute(inputs, _memory)
             ctx.arrays = saved(arrays, out)
             # the tensors read again, for autograd's check that none changed
             ctx.save_for_backward(*[t for i, t in enumerate(inputs)
@@ -273,13 +278,20 @@ def _register(name, forward, forward_fake, backward, backward_fake, *, core, bac
             return op(*inputs)
         if _transformed():
             return Eager.apply(*inputs)
-        if torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad
-                                           for t in inputs):
-            return (Plain.apply(*inputs),) + rest
+        if torch.is_grad_enabled():
+            # as Function.apply does: a dead torch.func wrapper (a tensor
+            # kept from an exited transform) stands for the tensor it wraps
+            inputs = tuple(_functorch.unwrap_if_dead(t) if isinstance(t, Tensor) else t
+                           for t in inputs)
+            if any(isinstance(t, Tensor) and t.requires_grad for t in inputs):
+                return (plain(*inputs),) + rest
         arrays, out = compute(inputs)
         return (_like(out[0], inputs[0], arrays[0]),) + rest
 
     Plain, Eager = _named(f"_{name}_plain", Plain), _named(f"_{name}_eager", Eager)
+    # Plain.apply past Function.apply's Python (which checks what run has
+    # checked: no torch.func transform, dead wrappers unwrapped)
+    plain = torch._C._FunctionBase.__dict__["apply"].__get__(None, Plain)
     return run
 
 

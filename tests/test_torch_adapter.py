@@ -186,6 +186,25 @@ def test_a_second_backward_through_freed_buffers_is_an_error():
         y.sum().backward()
 
 
+
+def test_a_tensor_kept_from_a_torch_func_transform_takes_its_gradient():
+    # a tensor kept from inside torch.func.grad is a dead wrapper: as with
+    # PyTorch's own ops, it stands for the tensor it wraps, and the
+    # gradient reaches that tensor
+    x, w = _inputs([(3, 8), (8,)])
+    kept = {}
+
+    def f(x):
+        kept["x"] = x
+        return x.sin().sum()
+
+    torch.func.grad(f)(x)
+    ct.layer_norm(kept["x"], [8], w).pow(2).sum().backward()
+    ours = x.grad.clone()
+    x.grad = None
+    F.layer_norm(x, [8], w).pow(2).sum().backward()
+    torch.testing.assert_close(ours, x.grad)
+
 # ---- the modules against PyTorch's ----------------------------------------
 
 MODULES = [
