@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 import cynorm as _cn
+from cynorm._kernels._views import tensor_view
 from torch._C import _functorch
 from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
 
@@ -42,6 +43,8 @@ __all__ = ["layer_norm", "rms_norm", "group_norm", "batch_norm", "instance_norm"
 
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 _DTYPES = frozenset((torch.float64, torch.float32, torch.bfloat16, torch.float16))
+_NUMPY = {torch.float64: np.dtype(np.float64), torch.float32: np.dtype(np.float32),
+          torch.float16: np.dtype(np.float16), torch.bfloat16: _BF16}
 
 
 def _tensor(a: np.ndarray) -> Tensor:
@@ -71,7 +74,15 @@ def _array(t: Optional[Tensor]) -> Optional[np.ndarray]:
 
 
 def _memory(t: Tensor) -> np.ndarray:
-    """A plain tensor (no torch.func wrapper) as _array gives it."""
+    """A plain tensor (no torch.func wrapper) as _array gives it: a CPU
+    tensor of cynorm's dtypes through its attributes (tensor_view: no
+    operator call; Tensor.numpy() makes four, costly where the model's other
+    operators leave the caches cold), the rest through Tensor.numpy()."""
+    dtype = _NUMPY.get(t.dtype)
+    if dtype is not None and t.is_cpu and not t.is_neg():
+        a = tensor_view(t, dtype)
+        if a is not None:
+            return a
     if t.dtype == torch.bfloat16:
         return t.detach().view(torch.int16).numpy().view(_BF16)
     return t.numpy(force=True)      # detached (on the CPU, a view: no copy)

@@ -279,6 +279,43 @@ def test_tensors_cynorm_does_not_take_run_torch():
     assert torch.equal(m(torch.zeros(2, 8)), torch.zeros(2, 8))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_tensors_read_in_place_in_any_layout(dtype):
+    # cynorm reads a tensor's memory through its data pointer and strides:
+    # a transposed tensor, one that starts past its storage's first element,
+    # and a weight with a stride give torch's values and gradients
+    x = torch.randn(5, 9, 12, dtype=dtype)[1:, 2:, 1:9].transpose(0, 1).requires_grad_()
+    w = torch.randn(16, dtype=dtype)[::2].requires_grad_()
+    assert x.storage_offset() > 0 and not x.is_contiguous() and w.stride() == (2,)
+    xs = torch.randn(40, dtype=dtype)[3:].as_strided((4, 8), (1, 4)).detach().requires_grad_()
+    assert xs.storage_offset() == 3
+    tol = dict(atol=2e-2, rtol=2e-2) if dtype in (torch.bfloat16, torch.float16) else {}
+    for t in (x, xs):
+        g = torch.randn(t.shape, dtype=dtype)
+        ours = ct.layer_norm(t, [8], w)
+        ours.backward(g)
+        got = (ours.detach(), t.grad, w.grad)
+        t.grad = w.grad = None
+        theirs = F.layer_norm(t, [8], w)
+        theirs.backward(g)
+        for a, b in zip(got, (theirs.detach(), t.grad, w.grad)):
+            torch.testing.assert_close(a, b, **tol)
+        t.grad = w.grad = None
+
+
+def test_empty_and_negative_view_tensors():
+    # a tensor with no element, and one with the negative bit set (its
+    # memory holds -values): read through Tensor.numpy(), which resolves it
+    x = torch.randn(0, 8, requires_grad=True)
+    assert ct.layer_norm(x, 8).shape == (0, 8)
+    y = torch.randn(3, 8, dtype=torch.float64)
+    neg = torch._neg_view(y)
+    assert neg.is_neg()
+    torch.testing.assert_close(ct.layer_norm(neg, 8), F.layer_norm(-y, [8]))
+    w = torch._neg_view(torch.randn(8, dtype=torch.float64))
+    torch.testing.assert_close(ct.layer_norm(y, 8, w), F.layer_norm(y, [8], w.resolve_neg()))
+
+
 def test_replace_norms_names_and_refusals():
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.LayerNorm(8),
                                 torch.nn.Sequential(torch.nn.BatchNorm1d(8), torch.nn.ReLU()))

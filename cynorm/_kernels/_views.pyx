@@ -29,3 +29,37 @@ def kernel_flat(a):
         Py_INCREF(UINT16)
         return PyArray_View(arr, UINT16, NULL)
     return arr
+
+
+cdef extern from "numpy/arrayobject.h":
+    # (commented out in NumPy's .pxd); steals a reference to descr
+    object PyArray_NewFromDescr(void* subtype, void* descr, int nd, cnp.npy_intp* dims,
+                                cnp.npy_intp* strides, void* data, int flags, void* obj)
+
+
+def tensor_view(t, cnp.dtype dtype):
+    """A dense-strided CPU tensor t (torch's, or any object with data_ptr(),
+    shape and stride() in elements) as a writable ndarray of dtype over its
+    memory, kept alive by t.  Where Tensor.numpy() dispatches four operators
+    (detach, to, resolve_conj, resolve_neg), this reads three attributes.
+    The caller has checked t is a plain CPU tensor of dtype's item size,
+    with no conjugate or negative bit.  None where t has no element (its
+    data pointer may be NULL): the caller takes the general path."""
+    cdef object shape = t.shape
+    cdef object stride = t.stride()
+    cdef Py_ssize_t nd = len(shape), i, item = dtype.itemsize
+    cdef cnp.npy_intp dims[64]
+    cdef cnp.npy_intp strides[64]
+    if nd > 64:
+        return None
+    for i in range(nd):
+        dims[i] = shape[i]
+        if dims[i] == 0:
+            return None
+        strides[i] = stride[i] * item
+    cdef size_t ptr = t.data_ptr()
+    Py_INCREF(dtype)            # PyArray_NewFromDescr steals the dtype's reference
+    a = PyArray_NewFromDescr(<void*>np.ndarray, <void*>dtype, <int>nd, dims, strides,
+                             <void*>ptr, cnp.NPY_ARRAY_WRITEABLE, NULL)
+    cnp.set_array_base(a, t)
+    return a
