@@ -90,6 +90,49 @@ def test_layer_norm(dtype, form, shape, ns, affine, threads):
               cynorm.layer_norm_backward(via_python(dy), x, ns, *flat, w, b))
 
 
+def rows_elsewhere(dy, how):
+    """dy's values, each row (last axis) contiguous, the rows in another
+    order than C's (or repeated): how the plain backward reads grad_out in place."""
+    if how == "transposed":         # a batch_first attention's gradient
+        return np.ascontiguousarray(dy.transpose(1, 0, 2)).transpose(1, 0, 2)
+    if how == "flipped":            # negative strides
+        return np.ascontiguousarray(dy[::-1, :, :])[::-1, :, :]
+    if how == "sliced":             # every other row of a larger array
+        big = np.zeros((dy.shape[0], 2 * dy.shape[1], dy.shape[2]), dy.dtype)
+        big[:, ::2] = dy
+        return big[:, ::2]
+    return np.broadcast_to(dy[:1], dy.shape)       # "broadcast": one row block, stride 0
+
+
+@pytest.mark.parametrize("how", ["transposed", "flipped", "sliced", "broadcast"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_row_norm_backward_reads_grad_out_rows_where_they_lie(dtype, how, threads):
+    # the plain entries take grad_out with contiguous rows in any order, read
+    # in place: the bits of its C-contiguous copy, and of the Python layer's
+    from cynorm import rmsnorm
+    shape, ns = (5, 67, 48), (48,)
+    x = data(shape, dtype)
+    dy = rows_elsewhere(data(shape, dtype, 3), how)
+    assert not dy.flags.c_contiguous
+    w, b = data(48, math_dtype(dtype), 1), data(48, math_dtype(dtype), 2)
+    _, mean, rstd = cynorm.layer_norm(x, ns, w, b, 1e-5)
+    args = (dy, x, ns, mean, rstd, w, b, (True, True, True))
+    got = layernorm._k.backward_plain(*args)
+    assert got is not None
+    same_bits(got, cynorm.layer_norm_backward(np.ascontiguousarray(dy), *args[1:]))
+    same_bits(got, cynorm.layer_norm_backward(via_python(dy), *args[1:]))
+    _, r = cynorm.rms_norm(x, ns, w)
+    got = rmsnorm._k.row_grads_plain(dy, None, x, ns, None, r, w, None, (True, True), False)
+    assert got is not None
+    same_bits(got, cynorm.rms_norm_backward(np.ascontiguousarray(dy), x, ns, r, w))
+    h, hres = x, data(shape, dtype, 5)
+    _, _, m2, r2 = cynorm.add_layer_norm(h, hres, ns, w, b)
+    got = rmsnorm._k.row_grads_plain(dy, hres, h, ns, m2, r2, w, b, (True, True, True), True)
+    assert got is not None
+    same_bits(got, cynorm.add_layer_norm_backward(np.ascontiguousarray(dy), hres, h, ns, m2, r2,
+                                                  w, b))
+
+
 @pytest.mark.parametrize("call", [
     lambda x, w: layernorm._k.forward_plain(x, (4,), w, w, 1),         # eps an int
     lambda x, w: layernorm._k.forward_plain(x, (4,), w, w, float("nan")),
@@ -104,6 +147,11 @@ def test_layer_norm(dtype, form, shape, ns, affine, threads):
     lambda x, w: layernorm._k.forward_plain(x.tolist(), (4,), w, w, 1e-5),
     lambda x, w: layernorm._k.backward_plain(x, x, (4,), x[:, :1], x[:, :1], w, w, [True] * 3),
     lambda x, w: layernorm._k.backward_plain(x, x, (4,), x[:1, :1], x[:, :1], w, w, None),
+    # grad_out's rows not contiguous (the in-place reading takes contiguous rows)
+    lambda x, w: layernorm._k.backward_plain(np.repeat(x, 2, 1)[:, ::2], x, (4,), x[:, :1],
+                                             x[:, :1], w, w, (True,) * 3),
+    lambda x, w: layernorm._k.backward_plain(np.asfortranarray(x), x, (4,), x[:, :1], x[:, :1],
+                                             w, w, (True,) * 3),
 ])
 def test_layer_norm_leaves_the_rest_to_python(call):
     x = data((2, 4), np.float32)

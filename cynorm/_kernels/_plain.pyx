@@ -168,6 +168,59 @@ cdef bint plain_with_shape(object a, int storage, int nd, const cnp.npy_intp* di
     return True
 
 
+cdef bint plain_rows_with_shape(object a, int storage, int nd, const cnp.npy_intp* dims,
+                               int k) noexcept:
+    """a is an exact, aligned ndarray of `storage` with shape dims[:nd]
+    whose rows (its last k axes) are each contiguous, wherever they lie (a
+    transposed array's rows, in another order than C's): the rows a row
+    kernel reads in place, at row_offsets."""
+    if (type(a) is not cnp.ndarray or not cnp.PyArray_CHKFLAGS(<cnp.ndarray>a, cnp.NPY_ARRAY_ALIGNED)
+            or storage_of_descr(<cnp.ndarray>a) != storage
+            or cnp.PyArray_NDIM(<cnp.ndarray>a) != nd):
+        return False
+    cdef const cnp.npy_intp* own = cnp.PyArray_DIMS(<cnp.ndarray>a)
+    cdef const cnp.npy_intp* strides = cnp.PyArray_STRIDES(<cnp.ndarray>a)
+    cdef Py_ssize_t step = ITEMSIZE[storage]
+    cdef int i
+    for i in range(nd):
+        if own[i] != dims[i]:
+            return False
+    for i in range(nd - 1, -1, -1):
+        if i >= nd - k:
+            # a row's axes: C order (an axis of length 1 has no step)
+            if own[i] != 1 and strides[i] != step:
+                return False
+            step *= own[i]
+        elif strides[i] % ITEMSIZE[storage] != 0:
+            return False
+    return True
+
+
+cdef void row_offsets(object a, int k, Py_ssize_t* offsets) noexcept:
+    """The offset (in elements, from a's first element) of each row of a
+    plain_rows_with_shape array, in C order of its leading axes."""
+    cdef int lead = cnp.PyArray_NDIM(<cnp.ndarray>a) - k, j
+    cdef const cnp.npy_intp* dims = cnp.PyArray_DIMS(<cnp.ndarray>a)
+    cdef const cnp.npy_intp* strides = cnp.PyArray_STRIDES(<cnp.ndarray>a)
+    cdef Py_ssize_t isz = cnp.PyArray_ITEMSIZE(<cnp.ndarray>a), r, off = 0, m = 1
+    cdef cnp.npy_intp idx[cnp.NPY_MAXDIMS]
+    for j in range(lead):
+        idx[j] = 0
+        m *= dims[j]
+    for r in range(m):
+        offsets[r] = off
+        # the next index, the last axis fastest
+        j = lead - 1
+        while j >= 0:
+            idx[j] += 1
+            off += strides[j] // isz
+            if idx[j] < dims[j]:
+                break
+            off -= dims[j] * (strides[j] // isz)
+            idx[j] = 0
+            j -= 1
+
+
 cdef bint plain_param(object a, int storage, int nd, const cnp.npy_intp* dims) noexcept:
     """a is None or a plain per-channel (per-column) parameter or statistic
     for data of `storage`, with shape dims[:nd]: of the math type's storage,

@@ -130,7 +130,7 @@ cdef void* rows_backward_ffi(cn_ffi_frame* f, bint centered) noexcept nogil:
     cdef int status = 0
     cdef Py_ssize_t j
     if M > 0:
-        status = rows_backward(storage, dy.data, x.data, mean.data if centered else NULL,
+        status = rows_backward(storage, dy.data, NULL, x.data, mean.data if centered else NULL,
                                rstd.data, pw, gx.data, sums if want_gw else NULL,
                                sums + N if want_gb else NULL, M, N, max_threads(), NULL)
     else:

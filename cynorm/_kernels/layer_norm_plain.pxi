@@ -108,9 +108,10 @@ cdef object plain_rows(object x, object residual, object normalized_shape, objec
 
 
 def backward_plain(grad_out, x, normalized_shape, mean, rstd, weight, bias, output_mask):
-    """layer_norm_backward(...) when the arguments are plain (_plain.pyx) and
-    no row is empty: (grad_x, grad_weight, grad_bias); otherwise None, and
-    the Python layer takes the call."""
+    """layer_norm_backward(...) when the arguments are plain (_plain.pyx;
+    grad_out's rows may also lie in another order, each contiguous: read in
+    place) and no row is empty: (grad_x, grad_weight, grad_bias); otherwise
+    None, and the Python layer takes the call."""
     if not plain_mask(output_mask):
         return None
     return plain_row_grads(grad_out, None, x, normalized_shape, mean, rstd, weight, bias,
@@ -148,7 +149,10 @@ cdef object plain_row_grads(object grad_out, object grad_h, object x, object nor
     cdef cnp.npy_intp* dims = cnp.PyArray_DIMS(ax)
     cdef int k = trailing_axes(ax, normalized_shape)
     cdef int stat = math_storage(storage)
-    if k == 0 or not plain_with_shape(grad_out, storage, nd, dims):
+    # grad_out C-contiguous, or with its rows read in place where they lie
+    # in another order (a batch_first attention's transposed gradient: dyr)
+    cdef bint dy_in_order = plain_with_shape(grad_out, storage, nd, dims)
+    if k == 0 or not (dy_in_order or plain_rows_with_shape(grad_out, storage, nd, dims, k)):
         return None
     if grad_h is not None and not plain_with_shape(grad_h, storage, nd, dims):
         return None
@@ -175,13 +179,21 @@ cdef object plain_row_grads(object grad_out, object grad_h, object x, object nor
     cdef double* gw = sums if mask[1] else NULL
     cdef double* gb = sums + N if mask[2] else NULL
     cdef int nt = max_threads(), status = 0
-    # a 16-bit weight widened to float32 (N floats)
+    # a 16-bit weight widened to float32 (N floats); dy's row offsets
     cdef float* scratch = NULL
+    cdef Py_ssize_t* dyr = NULL
     if weight is not None and itemsize(storage) == 2:
         scratch = <float*>malloc(N * sizeof(float))
-        if scratch == NULL:
-            free(sums)
-            raise MemoryError(op + ": could not allocate the weight's float32 copy")
+    if not dy_in_order:
+        dyr = <Py_ssize_t*>malloc(M * sizeof(Py_ssize_t))
+    if (scratch == NULL and weight is not None and itemsize(storage) == 2) or (
+            dyr == NULL and not dy_in_order):
+        free(sums)
+        free(scratch)
+        free(dyr)
+        raise MemoryError(op + ": could not allocate its workspace")
+    if dyr != NULL:
+        row_offsets(grad_out, k, dyr)
     cdef void* pdy = data(grad_out)
     cdef void* px = data(x)
     cdef void* pm = data(mean)
@@ -190,8 +202,9 @@ cdef object plain_row_grads(object grad_out, object grad_h, object x, object nor
     cdef void* pgx = data(gx)
     cdef void* pdh = data(grad_h)
     with nogil:
-        status = rows_backward(storage, pdy, px, pm, pr, pw, pgx, gw, gb, M, N, nt, pdh)
+        status = rows_backward(storage, pdy, dyr, px, pm, pr, pw, pgx, gw, gb, M, N, nt, pdh)
     free(scratch)
+    free(dyr)
     try:
         if status < 0:
             raise MemoryError(op + ": could not allocate the reduction workspace")
