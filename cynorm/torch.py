@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 import cynorm as _cn
+from cynorm._kernels._dlpack import to_dlpack
 from cynorm._kernels._views import tensor_view
 from torch._C import _functorch
 from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
@@ -43,16 +44,17 @@ __all__ = ["layer_norm", "rms_norm", "group_norm", "batch_norm", "instance_norm"
 
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 _DTYPES = frozenset((torch.float64, torch.float32, torch.bfloat16, torch.float16))
+_from_dlpack = getattr(torch._C, "_from_dlpack", torch.utils.dlpack.from_dlpack)
 _NUMPY = {torch.float64: np.dtype(np.float64), torch.float32: np.dtype(np.float32),
           torch.float16: np.dtype(np.float16), torch.bfloat16: _BF16}
 
 
 def _tensor(a: np.ndarray) -> Tensor:
-    """A result array as a tensor over the same memory (bfloat16 through its
-    16-bit storage, which torch.from_numpy cannot name)."""
-    if a.dtype == _BF16:
-        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(a)
+    """A result array as a tensor over the same memory, through a DLPack
+    capsule cynorm makes (one torch call for every dtype: torch.from_numpy
+    cannot name bfloat16, and costs more where the model's other operators
+    leave the caches cold)."""
+    return _from_dlpack(to_dlpack(a))
 
 
 def _array(t: Optional[Tensor]) -> Optional[np.ndarray]:

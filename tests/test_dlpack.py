@@ -75,6 +75,55 @@ def test_the_array_keeps_the_tensor_alive():
     assert a.sum() == 499500.0
 
 
+# ---- the export (cynorm.torch's results as tensors) --------------------------
+
+@pytest.mark.parametrize("dtype", list(TORCH_DTYPES))
+def test_export_gives_torch_the_array_in_place(dtype):
+    from cynorm._kernels._dlpack import to_dlpack
+    a = data((4, 6), dtype)
+    for view in (a, a[1:, ::2], a.T, a[:0], a[0, :0], np.asarray(a[0, 0])):
+        t = torch.from_dlpack(to_dlpack(view))
+        assert t.dtype == TORCH_DTYPES[dtype] and tuple(t.shape) == view.shape
+        same(to_numpy(t), view)
+        if view.size:
+            assert t.data_ptr() == view.__array_interface__["data"][0]
+            assert [s * view.itemsize for s in t.stride()] == list(view.strides)
+
+
+def test_export_holds_the_array_and_lets_it_go():
+    import sys
+    from cynorm._kernels._dlpack import to_dlpack
+    a = data((3, 3), np.float32)
+    before = sys.getrefcount(a)
+    t = torch.from_dlpack(to_dlpack(a))
+    assert sys.getrefcount(a) == before + 1     # the tensor holds the array
+    del t
+    gc.collect()
+    assert sys.getrefcount(a) == before
+    cap = to_dlpack(a)                          # a capsule nobody takes
+    assert sys.getrefcount(a) == before + 1
+    del cap
+    assert sys.getrefcount(a) == before
+    b = data(1000, np.float64)
+    t = torch.from_dlpack(to_dlpack(b))
+    del b
+    gc.collect()
+    assert float(t.sum()) == pytest.approx(float(to_numpy(t).sum()))
+
+
+def test_export_refuses_what_dlpack_cannot_say():
+    from cynorm._kernels._dlpack import to_dlpack
+    with pytest.raises(TypeError, match="to_dlpack: float64, float32, float16 or bfloat16"):
+        to_dlpack(np.ones(3, np.int32))
+    with pytest.raises(TypeError, match="to_dlpack"):
+        to_dlpack(np.ones(3, ">f4"))
+    odd = np.zeros(13, np.uint8)[1:].view(np.float32)
+    with pytest.raises(ValueError, match="aligned"):
+        to_dlpack(odd)
+    with pytest.raises(ValueError, match="none negative"):
+        to_dlpack(np.ones((3, 2), np.float32)[::-1])
+
+
 def test_refusals_name_the_argument():
     with pytest.raises(TypeError, match=r"x could not be read through DLPack.*detach"):
         cynorm.layer_norm(torch.ones(2, 3, requires_grad=True), (3,))

@@ -10,12 +10,18 @@ the last view of it goes.
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
 cimport numpy as cnp
-from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid, PyCapsule_SetName
-from cpython.ref cimport Py_INCREF
+from cpython.pycapsule cimport (
+    PyCapsule_Destructor, PyCapsule_GetPointer, PyCapsule_IsValid, PyCapsule_New, PyCapsule_SetName,
+)
+from cpython.ref cimport Py_DECREF, Py_INCREF
+from libc.stdlib cimport free, malloc
 
 import numpy as np
 
 cnp.import_array()
+
+import ml_dtypes
+cdef cnp.dtype _BF16 = np.dtype(ml_dtypes.bfloat16)
 
 cdef extern from "numpy/arrayobject.h":
     # (commented out in NumPy's .pxd); steals a reference to descr
@@ -198,3 +204,67 @@ def from_dlpack(obj, str name="x"):
                              cnp.NPY_ARRAY_WRITEABLE if writable else 0, NULL)
     cnp.set_array_base(a, owner)
     return a, writable
+
+
+# ---- the other way: an ndarray as a DLPack capsule ---------------------------
+
+cdef struct _Exported:
+    # an exported array's DLPack tensor and the shape and strides it points at
+    DLManagedTensor managed
+    int64_t shape[64]
+    int64_t strides[64]
+
+
+cdef void _release(DLManagedTensor* m) noexcept nogil:
+    # the consumer's (or the unused capsule's) hand-back: the array's
+    # reference dropped, under the GIL (a consumer may free from any thread)
+    with gil:
+        Py_DECREF(<object>m.manager_ctx)
+    free(m)
+
+
+cdef void _capsule_gone(object cap) noexcept:
+    # a capsule no consumer took still owns its tensor
+    if PyCapsule_IsValid(cap, b"dltensor"):
+        _release(<DLManagedTensor*>PyCapsule_GetPointer(cap, b"dltensor"))
+
+
+def to_dlpack(cnp.ndarray a):
+    """An aligned ndarray of float64, float32, float16 or bfloat16, its
+    strides not negative, as an unversioned DLPack capsule over its memory (which it keeps alive), for a
+    consumer such as torch's from_dlpack; bfloat16 as kDLBfloat, which
+    NumPy's own __dlpack__ refuses."""
+    cdef cnp.dtype dt = a.dtype
+    cdef int nd = a.ndim, i, code
+    if dt.kind == "f" and dt.byteorder in "=|":
+        code = 2                    # kDLFloat
+    elif dt == _BF16:
+        code = 4                    # kDLBfloat
+    else:
+        raise TypeError(f"to_dlpack: float64, float32, float16 or bfloat16 expected, got {dt}")
+    if nd > 64 or not a.flags.aligned:
+        raise ValueError("to_dlpack: an aligned array of at most 64 dimensions expected")
+    for i in range(nd):
+        # (torch cannot hold a negative stride)
+        if a.strides[i] % dt.itemsize or a.strides[i] < 0:
+            raise ValueError("to_dlpack: strides of whole elements, none negative, expected")
+    cdef _Exported* e = <_Exported*>malloc(sizeof(_Exported))
+    if e == NULL:
+        raise MemoryError("to_dlpack: could not allocate the DLPack tensor")
+    for i in range(nd):
+        e.shape[i] = a.shape[i]
+        e.strides[i] = a.strides[i] // dt.itemsize
+    e.managed.dl_tensor.data = cnp.PyArray_DATA(a)
+    e.managed.dl_tensor.device.device_type = KDL_CPU
+    e.managed.dl_tensor.device.device_id = 0
+    e.managed.dl_tensor.ndim = nd
+    e.managed.dl_tensor.dtype.code = code
+    e.managed.dl_tensor.dtype.bits = 8 * dt.itemsize
+    e.managed.dl_tensor.dtype.lanes = 1
+    e.managed.dl_tensor.shape = e.shape
+    e.managed.dl_tensor.strides = e.strides
+    e.managed.dl_tensor.byte_offset = 0
+    Py_INCREF(a)
+    e.managed.manager_ctx = <void*>a
+    e.managed.deleter = _release
+    return PyCapsule_New(<void*>&e.managed, b"dltensor", <PyCapsule_Destructor>_capsule_gone)
