@@ -1,7 +1,7 @@
 """A CPU training step of two small models, with PyTorch's norms and with
 cynorm's (cynorm.torch.replace_norms), side by side in one process.
 
-    python benchmarks/bench_torch_models.py [--threads 1,2] [--steps 15]
+    python benchmarks/bench_torch_models.py [--threads 1,2] [--steps 15] [--compile]
 
 Models: a ViT-S/16-style stack of 4 pre-norm transformer blocks (384 wide, 6
 heads, 197 tokens, LayerNorm) at batch 8, and a ResNet-18 (BatchNorm2d) on
@@ -11,7 +11,10 @@ models start from the same weights; their steps are interleaved (the order
 reversed every other step) and the medians compared.  Each run also reports
 the norm operators' time in a step, as torch.profiler shows it (forward op
 and backward node, each with what runs inside it; the median of 3 profiled
-steps each, alternating), and their share of the step's CPU time.
+steps each, alternating), and their share of the step's CPU time.  With
+--compile both models run under torch.compile (Inductor; the first steps,
+untimed, compile them): cynorm's operators stay opaque to Inductor, which
+fuses PyTorch's own norms with their neighbours.
 """
 import argparse
 import copy
@@ -96,12 +99,13 @@ def is_norm(key):
     return key in NORM_FORWARD or (key.startswith("_") and key.endswith("_plain"))
 
 
-def step_fn(model, x, target, autocast):
+def step_fn(model, x, target, autocast, compiled=False):
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    run = torch.compile(model) if compiled else model
 
     def step():
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            loss = nn.functional.cross_entropy(model(x), target)
+            loss = nn.functional.cross_entropy(run(x), target)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -124,9 +128,10 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", default="1,2")
     p.add_argument("--steps", type=int, default=15)
+    p.add_argument("--compile", action="store_true", help="both models under torch.compile")
     args = p.parse_args()
     print(f"torch {torch.__version__}, cynorm {cynorm.__version__}; median of {args.steps} "
-          f"interleaved steps")
+          f"interleaved steps" + (", torch.compile" if args.compile else ""))
     print("| model | dtype | threads | torch ms/step | cynorm ms/step | torch/cynorm | "
           "norm ops ms/step, torch / cynorm (ratio) | norms' share, torch / cynorm |")
     print("|---|---|---|---|---|---|---|---|")
@@ -141,8 +146,8 @@ def main():
                 ct.replace_norms(ours)
                 x = torch.randn(*shape)
                 target = torch.randint(0, 100, (shape[0],))
-                steps = {"torch": step_fn(ref, x, target, autocast),
-                         "cynorm": step_fn(ours, x, target, autocast)}
+                steps = {"torch": step_fn(ref, x, target, autocast, args.compile),
+                         "cynorm": step_fn(ours, x, target, autocast, args.compile)}
                 for f in steps.values():
                     f()
                     f()
@@ -154,6 +159,13 @@ def main():
                         f()
                         times[k].append(time.perf_counter() - t)
                 a, b = (1e3 * np.median(times[k]) for k in ("torch", "cynorm"))
+                dt = "bfloat16 autocast" if autocast else "float32"
+                if args.compile:
+                    # torch's norms are inside Inductor's fused kernels: no
+                    # operator of their own to profile
+                    print(f"| {name} | {dt} | {threads} | {a:.1f} | {b:.1f} | {a / b:.2f} | – | – |",
+                          flush=True)
+                    continue
                 profiled = {k: [] for k in steps}
                 for i in range(3):
                     for k, f in (items if i % 2 == 0 else items[::-1]):
@@ -161,7 +173,6 @@ def main():
                 ms = {k: float(np.median([p[0] for p in v])) for k, v in profiled.items()}
                 share = " / ".join(f"{100 * np.median([p[1] for p in profiled[k]]):.0f} %"
                                    for k in ("torch", "cynorm"))
-                dt = "bfloat16 autocast" if autocast else "float32"
                 print(f"| {name} | {dt} | {threads} | {a:.1f} | {b:.1f} | {a / b:.2f} | "
                       f"{ms['torch']:.1f} / {ms['cynorm']:.1f} ({ms['torch'] / ms['cynorm']:.2f}) "
                       f"| {share} |", flush=True)
