@@ -103,8 +103,7 @@ def _dtype(int code, int bits, int lanes, str name):
     """The NumPy dtype of a DLPack element type."""
     if lanes == 1:
         if code == 4 and bits == 16:
-            import ml_dtypes
-            return np.dtype(ml_dtypes.bfloat16)
+            return _BF16
         if code == 6 and bits == 8:
             return np.dtype(np.bool_)
         kind = {0: "i", 1: "u", 2: "f", 5: "c"}.get(code)
@@ -230,10 +229,10 @@ cdef void _capsule_gone(object cap) noexcept:
 
 
 def to_dlpack(cnp.ndarray a):
-    """An aligned ndarray of float64, float32, float16 or bfloat16, its
-    strides not negative, as an unversioned DLPack capsule over its memory (which it keeps alive), for a
-    consumer such as torch's from_dlpack; bfloat16 as kDLBfloat, which
-    NumPy's own __dlpack__ refuses."""
+    """An aligned ndarray of float64, float32, float16 or bfloat16, no
+    stride negative, as an unversioned DLPack capsule over its memory (which
+    it keeps alive), for a consumer such as torch's from_dlpack; bfloat16 as
+    kDLBfloat, which NumPy's own __dlpack__ refuses."""
     cdef cnp.dtype dt = a.dtype
     cdef int nd = a.ndim, i, code
     if dt.kind == "f" and dt.byteorder in "=|":

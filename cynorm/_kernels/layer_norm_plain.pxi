@@ -180,14 +180,10 @@ cdef object plain_row_grads(object grad_out, object grad_h, object x, object nor
     cdef double* gb = sums + N if mask[2] else NULL
     cdef int nt = max_threads(), status = 0
     # a 16-bit weight widened to float32 (N floats); dy's row offsets
-    cdef float* scratch = NULL
-    cdef Py_ssize_t* dyr = NULL
-    if weight is not None and itemsize(storage) == 2:
-        scratch = <float*>malloc(N * sizeof(float))
-    if not dy_in_order:
-        dyr = <Py_ssize_t*>malloc(M * sizeof(Py_ssize_t))
-    if (scratch == NULL and weight is not None and itemsize(storage) == 2) or (
-            dyr == NULL and not dy_in_order):
+    cdef bint widen = weight is not None and itemsize(storage) == 2
+    cdef float* scratch = <float*>malloc(N * sizeof(float)) if widen else NULL
+    cdef Py_ssize_t* dyr = NULL if dy_in_order else <Py_ssize_t*>malloc(M * sizeof(Py_ssize_t))
+    if (widen and scratch == NULL) or (not dy_in_order and dyr == NULL):
         free(sums)
         free(scratch)
         free(dyr)
