@@ -56,27 +56,6 @@ def c_aligned(a: Array) -> Array:
     return np.require(a, requirements=["C", "A"])
 
 
-def rows_in_place(a: Array, k: int) -> tuple[Array, Optional[Array]]:
-    """a's rows (its last k axes, flattened) as the row kernels read them:
-    (a, None) where a is C-contiguous and aligned; where each row is
-    contiguous but the rows lie in another order (a transposed array, such
-    as a batch_first attention's gradient), (the memory holding them,
-    C-contiguous, and each row's offset in it in elements, in a's row
-    order), read in place; else (a C-contiguous aligned copy, None)."""
-    if a.flags.c_contiguous and a.flags.aligned:
-        return a, None
-    lead = a.ndim - k
-    order = memory_order(a) if a.flags.aligned and lead > 0 else None
-    if order is None or tuple(order[lead:]) != tuple(range(lead, a.ndim)):
-        return c_aligned(a), None
-    # the strides are positive (memory_order): a's first element starts it
-    offsets = np.zeros((), np.intp)
-    for i in range(lead):
-        axis = np.arange(a.shape[i], dtype=np.intp) * (a.strides[i] // a.itemsize)
-        offsets = np.add.outer(offsets, axis)
-    return a.transpose(order), offsets.reshape(-1)
-
-
 def unalias(inputs: Sequence[MaybeArray], outs: Sequence[Optional[Array]],
             keep: Optional[Array] = None) -> list[MaybeArray]:
     """inputs, with a private copy of each that shares memory with a given

@@ -35,7 +35,7 @@ import numpy as np
 
 from cynorm._dtypes import POLICY, from_float64
 from cynorm._arrays import (
-    c_aligned, check_big_out, check_distinct, kernel_flat as _flat, rows_in_place, same_array,
+    c_aligned, check_big_out, check_distinct, kernel_flat as _flat, same_array,
     small_out, unalias,
 )
 from cynorm import _kernels
@@ -315,15 +315,14 @@ def row_norm_backward(grad_out, grad_h, x, normalized_shape, mean, rstd, weight,
     mask = check_mask(output_mask, n=3 if centered else 2)
     mvec = _stat(mean, "mean", stat_shape, M, policy, op) if centered else None
     rvec = _stat(rstd, "rstd", stat_shape, M, policy, op)
-    (kdy, dy_rows), kx = rows_in_place(grad_out, len(ns)), c_aligned(x)
+    kdy, kx = c_aligned(grad_out), c_aligned(x)
     gx = _empty(x.shape, x.dtype, x.size * x.dtype.itemsize) if mask[0] else None
     gw = np.zeros(N, np.float64) if mask[1] else None
     gb = np.zeros(N, np.float64) if centered and mask[2] else None
     if M and N and any(mask):
         extra = () if grad_h is None or gx is None else (_flat(c_aligned(grad_h)),)
         _kernel("layer_norm_backward", policy)(_flat(kdy), _flat(kx), mvec, rvec, wvec,
-                                               _flat(gx), gw, gb, M, N, _threads(), *extra,
-                                               dy_rows=dy_rows)
+                                               _flat(gx), gw, gb, M, N, _threads(), *extra)
     elif gx is not None and grad_h is not None:     # an empty row: grad_x is grad_h alone
         gx[...] = grad_h
     grad_weight = grad_bias = None
