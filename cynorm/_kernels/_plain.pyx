@@ -158,9 +158,14 @@ cdef bint written_apart(tuple written, tuple read) noexcept:
 
 cdef bint plain_with_shape(object a, int storage, int nd, const cnp.npy_intp* dims) noexcept:
     """a is a plain array of `storage` with shape dims[:nd]."""
-    if storage_of(a) != storage or cnp.PyArray_NDIM(<cnp.ndarray>a) != nd:
+    return storage_of(a) == storage and shaped(<cnp.ndarray>a, nd, dims)
+
+
+cdef bint shaped(cnp.ndarray a, int nd, const cnp.npy_intp* dims) noexcept:
+    # a's shape is dims[:nd]
+    if cnp.PyArray_NDIM(a) != nd:
         return False
-    cdef const cnp.npy_intp* own = cnp.PyArray_DIMS(<cnp.ndarray>a)
+    cdef const cnp.npy_intp* own = cnp.PyArray_DIMS(a)
     cdef int i
     for i in range(nd):
         if own[i] != dims[i]:
@@ -172,19 +177,14 @@ cdef bint plain_rows_with_shape(object a, int storage, int nd, const cnp.npy_int
                                int k) noexcept:
     """a is an exact, aligned ndarray of `storage` with shape dims[:nd]
     whose rows (its last k axes) are each contiguous, wherever they lie (a
-    transposed array's rows, in another order than C's): the rows a row
-    kernel reads in place, at row_offsets."""
-    if (type(a) is not cnp.ndarray or not cnp.PyArray_CHKFLAGS(<cnp.ndarray>a, cnp.NPY_ARRAY_ALIGNED)
-            or storage_of_descr(<cnp.ndarray>a) != storage
-            or cnp.PyArray_NDIM(<cnp.ndarray>a) != nd):
+    C-contiguous array's, or a transposed array's, in another order than
+    C's): the rows a row kernel reads in place, at row_offsets."""
+    if storage_of_any_layout(a) != storage or not shaped(<cnp.ndarray>a, nd, dims):
         return False
     cdef const cnp.npy_intp* own = cnp.PyArray_DIMS(<cnp.ndarray>a)
     cdef const cnp.npy_intp* strides = cnp.PyArray_STRIDES(<cnp.ndarray>a)
     cdef Py_ssize_t step = ITEMSIZE[storage]
     cdef int i
-    for i in range(nd):
-        if own[i] != dims[i]:
-            return False
     for i in range(nd - 1, -1, -1):
         if i >= nd - k:
             # a row's axes: C order (an axis of length 1 has no step)

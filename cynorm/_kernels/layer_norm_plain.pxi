@@ -149,11 +149,11 @@ cdef object plain_row_grads(object grad_out, object grad_h, object x, object nor
     cdef cnp.npy_intp* dims = cnp.PyArray_DIMS(ax)
     cdef int k = trailing_axes(ax, normalized_shape)
     cdef int stat = math_storage(storage)
-    # grad_out C-contiguous, or with its rows read in place where they lie
-    # in another order (a batch_first attention's transposed gradient: dyr)
-    cdef bint dy_in_order = plain_with_shape(grad_out, storage, nd, dims)
-    if k == 0 or not (dy_in_order or plain_rows_with_shape(grad_out, storage, nd, dims, k)):
+    # grad_out's rows read where they lie: in C order, or in another (a
+    # batch_first attention's transposed gradient: dyr)
+    if k == 0 or not plain_rows_with_shape(grad_out, storage, nd, dims, k):
         return None
+    cdef bint dy_in_order = cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>grad_out)
     if grad_h is not None and not plain_with_shape(grad_h, storage, nd, dims):
         return None
     cdef cnp.npy_intp* ns = dims + nd - k
