@@ -3,10 +3,12 @@ stream: each op timed both ways in one process, interleaved, cold caches.
 
     python benchmarks/bench_stream_stores.py                  # 1 thread, both dtypes
     python benchmarks/bench_stream_stores.py --threads 2 --dtypes bfloat16
+    python benchmarks/bench_stream_stores.py --stream-from 16   # stream from 16 MiB
 
 cynorm streams an output of at least `_runtime.streaming_threshold()` bytes
-(max(16 MiB, half the last-level cache)); "cached" here sets the threshold
-out of reach (`set_stream_min_bytes(1 << 62)`) for its calls.  Both give the
+by default; "streamed" here streams from `--stream-from` MiB (default: that
+threshold) and "cached" sets the threshold out of reach
+(`set_stream_min_bytes(1 << 62)`) for its calls.  Both give the
 same bits.  Prints the median ms of each and cached/streamed: above 1, the
 streamed stores pay on this machine.  Run it under the fault-free
 allocation setting (MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736)
@@ -39,6 +41,13 @@ def cases(cynorm, dtype, rng):
     yield "BN eval (64, 64, 56, 56)", lambda: cynorm.batch_norm(xb, wc, bc, rm, rv, False, 0.1, 1e-5)
     v = rng.standard_normal((4096, 4096)).astype(dtype)
     g0, g1 = np.ones((4096, 1), dtype), np.ones((1, 4096), dtype)
+    xg = rng.standard_normal((8, 320, 64, 64)).astype(dtype)
+    wg, bg = np.ones(320, np.float32), np.zeros(320, np.float32)
+    xgl = np.ascontiguousarray(np.moveaxis(xg, 1, -1))
+    yield "GN fwd (8, 320, 64, 64) NCHW", lambda: cynorm.group_norm(xg, 32, wg, bg)
+    yield "GN fwd (8, 320, 64, 64) NHWC", lambda: cynorm.group_norm(xgl, 32, wg, bg, axis=-1)
+    xi = rng.standard_normal((2, 64, 32, 32, 32)).astype(dtype)
+    yield "IN fwd (2, 64, 32, 32, 32) NCDHW", lambda: cynorm.instance_norm(xi)
     yield "WN fwd (4096, 4096) dim=0", lambda: cynorm.weight_norm_interface(v, g0, 0)
     yield "WN fwd (4096, 4096) dim=1", lambda: cynorm.weight_norm_interface(v, g1, 1)
 
@@ -48,6 +57,8 @@ def main():
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--dtypes", default="bfloat16,float32")
     p.add_argument("--repeats", type=int, default=9)
+    p.add_argument("--stream-from", type=float, default=None,
+                   help="MiB from which the streamed calls stream (default: this machine's threshold)")
     args = p.parse_args()
 
     import ml_dtypes
@@ -57,10 +68,12 @@ def main():
 
     cynorm.set_num_threads(args.threads)
     threshold = _runtime.streaming_threshold()
+    stream_from = threshold if args.stream_from is None else int(args.stream_from * (1 << 20))
     evict = CacheEvictor(args.threads)
     rng = np.random.default_rng(0)
     print(f"cynorm {cynorm.__version__}, {args.threads} thread(s), streaming from "
-          f"{threshold >> 20} MiB; median of {args.repeats} cold-cache calls each\n")
+          f"{threshold >> 20} MiB by default, {stream_from >> 20} MiB in the streamed calls; "
+          f"median of {args.repeats} cold-cache calls each\n")
     print("| dtype | case | streamed ms | cached ms | cached/streamed |")
     print("|---|---|---|---|---|")
     for name in args.dtypes.split(","):
@@ -70,7 +83,7 @@ def main():
             try:
                 for _ in range(args.repeats):
                     for mode in times:
-                        _runtime.set_stream_min_bytes(threshold if mode == "streamed" else 1 << 62)
+                        _runtime.set_stream_min_bytes(stream_from if mode == "streamed" else 1 << 62)
                         evict()
                         t = time.perf_counter()
                         call()

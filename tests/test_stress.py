@@ -641,7 +641,7 @@ STREAM_CASES = ["wn rows fused (301, 1031) dim 0", "wn columns (1031, 301) dim 1
 def test_thread_counts_1_to_4_bitwise_streaming(case, dtype, rng, restore_threads, team_always,
                                                 streaming_everywhere):
     """As above with streaming stores forced on (the path large outputs
-    take: from half the last-level cache, 16 MiB at least), where
+    take: from 16 MiB), where
     each thread's stores start and end at its own task boundaries."""
     _all_counts_agree(THREAD_CASES[case](rng, dtype), case + " streaming")
 

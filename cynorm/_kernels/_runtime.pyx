@@ -73,10 +73,11 @@ def last_level_cache_bytes():
 
 
 def streaming_threshold():
-    """The default of set_stream_min_bytes: outputs above half the last-level
-    cache would not stay cached anyway (32 MiB when the size is unknown)."""
-    llc = last_level_cache_bytes()
-    return max(16 << 20, llc // 2) if llc else 32 << 20
+    """The default of set_stream_min_bytes: 16 MiB, whatever the last-level
+    cache.  From there a cached store's line read and write-back cost the op
+    more than its consumer gains from finding the output in a large L3
+    (benchmarks/README.md, "Streamed stores")."""
+    return 16 << 20
 
 
 cdef Py_ssize_t STREAM_MIN_BYTES = streaming_threshold()
