@@ -1,6 +1,7 @@
 """Pieces shared by the benchmark scripts in this directory.
 
-- `stream_triad_gbs`: STREAM triad bandwidth (stream_triad.c) at a thread count;
+- `stream_triad_gbs`: STREAM triad bandwidth with streamed stores at a thread
+  count; `stream_bounds`: that and the other loops of stream_bounds.c;
 - `time_interleaved`: warm up, then time several callables in turn, repeatedly;
 - `CacheEvictor`: pushes the operands of the previous calls out of the caches
   (run before each timed call of a DRAM-bound case);
@@ -30,17 +31,36 @@ SETTINGS = ("default", "faultfree")
 
 # --------------------------------------------------------------------------- #
 # STREAM triad
-def stream_triad_gbs(threads):
-    """Best-of-10 triad bandwidth at `threads` threads (C, or NumPy fallback)."""
+def stream_bounds(threads):
+    """stream_bounds.c's lines at `threads` threads: {name: GB/s}, names
+    "triad", "triad_nt", "scale_nt" and "twopass_nt <unit> KiB"; None
+    without a C compiler."""
     cc = shutil.which("cc") or shutil.which("gcc")
-    if cc:
-        exe = os.path.join(tempfile.gettempdir(), "cynorm_stream_triad")
-        src = os.path.join(HERE, "stream_triad.c")
-        if not os.path.exists(exe) or os.path.getmtime(exe) < os.path.getmtime(src):
-            subprocess.run([cc, "-O3", "-march=native", "-fopenmp", src, "-o", exe], check=True)
-        out = subprocess.run([exe], env=dict(os.environ, OMP_NUM_THREADS=str(threads)),
-                             capture_output=True, text=True, check=True)
-        return float(out.stdout.strip()), "C triad"
+    if not cc:
+        return None
+    exe = os.path.join(tempfile.gettempdir(), "cynorm_stream_bounds")
+    src = os.path.join(HERE, "stream_bounds.c")
+    if not os.path.exists(exe) or os.path.getmtime(exe) < os.path.getmtime(src):
+        subprocess.run([cc, "-O3", "-march=native", "-fopenmp", src, "-o", exe], check=True)
+    out = subprocess.run([exe], env=dict(os.environ, OMP_NUM_THREADS=str(threads)),
+                         capture_output=True, text=True, check=True)
+    bounds = {}
+    for line in out.stdout.splitlines():
+        if line.startswith("#"):
+            print(f"stream_bounds.c: {line[1:].strip()}")
+            continue
+        name, gbs = line.split()[:2]
+        unit = line.split("(unit ")[1].rstrip(")") if "(unit " in line else ""
+        bounds[f"{name} {unit}".strip()] = float(gbs)
+    return bounds
+
+
+def stream_triad_gbs(threads):
+    """The triad with streamed stores at `threads` threads, best of 10 runs
+    on cold caches (stream_bounds.c; a NumPy triad without a C compiler)."""
+    bounds = stream_bounds(threads)
+    if bounds:
+        return bounds["triad_nt"], "C triad, streamed stores"
     n = (256 << 20) // 8
     b, c, a = np.ones(n), np.full(n, 2.0), np.empty(n)
     best = 1e30

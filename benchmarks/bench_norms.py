@@ -49,7 +49,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import peers  # noqa: E402
 from _common import (  # noqa: E402
     HERE, SETTINGS, CacheEvictor, cpu_snapshot, median_ms, other_cpu_share, run_child, setting_heading,
-    stream_triad_gbs, time_interleaved, tune_threads,
+    stream_bounds, stream_triad_gbs, time_interleaved, tune_threads,
 )
 
 EPS = 1e-5
@@ -978,6 +978,10 @@ def main():
         gbs, how = stream_triad_gbs(t)
         stream[str(t)] = gbs
         print(f"STREAM triad ({how}), {t} thread(s): {gbs:.1f} GB/s")
+        bounds = stream_bounds(t)
+        if bounds:
+            print(f"  stream_bounds.c, {t} thread(s): "
+                  + ", ".join(f"{k} {v:.1f}" for k, v in bounds.items() if k != "triad_nt") + " GB/s")
     load = os.getloadavg()
     print(f"load average before the run: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     print("MiB moved: minimal traffic, inputs read once and outputs written once; DRAM: > 16 MiB moved"

@@ -1,0 +1,260 @@
+/* What a normalization forward can reach on this machine's memory: the
+ * simplest loops with the traffic of one, timed on cold 256 MiB arrays.
+ *
+ *   cc -O3 -march=native -fopenmp stream_bounds.c -o stream_bounds
+ *   OMP_NUM_THREADS=1 ./stream_bounds [block_bytes ...]
+ *
+ * Prints the best GB/s of 10 runs, counting the bytes each loop must move
+ * (inputs read once, outputs written once), for:
+ *   triad      a = b + s*c, cached stores (24 bytes an element, as STREAM
+ *              counts them; the stores' line reads are not counted)
+ *   triad_nt   the same with streamed (non-temporal) stores
+ *   scale_nt   y = k*x + t over float32 with streamed stores: a one-pass
+ *              normalize, 8 bytes an element
+ *   twopass_nt for each block size given (default 160 KiB and 5 MiB): the
+ *              block summed, then read again and scaled into streamed
+ *              stores, block after block: a two-pass normalize whose unit
+ *              (a group, an instance, a channels-last sample) is that size;
+ *              counted as 8 bytes an element, like scale_nt.
+ *   twopass_bf16_nt  the same over bfloat16 (read as float32, summed in
+ *              float32, rounded back by AVX512-BF16), 4 bytes an element;
+ *              only where the build has AVX512-BF16.
+ * A unit that fits the core's L2 is read again from it; a larger one is read
+ * again from L3 (or DRAM), which is the gap between twopass_nt and scale_nt.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#if defined(__x86_64__) && defined(__AVX512F__)
+#include <immintrin.h>
+#define LANES 16
+#elif defined(__x86_64__) && defined(__AVX__)
+#include <immintrin.h>
+#define LANES 8
+#elif defined(__x86_64__)
+#include <emmintrin.h>
+#define LANES 4
+#else
+#define LANES 1     /* no streamed stores here: the _nt loops store through the caches */
+#endif
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + 1e-9 * t.tv_nsec;
+}
+
+/* y[0:n] = k*x + t with streamed stores where the build has them; y 64-byte
+ * aligned, n a multiple of 16 */
+static void scale_nt(float *restrict y, const float *restrict x, long n, float k, float t) {
+#if LANES == 16
+    __m512 vk = _mm512_set1_ps(k), vt = _mm512_set1_ps(t);
+    for (long i = 0; i < n; i += 16)
+        _mm512_stream_ps(y + i, _mm512_fmadd_ps(_mm512_loadu_ps(x + i), vk, vt));
+#elif LANES == 8
+    __m256 vk = _mm256_set1_ps(k), vt = _mm256_set1_ps(t);
+    for (long i = 0; i < n; i += 8)
+        _mm256_stream_ps(y + i, _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vk), vt));
+#elif LANES == 4
+    __m128 vk = _mm_set1_ps(k), vt = _mm_set1_ps(t);
+    for (long i = 0; i < n; i += 4)
+        _mm_stream_ps(y + i, _mm_add_ps(_mm_mul_ps(_mm_loadu_ps(x + i), vk), vt));
+#else
+    for (long i = 0; i < n; i++)
+        y[i] = k * x[i] + t;
+#endif
+}
+
+static void triad_nt(double *restrict a, const double *restrict b, const double *restrict c,
+                     long n, double s) {
+#if LANES == 16
+    __m512d vs = _mm512_set1_pd(s);
+    for (long i = 0; i < n; i += 8)
+        _mm512_stream_pd(a + i, _mm512_fmadd_pd(_mm512_loadu_pd(c + i), vs, _mm512_loadu_pd(b + i)));
+#elif LANES == 8
+    __m256d vs = _mm256_set1_pd(s);
+    for (long i = 0; i < n; i += 4)
+        _mm256_stream_pd(a + i, _mm256_add_pd(_mm256_mul_pd(_mm256_loadu_pd(c + i), vs),
+                                              _mm256_loadu_pd(b + i)));
+#elif LANES == 4
+    __m128d vs = _mm_set1_pd(s);
+    for (long i = 0; i < n; i += 2)
+        _mm_stream_pd(a + i, _mm_add_pd(_mm_mul_pd(_mm_loadu_pd(c + i), vs), _mm_loadu_pd(b + i)));
+#else
+    for (long i = 0; i < n; i++)
+        a[i] = b[i] + s * c[i];
+#endif
+}
+
+#if LANES == 16 && defined(__AVX512BF16__)
+#define HAVE_BF16 1
+/* bfloat16 block: sum in float32, then y = k*x + t rounded to bfloat16 and
+ * streamed; n a multiple of 32, y 64-byte aligned */
+static void twopass_bf16_block(unsigned short *y, const unsigned short *x, long n) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0;
+    for (long i = 0; i < n; i += 32) {
+        __m512i v = _mm512_loadu_si512(x + i);
+        s0 = _mm512_add_ps(s0, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
+        s1 = _mm512_add_ps(s1, _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(-65536))));
+    }
+    float s = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+    __m512 vk = _mm512_set1_ps(1.0f / (1.0f + s * s)), vt = _mm512_set1_ps(s);
+    for (long i = 0; i < n; i += 32) {
+        __m512 a = _mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256((const __m256i *)(x + i)));
+        __m512 b = _mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256((const __m256i *)(x + i + 16)));
+        __m512bh r = _mm512_cvtne2ps_pbh(_mm512_fmadd_ps(b, vk, vt), _mm512_fmadd_ps(a, vk, vt));
+        _mm512_stream_si512((void *)(y + i), (__m512i)r);
+    }
+}
+#endif
+
+static float block_sum(const float *x, long n) {
+    float acc[16] = {0};
+    for (long i = 0; i < n; i += 16)
+        for (int l = 0; l < 16; l++)
+            acc[l] += x[i + l];
+    float s = 0;
+    for (int l = 0; l < 16; l++)
+        s += acc[l];
+    return s;
+}
+
+/* every thread's blocks of `block` floats: summed, then scaled */
+static void twopass_nt(float *y, const float *x, long n, long block) {
+    long nblocks = n / block;
+    #pragma omp parallel for schedule(static)
+    for (long j = 0; j < nblocks; j++) {
+        float s = block_sum(x + j * block, block);
+        scale_nt(y + j * block, x + j * block, block, 1.0f / (1.0f + s * s), s);
+    }
+#if LANES > 1
+    _mm_sfence();
+#endif
+}
+
+#define RUNS 10
+#define EVICT_BYTES (768L << 20)     /* beyond the largest last-level caches */
+
+/* a pass over a buffer larger than the caches, each line written: every
+ * timed run starts with cold caches (a large L3 would keep a 256 MiB input) */
+static void evict(char *buf) {
+    #pragma omp parallel for schedule(static)
+    for (long i = 0; i < EVICT_BYTES; i += 64) buf[i] += 1;
+}
+
+int main(int argc, char **argv) {
+    const long nd = (256L << 20) / 8, nf = (256L << 20) / 4;
+    double *a = aligned_alloc(64, nd * 8), *b = aligned_alloc(64, nd * 8),
+           *c = aligned_alloc(64, nd * 8);
+    float *x = aligned_alloc(64, nf * 4), *y = aligned_alloc(64, nf * 4);
+    char *ev = calloc(EVICT_BYTES, 1);
+    if (!a || !b || !c || !x || !y || !ev) return 1;
+    #pragma omp parallel for schedule(static)
+    for (long i = 0; i < nd; i++) { a[i] = 0.0; b[i] = 1.0; c[i] = 2.0; }
+    #pragma omp parallel for schedule(static)
+    for (long i = 0; i < nf; i++) { x[i] = (float)(i % 7); y[i] = 0.0f; }
+    double best, t;
+#if LANES == 1
+    printf("# no streamed stores in this build: the _nt loops store through the caches\n");
+#endif
+
+    best = 1e30;
+    for (int r = 0; r < RUNS; r++) {
+        evict(ev);
+        t = now();
+        #pragma omp parallel for schedule(static)
+        for (long i = 0; i < nd; i++) a[i] = b[i] + 3.0 * c[i];
+        t = now() - t;
+        if (t < best) best = t;
+    }
+    printf("triad       %7.2f GB/s\n", 24.0 * nd / best / 1e9);
+
+    best = 1e30;
+    for (int r = 0; r < RUNS; r++) {
+        evict(ev);
+        t = now();
+        #pragma omp parallel
+        {
+#ifdef _OPENMP
+            extern int omp_get_thread_num(void), omp_get_num_threads(void);
+            long nt = omp_get_num_threads(), id = omp_get_thread_num();
+#else
+            long nt = 1, id = 0;
+#endif
+            long chunk = (nd / nt) & ~7L, lo = id * chunk, hi = id == nt - 1 ? nd : lo + chunk;
+            triad_nt(a + lo, b + lo, c + lo, hi - lo, 3.0);
+        }
+#if LANES > 1
+        _mm_sfence();
+#endif
+        t = now() - t;
+        if (t < best) best = t;
+    }
+    printf("triad_nt    %7.2f GB/s\n", 24.0 * nd / best / 1e9);
+
+    long sizes[16] = {160L << 10, 5L << 20};
+    int nsizes = 2;
+    if (argc > 1) {
+        nsizes = 0;
+        for (int i = 1; i < argc && nsizes < 16; i++) sizes[nsizes++] = atol(argv[i]);
+    }
+    best = 1e30;
+    for (int r = 0; r < RUNS; r++) {
+        evict(ev);
+        t = now();
+        #pragma omp parallel
+        {
+#ifdef _OPENMP
+            extern int omp_get_thread_num(void), omp_get_num_threads(void);
+            long nt = omp_get_num_threads(), id = omp_get_thread_num();
+#else
+            long nt = 1, id = 0;
+#endif
+            long chunk = (nf / nt) & ~15L, lo = id * chunk, hi = id == nt - 1 ? nf : lo + chunk;
+            scale_nt(y + lo, x + lo, hi - lo, 0.5f, 1.0f);
+        }
+#if LANES > 1
+        _mm_sfence();
+#endif
+        t = now() - t;
+        if (t < best) best = t;
+    }
+    printf("scale_nt    %7.2f GB/s\n", 8.0 * nf / best / 1e9);
+
+    for (int s = 0; s < nsizes; s++) {
+        long block = (sizes[s] / 4) & ~15L;
+        if (block < 16) continue;
+        long n = nf / block * block;
+        best = 1e30;
+        for (int r = 0; r < RUNS; r++) {
+            evict(ev);
+        t = now();
+            twopass_nt(y, x, n, block);
+            t = now() - t;
+            if (t < best) best = t;
+        }
+        printf("twopass_nt  %7.2f GB/s  (unit %ld KiB)\n", 8.0 * n / best / 1e9, block * 4 >> 10);
+    }
+#ifdef HAVE_BF16
+    /* the float32 arrays as bfloat16 storage: twice the elements */
+    unsigned short *xb = (unsigned short *)x, *yb = (unsigned short *)y;
+    for (int s = 0; s < nsizes; s++) {
+        long block = (sizes[s] / 2) & ~31L;
+        if (block < 32) continue;
+        long n = 2 * nf / block * block, nblocks = n / block;
+        best = 1e30;
+        for (int r = 0; r < RUNS; r++) {
+            evict(ev);
+            t = now();
+            #pragma omp parallel for schedule(static)
+            for (long j = 0; j < nblocks; j++)
+                twopass_bf16_block(yb + j * block, xb + j * block, block);
+            _mm_sfence();
+            t = now() - t;
+            if (t < best) best = t;
+        }
+        printf("twopass_bf16_nt %7.2f GB/s  (unit %ld KiB)\n", 4.0 * n / best / 1e9, block * 2 >> 10);
+    }
+#endif
+    return y[nf / 3] == 12345.0f ? 2 : 0;
+}
