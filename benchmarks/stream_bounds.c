@@ -108,6 +108,17 @@ static void twopass_bf16_block(unsigned short *y, const unsigned short *x, long 
 }
 #endif
 
+/* the streamed stores done before the clock stops */
+static void fence(void) {
+#if LANES > 1
+    _mm_sfence();
+#endif
+}
+
+/* elements a thread's loop takes at a time (static schedule: each thread
+ * one contiguous range of pieces) */
+#define PIECE 4096L
+
 static float block_sum(const float *x, long n) {
     float acc[16] = {0};
     for (long i = 0; i < n; i += 16)
@@ -127,9 +138,7 @@ static void twopass_nt(float *y, const float *x, long n, long block) {
         float s = block_sum(x + j * block, block);
         scale_nt(y + j * block, x + j * block, block, 1.0f / (1.0f + s * s), s);
     }
-#if LANES > 1
-    _mm_sfence();
-#endif
+    fence();
 }
 
 #define RUNS 10
@@ -173,20 +182,10 @@ int main(int argc, char **argv) {
     for (int r = 0; r < RUNS; r++) {
         evict(ev);
         t = now();
-        #pragma omp parallel
-        {
-#ifdef _OPENMP
-            extern int omp_get_thread_num(void), omp_get_num_threads(void);
-            long nt = omp_get_num_threads(), id = omp_get_thread_num();
-#else
-            long nt = 1, id = 0;
-#endif
-            long chunk = (nd / nt) & ~7L, lo = id * chunk, hi = id == nt - 1 ? nd : lo + chunk;
-            triad_nt(a + lo, b + lo, c + lo, hi - lo, 3.0);
-        }
-#if LANES > 1
-        _mm_sfence();
-#endif
+        #pragma omp parallel for schedule(static)
+        for (long j = 0; j < nd / PIECE; j++)
+            triad_nt(a + j * PIECE, b + j * PIECE, c + j * PIECE, PIECE, 3.0);
+        fence();
         t = now() - t;
         if (t < best) best = t;
     }
@@ -202,20 +201,10 @@ int main(int argc, char **argv) {
     for (int r = 0; r < RUNS; r++) {
         evict(ev);
         t = now();
-        #pragma omp parallel
-        {
-#ifdef _OPENMP
-            extern int omp_get_thread_num(void), omp_get_num_threads(void);
-            long nt = omp_get_num_threads(), id = omp_get_thread_num();
-#else
-            long nt = 1, id = 0;
-#endif
-            long chunk = (nf / nt) & ~15L, lo = id * chunk, hi = id == nt - 1 ? nf : lo + chunk;
-            scale_nt(y + lo, x + lo, hi - lo, 0.5f, 1.0f);
-        }
-#if LANES > 1
-        _mm_sfence();
-#endif
+        #pragma omp parallel for schedule(static)
+        for (long j = 0; j < nf / PIECE; j++)
+            scale_nt(y + j * PIECE, x + j * PIECE, PIECE, 0.5f, 1.0f);
+        fence();
         t = now() - t;
         if (t < best) best = t;
     }
@@ -249,7 +238,7 @@ int main(int argc, char **argv) {
             #pragma omp parallel for schedule(static)
             for (long j = 0; j < nblocks; j++)
                 twopass_bf16_block(yb + j * block, xb + j * block, block);
-            _mm_sfence();
+            fence();
             t = now() - t;
             if (t < best) best = t;
         }
