@@ -23,10 +23,7 @@ cnp.import_array()
 import ml_dtypes
 cdef cnp.dtype _BF16 = np.dtype(ml_dtypes.bfloat16)
 
-cdef extern from "numpy/arrayobject.h":
-    # (commented out in NumPy's .pxd); steals a reference to descr
-    object PyArray_NewFromDescr(void* subtype, void* descr, int nd, cnp.npy_intp* dims,
-                                cnp.npy_intp* strides, void* data, int flags, void* obj)
+from cynorm._kernels._foreign cimport array_over
 
 
 # dlpack.h (v1.0), as the producers lay it out
@@ -197,12 +194,8 @@ def from_dlpack(obj, str name="x"):
         if not writable:
             a.flags.writeable = False
         return a, writable
-    Py_INCREF(dtype)            # PyArray_NewFromDescr steals the dtype's reference
-    a = PyArray_NewFromDescr(<void*>np.ndarray, <void*>dtype, nd, dims, strides,
-                             <char*>t.data + t.byte_offset,
-                             cnp.NPY_ARRAY_WRITEABLE if writable else 0, NULL)
-    cnp.set_array_base(a, owner)
-    return a, writable
+    return array_over(dtype, nd, dims, strides, <char*>t.data + t.byte_offset, writable,
+                      owner), writable
 
 
 # ---- the other way: an ndarray as a DLPack capsule ---------------------------

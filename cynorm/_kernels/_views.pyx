@@ -31,10 +31,7 @@ def kernel_flat(a):
     return arr
 
 
-cdef extern from "numpy/arrayobject.h":
-    # (commented out in NumPy's .pxd); steals a reference to descr
-    object PyArray_NewFromDescr(void* subtype, void* descr, int nd, cnp.npy_intp* dims,
-                                cnp.npy_intp* strides, void* data, int flags, void* obj)
+from cynorm._kernels._foreign cimport array_over
 
 
 def tensor_view(t, cnp.dtype dtype):
@@ -58,8 +55,4 @@ def tensor_view(t, cnp.dtype dtype):
             return None
         strides[i] = stride[i] * item
     cdef size_t ptr = t.data_ptr()
-    Py_INCREF(dtype)            # PyArray_NewFromDescr steals the dtype's reference
-    a = PyArray_NewFromDescr(<void*>np.ndarray, <void*>dtype, <int>nd, dims, strides,
-                             <void*>ptr, cnp.NPY_ARRAY_WRITEABLE, NULL)
-    cnp.set_array_base(a, t)
-    return a
+    return array_over(dtype, <int>nd, dims, strides, <void*>ptr, True, t)
