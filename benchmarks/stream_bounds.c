@@ -151,6 +151,61 @@ static void evict(char *buf) {
     for (long i = 0; i < EVICT_BYTES; i += 64) buf[i] += 1;
 }
 
+/* what one timed loop reads and writes: n elements, in blocks of `block` */
+struct job {
+    double *a, *b, *c;
+    float *x, *y;
+    long n, block;
+};
+
+static void run_triad(const struct job *j) {
+    #pragma omp parallel for schedule(static)
+    for (long i = 0; i < j->n; i++) j->a[i] = j->b[i] + 3.0 * j->c[i];
+}
+
+static void run_triad_nt(const struct job *j) {
+    #pragma omp parallel for schedule(static)
+    for (long k = 0; k < j->n / PIECE; k++)
+        triad_nt(j->a + k * PIECE, j->b + k * PIECE, j->c + k * PIECE, PIECE, 3.0);
+    fence();
+}
+
+static void run_scale_nt(const struct job *j) {
+    #pragma omp parallel for schedule(static)
+    for (long k = 0; k < j->n / PIECE; k++)
+        scale_nt(j->y + k * PIECE, j->x + k * PIECE, PIECE, 0.5f, 1.0f);
+    fence();
+}
+
+static void run_twopass_nt(const struct job *j) {
+    twopass_nt(j->y, j->x, j->n, j->block);
+}
+
+#ifdef HAVE_BF16
+/* the float32 arrays as bfloat16 storage */
+static void run_twopass_bf16_nt(const struct job *j) {
+    unsigned short *xb = (unsigned short *)j->x, *yb = (unsigned short *)j->y;
+    #pragma omp parallel for schedule(static)
+    for (long k = 0; k < j->n / j->block; k++)
+        twopass_bf16_block(yb + k * j->block, xb + k * j->block, j->block);
+    fence();
+}
+#endif
+
+/* the best GB/s of RUNS cold-cache runs of `run`, counting `bytes` */
+static double best_gbs(void (*run)(const struct job *), const struct job *j, double bytes,
+                       char *ev) {
+    double best = 1e30;
+    for (int r = 0; r < RUNS; r++) {
+        evict(ev);
+        double t = now();
+        run(j);
+        t = now() - t;
+        if (t < best) best = t;
+    }
+    return bytes / best / 1e9;
+}
+
 int main(int argc, char **argv) {
     const long nd = (256L << 20) / 8, nf = (256L << 20) / 4;
     double *a = aligned_alloc(64, nd * 8), *b = aligned_alloc(64, nd * 8),
@@ -162,34 +217,14 @@ int main(int argc, char **argv) {
     for (long i = 0; i < nd; i++) { a[i] = 0.0; b[i] = 1.0; c[i] = 2.0; }
     #pragma omp parallel for schedule(static)
     for (long i = 0; i < nf; i++) { x[i] = (float)(i % 7); y[i] = 0.0f; }
-    double best, t;
 #if LANES == 1
     printf("# no streamed stores in this build: the _nt loops store through the caches\n");
 #endif
-
-    best = 1e30;
-    for (int r = 0; r < RUNS; r++) {
-        evict(ev);
-        t = now();
-        #pragma omp parallel for schedule(static)
-        for (long i = 0; i < nd; i++) a[i] = b[i] + 3.0 * c[i];
-        t = now() - t;
-        if (t < best) best = t;
-    }
-    printf("triad       %7.2f GB/s\n", 24.0 * nd / best / 1e9);
-
-    best = 1e30;
-    for (int r = 0; r < RUNS; r++) {
-        evict(ev);
-        t = now();
-        #pragma omp parallel for schedule(static)
-        for (long j = 0; j < nd / PIECE; j++)
-            triad_nt(a + j * PIECE, b + j * PIECE, c + j * PIECE, PIECE, 3.0);
-        fence();
-        t = now() - t;
-        if (t < best) best = t;
-    }
-    printf("triad_nt    %7.2f GB/s\n", 24.0 * nd / best / 1e9);
+    struct job j = {a, b, c, x, y, nd, 0};
+    printf("triad       %7.2f GB/s\n", best_gbs(run_triad, &j, 24.0 * nd, ev));
+    printf("triad_nt    %7.2f GB/s\n", best_gbs(run_triad_nt, &j, 24.0 * nd, ev));
+    j.n = nf;
+    printf("scale_nt    %7.2f GB/s\n", best_gbs(run_scale_nt, &j, 8.0 * nf, ev));
 
     long sizes[16] = {160L << 10, 5L << 20};
     int nsizes = 2;
@@ -197,52 +232,20 @@ int main(int argc, char **argv) {
         nsizes = 0;
         for (int i = 1; i < argc && nsizes < 16; i++) sizes[nsizes++] = atol(argv[i]);
     }
-    best = 1e30;
-    for (int r = 0; r < RUNS; r++) {
-        evict(ev);
-        t = now();
-        #pragma omp parallel for schedule(static)
-        for (long j = 0; j < nf / PIECE; j++)
-            scale_nt(y + j * PIECE, x + j * PIECE, PIECE, 0.5f, 1.0f);
-        fence();
-        t = now() - t;
-        if (t < best) best = t;
-    }
-    printf("scale_nt    %7.2f GB/s\n", 8.0 * nf / best / 1e9);
-
     for (int s = 0; s < nsizes; s++) {
-        long block = (sizes[s] / 4) & ~15L;
-        if (block < 16) continue;
-        long n = nf / block * block;
-        best = 1e30;
-        for (int r = 0; r < RUNS; r++) {
-            evict(ev);
-        t = now();
-            twopass_nt(y, x, n, block);
-            t = now() - t;
-            if (t < best) best = t;
-        }
-        printf("twopass_nt  %7.2f GB/s  (unit %ld KiB)\n", 8.0 * n / best / 1e9, block * 4 >> 10);
+        j.block = (sizes[s] / 4) & ~15L;
+        if (j.block < 16) continue;
+        j.n = nf / j.block * j.block;
+        printf("twopass_nt  %7.2f GB/s  (unit %ld KiB)\n",
+               best_gbs(run_twopass_nt, &j, 8.0 * j.n, ev), j.block * 4 >> 10);
     }
 #ifdef HAVE_BF16
-    /* the float32 arrays as bfloat16 storage: twice the elements */
-    unsigned short *xb = (unsigned short *)x, *yb = (unsigned short *)y;
-    for (int s = 0; s < nsizes; s++) {
-        long block = (sizes[s] / 2) & ~31L;
-        if (block < 32) continue;
-        long n = 2 * nf / block * block, nblocks = n / block;
-        best = 1e30;
-        for (int r = 0; r < RUNS; r++) {
-            evict(ev);
-            t = now();
-            #pragma omp parallel for schedule(static)
-            for (long j = 0; j < nblocks; j++)
-                twopass_bf16_block(yb + j * block, xb + j * block, block);
-            fence();
-            t = now() - t;
-            if (t < best) best = t;
-        }
-        printf("twopass_bf16_nt %7.2f GB/s  (unit %ld KiB)\n", 4.0 * n / best / 1e9, block * 2 >> 10);
+    for (int s = 0; s < nsizes; s++) {         /* twice the elements in 16 bits */
+        j.block = (sizes[s] / 2) & ~31L;
+        if (j.block < 32) continue;
+        j.n = 2 * nf / j.block * j.block;
+        printf("twopass_bf16_nt %7.2f GB/s  (unit %ld KiB)\n",
+               best_gbs(run_twopass_bf16_nt, &j, 4.0 * j.n, ev), j.block * 2 >> 10);
     }
 #endif
     return y[nf / 3] == 12345.0f ? 2 : 0;
