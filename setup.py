@@ -59,10 +59,13 @@ from setuptools.command.build_ext import build_ext
 CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-class build_ext_always(build_ext):
-    """Recompile every time: the flags depend on the environment (CYNORM_MARCH,
-    CYNORM_NO_OPENMP), which setuptools' up-to-date check cannot see, so an
-    in-tree build/ left by another configuration would otherwise be reused."""
+class build_ext_keyed(build_ext):
+    """Recompile every module unless the last build in this build/ was made
+    from the same sources with the same flags: the flags depend on the
+    environment (CYNORM_MARCH, CYNORM_NO_OPENMP, ...), which setuptools'
+    up-to-date check cannot see, so an in-tree build/ left by another
+    configuration would otherwise be reused.  The build key (build_key) of
+    the last build is kept in the build's temporary directory."""
 
     def finalize_options(self):
         super().finalize_options()
@@ -113,7 +116,35 @@ class build_ext_always(build_ext):
                 if wrap:
                     ext.define_macros = list(ext.define_macros) + [("CN_TEAM_WRAP", "1")]
                     ext.extra_link_args = list(ext.extra_link_args) + ["-Wl,--wrap=GOMP_parallel"]
+        # the same build again (a second `pip install .`, the docs' install
+        # after the tests'): the modules already built are kept (Cython has
+        # written their C files again where pip's fresh build environment
+        # gave NumPy's .pxd files a newer time, so the files' times cannot
+        # tell)
+        key = build_key(self.compiler, self.extensions)
+        stamp = os.path.join(self.build_temp, "cynorm-build-key")
+        if self._built_with(stamp, key):
+            print("cynorm: the modules in build/ were built from these sources with these "
+                  "flags: not compiled again")
+            return
+        # no key while the modules are rewritten (a build stopped half way
+        # must not pass for the last one)
+        if os.path.exists(stamp):
+            os.remove(stamp)
         super().build_extensions()
+        os.makedirs(self.build_temp, exist_ok=True)
+        with open(stamp, "w", encoding="utf-8") as f:
+            f.write(key)
+
+    def _built_with(self, stamp, key):
+        """Whether every module exists and stamp records key."""
+        if not all(os.path.exists(self.get_ext_fullpath(ext.name)) for ext in self.extensions):
+            return False
+        try:
+            with open(stamp, encoding="utf-8") as f:
+                return f.read() == key
+        except OSError:
+            return False
 
     def _openmp_or_serial(self):
         """Keep the OpenMP flags if the compiler builds and links an OpenMP
@@ -173,6 +204,38 @@ class build_ext_always(build_ext):
             except CompileError:
                 return False
         return True
+
+
+def build_key(compiler, exts):
+    """What a build's modules depend on, as text: every source under
+    cynorm/_kernels and the build scripts (their bytes' SHA-256), each
+    module's flags, the compiler's commands, the switches of the environment
+    and the versions of Python, NumPy and Cython."""
+    import hashlib
+    import json
+
+    import Cython
+    digest = hashlib.sha256()
+    sources = sorted(glob.glob(os.path.join(KERNELS, "*")) + [__file__, DTYPE_TABLE])
+    for path in sources:
+        if os.path.isfile(path) and not path.endswith((".c", ".so", ".pyd")):
+            digest.update(path.encode() + b"\0")
+            with open(path, "rb") as f:
+                digest.update(hashlib.sha256(f.read()).digest())
+    # NumPy's headers by NumPy's version (pip builds each time in a new
+    # environment, NumPy's directory a new temporary one)
+    numpy = np.get_include()
+    env = {k: v for k, v in os.environ.items()
+           if k.startswith("CYNORM_") or k in ("CC", "CFLAGS", "CPPFLAGS", "LDFLAGS", "LDSHARED")}
+    return json.dumps({
+        "sources": digest.hexdigest(),
+        "modules": [[e.name, e.sources, e.extra_compile_args, e.extra_link_args,
+                     e.define_macros, [d.replace(numpy, "<numpy>") for d in e.include_dirs]]
+                    for e in exts],
+        "compiler": [getattr(compiler, a, None) for a in ("compiler_so", "linker_so")],
+        "environment": env,
+        "versions": [sys.version, np.__version__, Cython.__version__],
+    }, sort_keys=True, default=str)
 
 
 # cn_team.h's wrap of GOMP_parallel needs GCC (not clang, which also
@@ -365,4 +428,4 @@ def extensions():
     return modules
 
 
-setup(ext_modules=extensions(), cmdclass={"build_ext": build_ext_always})
+setup(ext_modules=extensions(), cmdclass={"build_ext": build_ext_keyed})
