@@ -178,6 +178,21 @@ CN_ALWAYS_INLINE void cn_prefetch_rows_l2(const void *p, ptrdiff_t n, ptrdiff_t 
 #endif
 }
 
+/* A streamed pass over a row that a first pass brought into L1 (a row
+ * norm's normalize) only stores, and the memory's read side idles.  Done in
+ * pieces of about CN_AHEAD_PIECE_BYTES of output, each followed by an L2
+ * prefetch of the same bytes of the next row, the next row's reads overlap
+ * this row's stores.  The end of the piece from element pos of an n-element
+ * row at out: on a 64-byte line of out, or n. */
+#define CN_AHEAD_PIECE_BYTES 1024
+CN_ALWAYS_INLINE ptrdiff_t cn_piece_end(const void *out, ptrdiff_t pos, ptrdiff_t n,
+                                        ptrdiff_t isz) {
+    uintptr_t start = (uintptr_t)out;
+    uintptr_t line = (start + (uintptr_t)((pos * isz) + CN_AHEAD_PIECE_BYTES)) & ~(uintptr_t)63;
+    ptrdiff_t end = (ptrdiff_t)((line - start) / (uintptr_t)isz);
+    return end < n ? end : n;
+}
+
 /* a loop over R long rows at p, at a 64-byte step: the same line of the
  * next R rows (a hardware stream per row restarts at every row group) */
 CN_ALWAYS_INLINE void cn_prefetch_next_group(const void *p, ptrdiff_t ld, int R, ptrdiff_t isz) {
