@@ -33,9 +33,9 @@ SETTINGS = ("default", "faultfree")
 # STREAM triad
 def stream_bounds(threads):
     """stream_bounds.c's lines at `threads` threads: {name: GB/s}, names
-    "triad", "triad_nt", "scale_nt", "twopass_nt <unit> KiB" and (builds
-    with AVX512-BF16) "twopass_bf16_nt <unit> KiB"; None without a C
-    compiler."""
+    "triad", "triad_nt", "scale_nt", "twopass_nt <unit> KiB",
+    "twopass_ahead_nt <unit> KiB" and (builds with AVX512-BF16)
+    "twopass_bf16_nt <unit> KiB"; None without a C compiler."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if not cc:
         return None

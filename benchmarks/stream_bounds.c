@@ -11,11 +11,16 @@
  *   triad_nt   the same with streamed (non-temporal) stores
  *   scale_nt   y = k*x + t over float32 with streamed stores: a one-pass
  *              normalize, 8 bytes an element
- *   twopass_nt for each block size given (default 160 KiB and 5 MiB): the
- *              block summed, then read again and scaled into streamed
- *              stores, block after block: a two-pass normalize whose unit
- *              (a group, an instance, a channels-last sample) is that size;
- *              counted as 8 bytes an element, like scale_nt.
+ *   twopass_nt for each block size given (default 16 KiB, 160 KiB and
+ *              5 MiB): the block summed, then read again and scaled into
+ *              streamed stores, block after block: a two-pass normalize
+ *              whose unit (a row, a group, an instance, a channels-last
+ *              sample) is that size; counted as 8 bytes an element, like
+ *              scale_nt.
+ *   twopass_ahead_nt  the same, with the next block read into L2 while
+ *              this one is stored: a prefetch of its same 1 KiB after each
+ *              1 KiB scaled (the read-ahead of cynorm's row norms), so the
+ *              reads overlap the stores.
  *   twopass_bf16_nt  the same over bfloat16 (read as float32, summed in
  *              float32, rounded back by AVX512-BF16), 4 bytes an element;
  *              only where the build has AVX512-BF16.
@@ -25,6 +30,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #if defined(__x86_64__) && defined(__AVX512F__)
 #include <immintrin.h>
 #define LANES 16
@@ -181,6 +189,35 @@ static void run_twopass_nt(const struct job *j) {
     twopass_nt(j->y, j->x, j->n, j->block);
 }
 
+/* elements scaled before each prefetch of the next block's same elements */
+#define AHEAD_PIECE 256L
+
+/* twopass_nt with the next block of the thread's range read into L2 as
+ * this one is stored (block a multiple of AHEAD_PIECE) */
+static void run_twopass_ahead_nt(const struct job *j) {
+    long nblocks = j->n / j->block, block = j->block;
+    #pragma omp parallel
+    {
+        long t = 0, nt = 1;
+#ifdef _OPENMP
+        t = omp_get_thread_num();
+        nt = omp_get_num_threads();
+#endif
+        long first = nblocks * t / nt, last = nblocks * (t + 1) / nt;
+        for (long b = first; b < last; b++) {
+            const float *x = j->x + b * block;
+            float s = block_sum(x, block), k = 1.0f / (1.0f + s * s);
+            for (long i = 0; i < block; i += AHEAD_PIECE) {
+                scale_nt(j->y + b * block + i, x + i, AHEAD_PIECE, k, s);
+                if (b + 1 < last)
+                    for (long line = 0; line < AHEAD_PIECE; line += 16)
+                        __builtin_prefetch(x + block + i + line, 0, 2);
+            }
+        }
+    }
+    fence();
+}
+
 #ifdef HAVE_BF16
 /* the float32 arrays as bfloat16 storage */
 static void run_twopass_bf16_nt(const struct job *j) {
@@ -226,8 +263,8 @@ int main(int argc, char **argv) {
     j.n = nf;
     printf("scale_nt    %7.2f GB/s\n", best_gbs(run_scale_nt, &j, 8.0 * nf, ev));
 
-    long sizes[16] = {160L << 10, 5L << 20};
-    int nsizes = 2;
+    long sizes[16] = {16L << 10, 160L << 10, 5L << 20};
+    int nsizes = 3;
     if (argc > 1) {
         nsizes = 0;
         for (int i = 1; i < argc && nsizes < 16; i++) sizes[nsizes++] = atol(argv[i]);
@@ -238,6 +275,9 @@ int main(int argc, char **argv) {
         j.n = nf / j.block * j.block;
         printf("twopass_nt  %7.2f GB/s  (unit %ld KiB)\n",
                best_gbs(run_twopass_nt, &j, 8.0 * j.n, ev), j.block * 4 >> 10);
+        if (j.block % AHEAD_PIECE == 0)
+            printf("twopass_ahead_nt %7.2f GB/s  (unit %ld KiB)\n",
+                   best_gbs(run_twopass_ahead_nt, &j, 8.0 * j.n, ev), j.block * 4 >> 10);
     }
 #ifdef HAVE_BF16
     for (int s = 0; s < nsizes; s++) {         /* twice the elements in 16 bits */
