@@ -24,6 +24,7 @@ float64, float32, bfloat16 and float16) run PyTorch's own kernels.
 """
 from __future__ import annotations
 
+import types
 import typing
 from typing import Any, List, Optional, Tuple, cast
 
@@ -304,8 +305,14 @@ def _register(name, forward, forward_fake, backward, backward_fake, *, core, bac
     Plain, Eager = _named(f"_{name}_plain", Plain), _named(f"_{name}_eager", Eager)
     # Plain.apply past Function.apply's Python (which checks what run has
     # checked: no torch.func transform, dead wrappers unwrapped)
-    plain = torch._C._FunctionBase.__dict__["apply"].__get__(None, Plain)
+    plain = _BASE_APPLY.__get__(None, Plain) if _BASE_APPLY is not None else None
     return run
+
+
+# autograd.Function.apply's C base (a class method, bound to each Plain
+# above); None under the docs build's stand-in for torch, where torch is not
+# installed and nothing runs
+_BASE_APPLY = vars(torch._C._FunctionBase).get("apply")
 
 
 def _named(name, cls):
@@ -313,7 +320,10 @@ def _named(name, cls):
     backward node's (name + "Backward"), which torch takes from the class
     statement."""
     body = {k: v for k, v in vars(cls).items() if k not in ("__dict__", "__weakref__")}
-    return type(name, (torch.autograd.Function,), dict(body, __qualname__=name))
+    # types.new_class, not type(): it resolves a base's __mro_entries__, which
+    # the docs build's stand-in for torch (where torch is not installed) has
+    return types.new_class(name, (torch.autograd.Function,),
+                           exec_body=lambda ns: ns.update(body, __qualname__=name))
 
 
 # ---- layer norm --------------------------------------------------------------

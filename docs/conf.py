@@ -49,6 +49,12 @@ for _framework, _module in (("torch", "cynorm.torch"), ("jax", "cynorm.jax")):
         DOCUMENTED_MODULES.append(_module)
     except ImportError:
         autodoc_mock_imports.append(_framework)
+if autodoc_mock_imports:
+    # the adapters register rules in their framework's tables at import
+    # (cynorm/_jax_forward.py: jax's `ad.primitive_transposes[p] = ...`),
+    # which the stand-in must take too
+    from sphinx.ext.autodoc.mock import _MockObject
+    _MockObject.__setitem__ = lambda self, key, value: None
 # modules and data that are not documented as objects of their own
 NOT_OBJECTS = {"cynorm": {"__version__", "aten", "nested", "distributed"}}
 
