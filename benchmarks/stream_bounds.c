@@ -30,9 +30,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 #if defined(__x86_64__) && defined(__AVX512F__)
 #include <immintrin.h>
 #define LANES 16
@@ -138,13 +135,29 @@ static float block_sum(const float *x, long n) {
     return s;
 }
 
-/* every thread's blocks of `block` floats: summed, then scaled */
-static void twopass_nt(float *y, const float *x, long n, long block) {
+/* elements scaled before each prefetch of the next block's same elements */
+#define AHEAD_PIECE 256L
+
+/* every thread's blocks of `block` floats: summed, then scaled; with
+ * `ahead`, the next block read into L2 as this one is stored, AHEAD_PIECE
+ * elements at a time (block a multiple of it; a thread's last block
+ * prefetches the next thread's first, one block in each thread's range) */
+static void twopass_nt(float *y, const float *x, long n, long block, int ahead) {
     long nblocks = n / block;
     #pragma omp parallel for schedule(static)
     for (long j = 0; j < nblocks; j++) {
-        float s = block_sum(x + j * block, block);
-        scale_nt(y + j * block, x + j * block, block, 1.0f / (1.0f + s * s), s);
+        const float *xj = x + j * block;
+        float s = block_sum(xj, block), k = 1.0f / (1.0f + s * s);
+        if (!ahead) {
+            scale_nt(y + j * block, xj, block, k, s);
+            continue;
+        }
+        for (long i = 0; i < block; i += AHEAD_PIECE) {
+            scale_nt(y + j * block + i, xj + i, AHEAD_PIECE, k, s);
+            if (j + 1 < nblocks)
+                for (long line = 0; line < AHEAD_PIECE; line += 16)
+                    __builtin_prefetch(xj + block + i + line, 0, 2);
+        }
     }
     fence();
 }
@@ -186,36 +199,11 @@ static void run_scale_nt(const struct job *j) {
 }
 
 static void run_twopass_nt(const struct job *j) {
-    twopass_nt(j->y, j->x, j->n, j->block);
+    twopass_nt(j->y, j->x, j->n, j->block, 0);
 }
 
-/* elements scaled before each prefetch of the next block's same elements */
-#define AHEAD_PIECE 256L
-
-/* twopass_nt with the next block of the thread's range read into L2 as
- * this one is stored (block a multiple of AHEAD_PIECE) */
 static void run_twopass_ahead_nt(const struct job *j) {
-    long nblocks = j->n / j->block, block = j->block;
-    #pragma omp parallel
-    {
-        long t = 0, nt = 1;
-#ifdef _OPENMP
-        t = omp_get_thread_num();
-        nt = omp_get_num_threads();
-#endif
-        long first = nblocks * t / nt, last = nblocks * (t + 1) / nt;
-        for (long b = first; b < last; b++) {
-            const float *x = j->x + b * block;
-            float s = block_sum(x, block), k = 1.0f / (1.0f + s * s);
-            for (long i = 0; i < block; i += AHEAD_PIECE) {
-                scale_nt(j->y + b * block + i, x + i, AHEAD_PIECE, k, s);
-                if (b + 1 < last)
-                    for (long line = 0; line < AHEAD_PIECE; line += 16)
-                        __builtin_prefetch(x + block + i + line, 0, 2);
-            }
-        }
-    }
-    fence();
+    twopass_nt(j->y, j->x, j->n, j->block, 1);
 }
 
 #ifdef HAVE_BF16
