@@ -23,7 +23,8 @@
  *              reads overlap the stores.
  *   twopass_bf16_nt  the same over bfloat16 (read as float32, summed in
  *              float32, rounded back by AVX512-BF16), 4 bytes an element;
- *              only where the build has AVX512-BF16.
+ *              only where the build has AVX512-BF16; and twopass_bf16_ahead_nt,
+ *              with twopass_ahead_nt's read-ahead.
  * A unit that fits the core's L2 is read again from it; a larger one is read
  * again from L3 (or DRAM), which is the gap between twopass_nt and scale_nt.
  */
@@ -91,11 +92,17 @@ static void triad_nt(double *restrict a, const double *restrict b, const double 
 #endif
 }
 
+/* float32 elements scaled before each prefetch of the next block's same
+ * elements (1 KiB; 2 * AHEAD_PIECE bfloat16 elements) */
+#define AHEAD_PIECE 256L
+
 #if LANES == 16 && defined(__AVX512BF16__)
 #define HAVE_BF16 1
 /* bfloat16 block: sum in float32, then y = k*x + t rounded to bfloat16 and
- * streamed; n a multiple of 32, y 64-byte aligned */
-static void twopass_bf16_block(unsigned short *y, const unsigned short *x, long n) {
+ * streamed; n a multiple of 32, y 64-byte aligned.  With `next`, the next
+ * block's same 1 KiB is prefetched into L2 after each 1 KiB stored. */
+static void twopass_bf16_block(unsigned short *y, const unsigned short *x, long n,
+                               const unsigned short *next) {
     __m512 s0 = _mm512_setzero_ps(), s1 = s0;
     for (long i = 0; i < n; i += 32) {
         __m512i v = _mm512_loadu_si512(x + i);
@@ -109,6 +116,9 @@ static void twopass_bf16_block(unsigned short *y, const unsigned short *x, long 
         __m512 b = _mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256((const __m256i *)(x + i + 16)));
         __m512bh r = _mm512_cvtne2ps_pbh(_mm512_fmadd_ps(b, vk, vt), _mm512_fmadd_ps(a, vk, vt));
         _mm512_stream_si512((void *)(y + i), (__m512i)r);
+        if (next && (i + 32) % (2 * AHEAD_PIECE) == 0)
+            for (long line = i + 32 - 2 * AHEAD_PIECE; line < i + 32; line += 32)
+                __builtin_prefetch(next + line, 0, 2);
     }
 }
 #endif
@@ -134,9 +144,6 @@ static float block_sum(const float *x, long n) {
         s += acc[l];
     return s;
 }
-
-/* elements scaled before each prefetch of the next block's same elements */
-#define AHEAD_PIECE 256L
 
 /* every thread's blocks of `block` floats: summed, then scaled; with
  * `ahead`, the next block read into L2 as this one is stored, AHEAD_PIECE
@@ -208,12 +215,22 @@ static void run_twopass_ahead_nt(const struct job *j) {
 
 #ifdef HAVE_BF16
 /* the float32 arrays as bfloat16 storage */
-static void run_twopass_bf16_nt(const struct job *j) {
+static void twopass_bf16_nt(const struct job *j, int ahead) {
     unsigned short *xb = (unsigned short *)j->x, *yb = (unsigned short *)j->y;
+    long nblocks = j->n / j->block;
     #pragma omp parallel for schedule(static)
-    for (long k = 0; k < j->n / j->block; k++)
-        twopass_bf16_block(yb + k * j->block, xb + k * j->block, j->block);
+    for (long k = 0; k < nblocks; k++)
+        twopass_bf16_block(yb + k * j->block, xb + k * j->block, j->block,
+                           ahead && k + 1 < nblocks ? xb + (k + 1) * j->block : NULL);
     fence();
+}
+
+static void run_twopass_bf16_nt(const struct job *j) {
+    twopass_bf16_nt(j, 0);
+}
+
+static void run_twopass_bf16_ahead_nt(const struct job *j) {
+    twopass_bf16_nt(j, 1);
 }
 #endif
 
@@ -274,6 +291,9 @@ int main(int argc, char **argv) {
         j.n = 2 * nf / j.block * j.block;
         printf("twopass_bf16_nt %7.2f GB/s  (unit %ld KiB)\n",
                best_gbs(run_twopass_bf16_nt, &j, 4.0 * j.n, ev), j.block * 2 >> 10);
+        if (j.block % (2 * AHEAD_PIECE) == 0)
+            printf("twopass_bf16_ahead_nt %7.2f GB/s  (unit %ld KiB)\n",
+                   best_gbs(run_twopass_bf16_ahead_nt, &j, 4.0 * j.n, ev), j.block * 2 >> 10);
     }
 #endif
     return y[nf / 3] == 12345.0f ? 2 : 0;

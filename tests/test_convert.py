@@ -95,6 +95,31 @@ def test_block_rounding_ignores_denormals_are_zero():
     np.testing.assert_array_equal(_convert.f32_to_bf16_blocks(f, daz=True), ml_dtypes_bf16(f))
 
 
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"),
+                    reason="the denormals-are-zero flag is an x86 MXCSR bit")
+@pytest.mark.parametrize("rows", [64, 2048])     # y through the cache; streamed (16 MiB)
+def test_pass_rounding_ignores_denormals_are_zero(rows):
+    # the passes round their float32 values in registers or in blocks
+    # (cn_bf16_regs.h, cn_pack.h): under DAZ a subnormal value must still
+    # round as ml_dtypes rounds it.  RMS norm's y = (x * rstd) * w with w
+    # near float32's smallest normal: normal operands (DAZ changes no
+    # arithmetic), subnormal values
+    import cynorm
+    x = np.random.default_rng(rows).standard_normal((rows, 4096)).astype(ml_dtypes.bfloat16)
+    w = np.full(4096, 1.5e-38, ml_dtypes.bfloat16)
+    threads = cynorm.get_num_threads()
+    cynorm.set_num_threads(1)           # the kernel runs on this thread
+    try:
+        want, rstd = cynorm.rms_norm(x, 4096, w)
+        got = _convert.call_with_daz(lambda: cynorm.rms_norm(x, 4096, w)[0])
+    finally:
+        cynorm.set_num_threads(threads)
+    y32 = (x.astype(np.float32) * rstd) * w.astype(np.float32)
+    assert (np.abs(y32) < np.finfo(np.float32).tiny).mean() > 0.3
+    np.testing.assert_array_equal(want.view(np.uint16), ml_dtypes_bf16(y32))
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+
+
 @pytest.mark.parametrize("n", [1, 15, 16, 17, 31, 32, 33, 64, 95, 257])
 def test_one_special_value_anywhere_in_a_block(n):
     # a subnormal or NaN sends its whole vector to the integer path: check

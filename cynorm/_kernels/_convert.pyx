@@ -58,6 +58,20 @@ def f32_to_bf16_blocks(const float[::1] x, bint daz=False):
     return out
 
 
+def call_with_daz(fn):
+    """fn()'s result, called with the MXCSR's denormals-are-zero flag set on
+    this thread (x86): a kernel run on one thread sees the flag as another
+    library may have left it."""
+    cdef unsigned csr
+    if not CN_HAVE_MXCSR:
+        raise NotImplementedError("call_with_daz needs an x86 CPU (MXCSR)")
+    csr = cn_daz_on()
+    try:
+        return fn()
+    finally:
+        cn_csr_restore(csr)
+
+
 def f32_to_bf16(const float[::1] x):
     out = np.empty(x.shape[0], np.uint16)
     cdef unsigned short[::1] o = out

@@ -280,6 +280,10 @@ static inline void cn_f32_to_bf16_array(uint16_t *dst, const float *src, ptrdiff
 static inline const char *cn_bf16_store_path(void) {
     if (!cn_bf16_pack_ok)
         return "integer round-to-nearest-even";
+#if defined(__AVX512BF16__)
+    if (cn_bf16_insn)
+        return "AVX512-BF16 (VCVTNE2PS2BF16, in registers; subnormals and NaNs: integer)";
+#endif
     return cn_bf16_insn ? "AVX512-BF16 (VCVTNE2PS2BF16; subnormals and NaNs: integer)"
                         : "AVX2 integer rounding, in registers or blocks (round-to-nearest-even; "
                           "NaN steps: per value)";
