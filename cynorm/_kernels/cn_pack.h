@@ -4,8 +4,9 @@
  * about 20 vector operations per 8 values on AVX2 (its NaN select is most of
  * it).  The kernels' bfloat16 passes therefore compute a block of float32
  * values and round the block here, by one of two packs (the elementwise
- * passes on AVX2 round their values in registers instead, with this file's
- * cn_round16_bf16_lanes: cn_bf16_regs.h):
+ * passes on AVX2, and in modules compiled for AVX512-BF16, round their
+ * values in registers instead, with this file's cn_round16_bf16_lanes or
+ * the instruction and cn_pack_odd: cn_bf16_regs.h):
  *
  * - AVX512-BF16 (VCVTNE2PS2BF16), one instruction per 32 values.  It agrees
  *   with ml_dtypes on every float32 except two classes: it reads subnormal
