@@ -92,3 +92,46 @@ def test_wrong_out_forms_are_refused_with_the_expected_form():
     with pytest.raises(TypeError,
                        match="out must be a NumPy array, a writable DLPack tensor or None, got list"):
         cn.weight_norm(v, g, 0, out=[buf])
+
+
+def _placed(shape, dtype, offset):
+    # an out= array starting `offset` elements past a 64-byte line
+    n = int(np.prod(shape))
+    buf = np.empty(n + 128, dtype)
+    start = (-buf.ctypes.data % 64) // buf.itemsize + offset
+    return buf[start:start + n].reshape(shape)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("C", [64, 100, 3])
+@pytest.mark.parametrize("offset", [0, 1, 4])
+def test_streamed_channels_last_outputs_at_any_alignment(dtype, C, offset):
+    # streamed outputs of a column pass over contiguous rows whose lines do
+    # not all start a row (cn_cols_blocks: the rows run together) have the
+    # bits of outputs stored through the cache, out= at any alignment
+    from cynorm._kernels import _runtime
+    rng = np.random.default_rng(C + offset)
+    x = rng.standard_normal((4, 7, 5, C)).astype(dtype)
+    w, b = rng.uniform(0.5, 2, C).astype(dtype), rng.standard_normal(C).astype(dtype)
+    rm, rv = rng.standard_normal(C).astype(dtype), rng.uniform(0.5, 2, C).astype(dtype)
+
+    def calls():
+        outs = [_placed(x.shape, dtype, offset) for _ in range(3)]
+        cn.batch_norm(x, w, b, rm, rv, training=False, axis=-1, out=(outs[0], None, None))
+        cn.batch_norm(x, w, b, rm.copy(), rv.copy(), training=True, axis=-1,
+                      out=(outs[1], None, None))
+        cn.group_norm(x, 1, w, b, axis=-1, out=(outs[2], None, None))
+        return outs
+
+    old = _runtime.set_stream_min_bytes(0)
+    try:
+        streamed = calls()
+        _runtime.set_stream_min_bytes(1 << 62)
+        cached = calls()
+    finally:
+        _runtime.set_stream_min_bytes(old)
+    for s, c in zip(streamed, cached):
+        np.testing.assert_array_equal(s, c)
+    want = (x - rm) / np.sqrt(rv.astype(np.float64) + 1e-5) * w + b
+    np.testing.assert_allclose(streamed[0], want, rtol=1e-5 if dtype == np.float32 else 1e-12,
+                               atol=1e-5 if dtype == np.float32 else 1e-12)
