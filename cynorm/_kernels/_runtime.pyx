@@ -76,7 +76,7 @@ def streaming_threshold():
     """The default of set_stream_min_bytes: 16 MiB, whatever the last-level
     cache.  From there a cached store's line read and write-back cost the op
     more than its consumer gains from finding the output in a large L3
-    (benchmarks/README.md, "Measurements behind the code")."""
+    (benchmarks/MEASUREMENTS.md)."""
     return 16 << 20
 
 

@@ -9,9 +9,8 @@
  *
  * Every block starts CN_STAGGER bytes into a page.  An output that starts at
  * (almost) the same offset as its input modulo a large power of two makes the
- * two streams fight over the same cache sets (benchmarks/README.md,
- * "Measurements behind the code"), and glibc places a fresh block right
- * after the previous one.
+ * two streams fight over the same cache sets (benchmarks/MEASUREMENTS.md),
+ * and glibc places a fresh block right after the previous one.
  * Large NumPy arrays start 16 bytes into a page, so a half-page stagger keeps
  * outputs 2 KiB away from them in every such modulus.
  *
