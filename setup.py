@@ -192,17 +192,32 @@ class build_ext_keyed(build_ext):
         return ""
 
     def _accepts(self, *flags, source="int main(void) { return 0; }\n"):
-        """Whether the C compiler takes `flags` (and `source`) without a warning."""
+        """Whether the C compiler takes `flags` (and `source`) without a
+        warning.  The probe's output is dropped: a flag this compiler lacks
+        is an expected answer, not an error for the build's log."""
         import tempfile
         from setuptools.errors import CompileError
         with tempfile.TemporaryDirectory() as tmp:
             src = os.path.join(tmp, "flag.c")
             with open(src, "w") as f:
                 f.write(source)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            saved = [os.dup(1), os.dup(2)]
+            devnull = os.open(os.devnull, os.O_WRONLY)
             try:
+                os.dup2(devnull, 1)
+                os.dup2(devnull, 2)
                 self.compiler.compile([src], output_dir=tmp, extra_postargs=[*flags, "-Werror"])
             except CompileError:
                 return False
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os.dup2(saved[0], 1)
+                os.dup2(saved[1], 2)
+                for fd in (*saved, devnull):
+                    os.close(fd)
         return True
 
 
