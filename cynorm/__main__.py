@@ -291,7 +291,7 @@ def main(argv=None):
             parser.error(f"--threads: {e}")
 
     names = [d.strip() for d in args.dtypes.split(",") if d.strip()]
-    known = {str(d): d for d in _dtypes.SUPPORTED_DTYPES}
+    known = _dtypes.STORAGE_NAMES
     unknown = [n for n in names if n not in known]
     if unknown:
         parser.error(f"unknown dtype(s) {', '.join(unknown)}; choose from {', '.join(known)}")
@@ -323,8 +323,9 @@ def main(argv=None):
                          + len(RMS_NORM_SHAPES) + len(GROUP_NORM_SHAPES)) * len(names))
     rows = []
     for n in names:
-        measured = run_dtype(known[n], layers, rng, progress)
-        measured.update(run_norms(known[n], activations, rng, progress))
+        dtype = _dtypes.bfloat16() if n == "bfloat16" else np.dtype(n)
+        measured = run_dtype(dtype, layers, rng, progress)
+        measured.update(run_norms(dtype, activations, rng, progress))
         for kernel, (secs, err, nbytes) in measured.items():
             rows.append((kernel, n, secs * 1e3, nbytes / secs / 1e9 if secs else 0.0, err, TOLERANCE[n]))
     rows.sort(key=lambda r: (r[0], names.index(r[1])))

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from cynorm._dtypes import SUPPORTED_DTYPES
+from cynorm._dtypes import SUPPORTED_NAMES
 from cynorm import _kernels
 from cynorm._kernels import _alloc
 from cynorm._kernels._runtime import build_info, get_num_threads
@@ -97,7 +97,7 @@ def config() -> dict[str, Any]:
         "cpu_features": ", ".join(_cpu_features()) or "unknown",
         "float16_conversion": info["float16_conversion"],
         "bfloat16_stores": _kernels.load("_convert").bf16_store_path(),
-        "dtypes": ", ".join(str(d) for d in SUPPORTED_DTYPES),
+        "dtypes": SUPPORTED_NAMES,
         "cudnn": cudnn_bind.describe(),
     }
 

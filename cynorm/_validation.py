@@ -8,7 +8,7 @@ from typing import Any, Collection, Optional, Sequence
 import numpy as np
 from numpy.exceptions import AxisError
 
-from cynorm._dtypes import POLICY, SUPPORTED_NAMES, Policy
+from cynorm._dtypes import POLICY, SUPPORTED_NAMES, Policy, bfloat16, policy_of
 from cynorm._kernels._dlpack import from_dlpack
 from cynorm._typing import Array, ArrayLike, OutArray, OutArrays
 
@@ -47,7 +47,7 @@ def as_float_array(x: ArrayLike, name: str) -> tuple[Array, Policy]:
             x = as_array(x, name)
         else:
             raise TypeError(f"{name} must be a NumPy array, got {type(x).__name__}")
-    policy = POLICY.get(x.dtype)
+    policy = policy_of(x.dtype)
     if policy is None:
         native = x.dtype.newbyteorder("=") if x.dtype.byteorder not in ("=", "|") else None
         if native is not None and native in POLICY:
@@ -95,6 +95,8 @@ def as_dtype(value: Any, name: str) -> np.dtype[Any]:
     try:
         return np.dtype(value)
     except (TypeError, ValueError):
+        if isinstance(value, str) and value == "bfloat16":
+            return bfloat16()       # the name, before ml_dtypes is imported
         raise TypeError(f"{name} must be a dtype, got {value!r}") from None
 
 

@@ -28,12 +28,12 @@ import types
 import typing
 from typing import Any, List, Optional, Tuple, cast
 
-import ml_dtypes
 import numpy as np
 import torch
 from torch import Tensor
 
 import cynorm as _cn
+from cynorm import _dtypes
 from cynorm._kernels._dlpack import to_dlpack
 from cynorm._kernels._views import tensor_view
 from torch._C import _functorch
@@ -43,11 +43,11 @@ __all__ = ["layer_norm", "rms_norm", "group_norm", "batch_norm", "instance_norm"
            "LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d",
            "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d", "WeightNorm", "replace_norms"]
 
-_BF16 = np.dtype(ml_dtypes.bfloat16)
 _DTYPES = frozenset((torch.float64, torch.float32, torch.bfloat16, torch.float16))
 _from_dlpack = getattr(torch._C, "_from_dlpack", torch.utils.dlpack.from_dlpack)
-_NUMPY = {torch.float64: np.dtype(np.float64), torch.float32: np.dtype(np.float32),
-          torch.float16: np.dtype(np.float16), torch.bfloat16: _BF16}
+# (bfloat16's added with the first bfloat16 tensor: importing ml_dtypes is slow)
+_NUMPY: dict[Any, np.dtype[Any]] = {torch.float64: np.dtype(np.float64), torch.float32: np.dtype(np.float32),
+          torch.float16: np.dtype(np.float16)}
 
 
 def _tensor(a: np.ndarray) -> Tensor:
@@ -82,12 +82,14 @@ def _memory(t: Tensor) -> np.ndarray:
     operator call; Tensor.numpy() makes four, costly where the model's other
     operators leave the caches cold), the rest through Tensor.numpy()."""
     dtype = _NUMPY.get(t.dtype)
+    if dtype is None and t.dtype == torch.bfloat16:
+        dtype = _NUMPY[torch.bfloat16] = _dtypes.bfloat16()
     if dtype is not None and t.is_cpu and not t.is_neg():
         a = tensor_view(t, dtype)
         if a is not None:
             return a
     if t.dtype == torch.bfloat16:
-        return t.detach().view(torch.int16).numpy().view(_BF16)
+        return t.detach().view(torch.int16).numpy().view(_dtypes.bfloat16())
     return t.numpy(force=True)      # detached (on the CPU, a view: no copy)
 
 

@@ -18,6 +18,7 @@ __path__ = pkgutil.extend_path(__path__, __name__)
 
 from cynorm._kernels._runtime import cpu_level as _cpu_level  # noqa: E402
 from cynorm import _dtypes  # noqa: E402
+from cynorm._dtype_table import STORAGE_TYPES  # noqa: E402
 from cynorm._kernels._modules import DISPATCHED, KERNEL_MODULES, SUPPORT_MODULES  # noqa: E402
 
 # level name -> (module suffix, x86-64 level it needs)
@@ -78,9 +79,9 @@ def by_storage(module, names):
     """The lookup `kernel(name, policy)` -> module's entry point
     name_<policy.suffix> (weight_norm_forward_bf16 ...), for each of names:
     the kernel templates render one entry per storage type."""
-    table = {(name, p.suffix): getattr(module, f"{name}_{p.suffix}")
-             for name in names for p in _dtypes.POLICY.values()
-             if hasattr(module, f"{name}_{p.suffix}")}
+    table = {(name, sfx): getattr(module, f"{name}_{sfx}")
+             for name in names for sfx, *_ in STORAGE_TYPES
+             if hasattr(module, f"{name}_{sfx}")}
 
     def kernel(name, policy):
         return table[name, policy.suffix]

@@ -20,8 +20,7 @@ import numpy as np
 
 cnp.import_array()
 
-import ml_dtypes
-cdef cnp.dtype _BF16 = np.dtype(ml_dtypes.bfloat16)
+from cynorm import _dtypes
 
 from cynorm._kernels._foreign cimport array_over
 
@@ -100,7 +99,7 @@ def _dtype(int code, int bits, int lanes, str name):
     """The NumPy dtype of a DLPack element type."""
     if lanes == 1:
         if code == 4 and bits == 16:
-            return _BF16
+            return _dtypes.bfloat16()       # (ml_dtypes imported here if need be)
         if code == 6 and bits == 8:
             return np.dtype(np.bool_)
         kind = {0: "i", 1: "u", 2: "f", 5: "c"}.get(code)
@@ -230,7 +229,7 @@ def to_dlpack(cnp.ndarray a):
     cdef int nd = a.ndim, i, code
     if dt.kind == "f" and dt.byteorder in "=|":
         code = 2                    # kDLFloat
-    elif dt == _BF16:
+    elif _dtypes.policy_of(dt) is not None and dt == _dtypes.BFLOAT16:
         code = 4                    # kDLBfloat
     else:
         raise TypeError(f"to_dlpack: float64, float32, float16 or bfloat16 expected, got {dt}")

@@ -22,22 +22,33 @@ from cynorm._kernels.common cimport (
 cnp.import_array()
 
 from cynorm._dtype_table import STORAGE_TYPES
-from cynorm._dtypes import STORAGE_DTYPES
+from cynorm import _dtypes
 
 # Per storage code, from the dtype table (cynorm/_dtype_table.py): the
 # NumPy descriptor, its type number, the element size and the math type's code
-# (DESCR: borrowed pointers, held by the DESCRS tuple, compared by address
-# at C cost on every plain call)
-cdef tuple DESCRS = STORAGE_DTYPES
+# (DESCR: borrowed pointers, held by the DESCRS list, compared by address
+# at C cost on every plain call).  bfloat16's descriptor is NULL (None, type
+# number -1) until cynorm._dtypes registers the type: no array can have it
+# before ml_dtypes is imported, and the first one met registers it.
+cdef list DESCRS = [None] * N_STORAGE
 cdef PyObject* DESCR[N_STORAGE]
 cdef int TYPENUM[N_STORAGE]
 cdef Py_ssize_t ITEMSIZE[N_STORAGE]
 cdef int MATH_STORAGE[N_STORAGE]
+
+
+def _set_descr(int code, object dtype):
+    """Storage code `code` is dtype from now on (dtype None: no dtype yet)."""
+    DESCRS[code] = dtype
+    DESCR[code] = <PyObject*>dtype if dtype is not None else NULL
+    TYPENUM[code] = dtype.num if dtype is not None else -1
+
+
 for _code, _row in enumerate(STORAGE_TYPES):
-    DESCR[_code] = <PyObject*>DESCRS[_code]
-    TYPENUM[_code] = DESCRS[_code].num
+    _set_descr(_code, None if _row[1] == "bfloat16" else np.dtype(_row[1]))
     ITEMSIZE[_code] = _row[2]
     MATH_STORAGE[_code] = [r[1] for r in STORAGE_TYPES].index(_row[5])
+_dtypes.on_bfloat16(lambda dtype: _set_descr(STORAGE_BF16, dtype))
 
 
 cdef int storage_of(object a) noexcept:
@@ -76,7 +87,7 @@ cdef int storage_of_dtype(object d) noexcept:
     scalar type (np.float32, ml_dtypes.bfloat16 ...), else NOT_PLAIN."""
     cdef int s
     for s in range(N_STORAGE):
-        if d is DESCRS[s] or d is DESCRS[s].type:
+        if DESCRS[s] is not None and (d is DESCRS[s] or d is DESCRS[s].type):
             return s
     return NOT_PLAIN
 

@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from cynorm._dtypes import POLICY
+from cynorm._dtypes import policy_of
 from cynorm._typing import Array
 from cynorm._validation import dlpack_array, is_dlpack
 from cynorm.forward_ad._registry import _op_name, jvp_rules, register_jvp
@@ -41,7 +41,7 @@ from cynorm.forward_ad import (  # noqa: F401
 def _differentiable(x):
     """Whether primal x can carry a tangent: a floating array (not a scalar,
     shape, flag or integer array)."""
-    return isinstance(x, np.ndarray) and x.dtype in POLICY
+    return isinstance(x, np.ndarray) and policy_of(x.dtype) is not None
 
 
 def _check_tangent(rule, i, primal, tangent):

@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Union
 import numpy as np
 from numpy.typing import NDArray
 
-from cynorm._dtypes import SUPPORTED_DTYPES
+from cynorm._dtypes import SUPPORTED_NAMES, policy_of
 from cynorm._typing import Array, ArrayLike, DTypeLike, Real
 from cynorm._validation import (as_array, as_dtype, as_float_array, dlpack_array, int_tuple,
                                 is_dlpack, real_number)
@@ -362,9 +362,9 @@ def _check_buffer(buffer: object) -> Array:
     if buffer.ndim != 1 or not buffer.flags.c_contiguous:
         raise ValueError(f"buffer must be a contiguous 1-D array, got shape {buffer.shape}"
                          + ("" if buffer.flags.c_contiguous else " (not contiguous)"))
-    if buffer.dtype not in SUPPORTED_DTYPES:
+    if policy_of(buffer.dtype) is None:
         raise TypeError(f"buffer must have a floating dtype "
-                        f"({', '.join(map(str, SUPPORTED_DTYPES))}), got {buffer.dtype}")
+                        f"({SUPPORTED_NAMES}), got {buffer.dtype}")
     return buffer
 
 
@@ -471,8 +471,8 @@ def nested_array(arrays: Sequence[ArrayLike], dtype: Optional[DTypeLike] = None)
     if len(ndims) > 1:
         raise ValueError(f"the arrays must all have the same ndim, got ndims {sorted(ndims)}")
     ndim = ndims.pop() if ndims else 0
-    if dt not in SUPPORTED_DTYPES:
-        raise TypeError(f"{what} must be floating ({', '.join(map(str, SUPPORTED_DTYPES))}), got {dt}")
+    if policy_of(dt) is None:
+        raise TypeError(f"{what} must be floating ({SUPPORTED_NAMES}), got {dt}")
     # the structure of arrays that exist needs none of NestedArray's checks
     structure = _structure(np.array([c.shape for c in comps], dtype=np.int64).reshape(len(comps), ndim),
                            np.array([c.size for c in comps], dtype=np.int64))
