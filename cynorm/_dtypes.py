@@ -96,8 +96,7 @@ def on_bfloat16(hook):
 
 
 def is_16bit(dtype):
-    return dtype is FLOAT16 or dtype is BFLOAT16 or dtype == FLOAT16 or (
-        BFLOAT16 is not None and dtype == BFLOAT16)
+    return dtype == FLOAT16 or (BFLOAT16 is not None and dtype == BFLOAT16)
 
 
 def from_float64(a, dtype):

@@ -46,8 +46,9 @@ __all__ = ["layer_norm", "rms_norm", "group_norm", "batch_norm", "instance_norm"
 _DTYPES = frozenset((torch.float64, torch.float32, torch.bfloat16, torch.float16))
 _from_dlpack = getattr(torch._C, "_from_dlpack", torch.utils.dlpack.from_dlpack)
 # (bfloat16's added with the first bfloat16 tensor: importing ml_dtypes is slow)
-_NUMPY: dict[Any, np.dtype[Any]] = {torch.float64: np.dtype(np.float64), torch.float32: np.dtype(np.float32),
-          torch.float16: np.dtype(np.float16)}
+_NUMPY: dict[Any, np.dtype[Any]] = {torch.float64: np.dtype(np.float64),
+                                    torch.float32: np.dtype(np.float32),
+                                    torch.float16: np.dtype(np.float16)}
 
 
 def _tensor(a: np.ndarray) -> Tensor:
