@@ -34,6 +34,8 @@ from torch import Tensor
 
 import cynorm as _cn
 from cynorm import _dtypes
+from cynorm._channels import channel_input as _channel_input, prepare as _prepare
+from cynorm._channels import moments as _channel_moments
 from cynorm._kernels._dlpack import to_dlpack
 from cynorm._kernels._views import tensor_view
 from torch._C import _functorch
@@ -692,6 +694,108 @@ _batch_norm = _register("batch_norm", _batch_norm_fwd, _batch_norm_fake, _batch_
                         running=(3, 4))
 
 
+# ---- batch norm inside a compiled graph --------------------------------------
+
+def _batch_norm_moments_core(x, eps):
+    x, policy, _, _, _ = _channel_input(x, 1)
+    (kx,), _, dims = _prepare([x], 1, ())
+    return _channel_moments(kx, dims, policy, eps)
+
+
+def _batch_norm_moments(x: Tensor, eps: float) -> Tuple[Tensor, Tensor, Tensor]:
+    mean, var = _batch_norm_moments_core(_array(x), eps)
+    math = np.float64 if x.dtype == torch.float64 else np.float32
+    hi = mean.astype(math)
+    # x - hi is exact for x near the mean: (x - hi) - lo keeps what rounding
+    # the mean to float32 drops, as cynorm's normalize kernel does
+    lo = (mean - hi).astype(math)
+    return _tensor(hi), _tensor(lo), _tensor(var.astype(math))
+
+
+def _batch_norm_moments_fake(x, eps):
+    return tuple(x.new_empty(x.shape[1], dtype=_stat_dtype(x)) for _ in range(3))
+
+
+# (no autograd formula: _CompiledBatchNorm's backward differentiates through it)
+_moments = torch.library.custom_op("cynorm::batch_norm_moments", _batch_norm_moments,
+                                   mutates_args=(), device_types="cpu",
+                                   tags=(torch.Tag.flexible_layout,))
+_moments.register_fake(_batch_norm_moments_fake)
+
+
+def _channel_shape(x: Tensor) -> Tuple[int, ...]:
+    # a (C,) vector broadcast along x's axis 1
+    return (1, -1) + (1,) * (x.dim() - 2)
+
+
+def _centered(x: Tensor, hi: Tensor, lo: Tensor) -> Tensor:
+    """x - (hi + lo) in the statistics' dtype."""
+    shape = _channel_shape(x)
+    return (x.to(hi.dtype) - hi.view(shape)) - lo.view(shape)
+
+
+def _normalized(x, weight, bias, hi, lo, rstd):
+    """(x - mean) * rstd * weight + bias, mean = hi + lo, in x's dtype."""
+    shape = _channel_shape(x)
+    scale = rstd if weight is None else rstd * weight.to(rstd.dtype)
+    y = _centered(x, hi, lo) * scale.view(shape)
+    if bias is not None:
+        y = y + bias.to(y.dtype).view(shape)
+    return y.to(x.dtype)
+
+
+class _CompiledBatchNorm(torch.autograd.Function):
+    """Training-mode batch norm in a torch.compile graph: the batch's
+    statistics from cynorm's kernel (cynorm::batch_norm_moments: the mean,
+    as hi + lo, and the biased variance, float64-summed, x read in the
+    layout it comes in); the normalization and the backward in PyTorch
+    operators, which Inductor fuses with the operators around them (a ReLU,
+    a residual add) into its loops."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, running_mean, running_var, momentum, eps):
+        n = x.numel() // x.shape[1]
+        hi, lo, var = _moments(x, eps)
+        for buf, stat in ((running_mean, hi + lo), (running_var, var * (n / (n - 1)))):
+            if buf is not None:
+                buf.mul_(1.0 - momentum).add_(stat.to(buf.dtype), alpha=momentum)
+        rstd = torch.rsqrt(var + eps)
+        ctx.save_for_backward(x, weight, hi, lo, rstd)
+        ctx.has_bias = bias is not None
+        return _normalized(x, weight, bias, hi, lo, rstd)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        # dx = (g - mean(g) - (x - mean) rstd^2 mean(g (x - mean))) rstd w
+        x, weight, hi, lo, rstd = ctx.saved_tensors
+        shape, dims = _channel_shape(x), [0] + list(range(2, x.dim()))
+        per = 1.0 / (x.numel() // x.shape[1])
+        g, xc = grad_out.to(hi.dtype), _centered(x, hi, lo)
+        sum_g, sum_gx = g.sum(dims), (g * xc).sum(dims)
+        scale = rstd if weight is None else rstd * weight.to(rstd.dtype)
+        grad_x = ((g - (sum_g * per).view(shape) - xc * (rstd * rstd * sum_gx * per).view(shape))
+                  * scale.view(shape)).to(x.dtype)
+        need = ctx.needs_input_grad
+        grad_w = (sum_gx * rstd).to(weight.dtype) if weight is not None and need[1] else None
+        grad_b = sum_g.to(hi.dtype if weight is None else weight.dtype) if ctx.has_bias and need[2] \
+            else None
+        return grad_x, grad_w, grad_b, None, None, None, None
+
+
+def _compiled_batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps):
+    """batch_norm in a torch.compile graph (_CompiledBatchNorm; in eval, the
+    normalization by the running statistics, in PyTorch operators)."""
+    if not training:
+        math = _stat_dtype(x)
+        hi = running_mean.to(math)
+        return _normalized(x, weight, bias, hi, torch.zeros_like(hi),
+                           torch.rsqrt(running_var.to(math) + eps))
+    if x.numel() // x.shape[1] <= 1:
+        raise ValueError(f"Expected more than 1 value per channel when training, got "
+                         f"input of shape {tuple(x.shape)}")
+    return _CompiledBatchNorm.apply(x, weight, bias, running_mean, running_var, momentum, eps)
+
+
 def batch_norm(input: Tensor, running_mean: Optional[Tensor], running_var: Optional[Tensor],
                weight: Optional[Tensor] = None, bias: Optional[Tensor] = None,
                training: bool = False, momentum: float = 0.1, eps: float = 1e-5) -> Tensor:
@@ -735,6 +839,9 @@ def batch_norm(input: Tensor, running_mean: Optional[Tensor], running_var: Optio
     if not training and (running_mean is None or running_var is None):
         raise ValueError("batch_norm: running_mean and running_var are required when "
                          "training is False")
+    if torch.compiler.is_compiling() and not torch.compiler.is_exporting():
+        return _compiled_batch_norm(input, running_mean, running_var, weight, bias,
+                                    bool(training), float(momentum), float(eps))
     y, _, _, rm, rv = _batch_norm(input, weight, bias, running_mean, running_var,
                                   bool(training), float(momentum), float(eps))
     _store_running(running_mean, running_var, rm, rv, training)

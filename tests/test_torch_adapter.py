@@ -363,6 +363,101 @@ def test_compile_fullgraph_matches_eager():
     torch.testing.assert_close(model.inorm.running_var, eager.inorm.running_var)
 
 
+def _batch_norm_steps(model, x, steps=2):
+    """Training steps (forward, backward) then an eval forward: the outputs,
+    the input's and parameters' gradients, and the buffers after each."""
+    out = []
+    for _ in range(steps):
+        xi = x.detach().clone().requires_grad_()
+        y = model(xi)
+        (y.float() * torch.linspace(-1, 2, y.numel()).view(y.shape)).sum().backward()
+        out += [y, xi.grad] + [p.grad.clone() for p in model.parameters()]
+        out += [b.clone() for b in model.buffers()]
+        model.zero_grad()
+    model.eval()
+    out.append(model(x))
+    model.train()
+    return out
+
+
+@pytest.mark.parametrize("dtype,channels_last", [(torch.float32, False), (torch.float32, True),
+                                                 (torch.float64, False), (torch.bfloat16, True)])
+def test_compiled_batch_norm_matches_eager(dtype, channels_last):
+    # under torch.compile batch norm runs cynorm's statistics operator and
+    # leaves the normalization and the gradient to Inductor's loops
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.BatchNorm2d(6), torch.nn.ReLU()).to(dtype)
+    with torch.no_grad():
+        model[0].weight.uniform_(0.5, 1.5)
+        model[0].bias.uniform_(-1, 1)
+    ct.replace_norms(model)
+    eager = copy.deepcopy(model)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True)
+    x = (torch.randn(4, 6, 5, 5) * 2 + 3).to(dtype)
+    if channels_last:
+        x = x.to(memory_format=torch.channels_last)
+    got, want = _batch_norm_steps(compiled, x), _batch_norm_steps(eager, x)
+    tol = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float64: dict(rtol=1e-12, atol=1e-12),
+           torch.bfloat16: dict(rtol=1.6e-2, atol=1.6e-2)}[dtype]
+    for i, (a, b) in enumerate(zip(got, want)):
+        scale = max(1.0, float(b.detach().abs().max()))
+        torch.testing.assert_close(a, b, rtol=tol["rtol"], atol=tol["atol"] * scale,
+                                   msg=f"output {i}")
+
+
+@pytest.mark.parametrize("make,shape", [
+    (lambda: torch.nn.BatchNorm1d(5), (7, 5)),
+    (lambda: torch.nn.BatchNorm1d(5, momentum=None), (3, 5, 4)),
+    (lambda: torch.nn.BatchNorm2d(5, affine=False), (3, 5, 2, 2)),
+    (lambda: torch.nn.BatchNorm2d(5, track_running_stats=False), (3, 5, 2, 2)),
+])
+def test_compiled_batch_norm_module_variants(make, shape):
+    torch.manual_seed(1)
+    ref = make()
+    model = copy.deepcopy(ref)
+    ct.replace_norms(model)
+    torch._dynamo.reset()
+    x = torch.randn(*shape)
+    got = _batch_norm_steps(torch.compile(model, fullgraph=True), x, steps=3)
+    for i, (a, b) in enumerate(zip(got, _batch_norm_steps(ref, x, steps=3))):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=f"output {i}")
+
+
+def test_compiled_batch_norm_is_cynorms_statistics_operator():
+    from torch._dynamo.testing import AotEagerAndRecordGraphs
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.BatchNorm2d(4))
+    ct.replace_norms(model)
+    torch._dynamo.reset()
+    backend = AotEagerAndRecordGraphs()
+    torch.compile(model, backend=backend, fullgraph=True)(torch.randn(2, 3, 4, 4)).sum().backward()
+    forward = {str(n.target) for g in backend.fw_graphs for n in g.graph.nodes}
+    backward = {str(n.target) for g in backend.bw_graphs for n in g.graph.nodes}
+    # the statistics are cynorm's; no batch norm operator, PyTorch's or cynorm's
+    assert "cynorm.batch_norm_moments.default" in forward, forward
+    assert not [t for t in forward | backward if "batch_norm" in t and "moments" not in t]
+    assert "aten.sum.dim_IntList" in backward
+    # one value per channel: the eager call's error (fullgraph=True wraps it,
+    # as it wraps the one torch's own batch norm raises)
+    torch._dynamo.reset()
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        torch.compile(model, backend="eager")(torch.randn(1, 3, 1, 1))
+
+
+def test_compiled_batch_norm_keeps_the_precision_of_data_far_from_zero():
+    # mean 1e4, std 1: float32 y within a few float32 roundings of the float64
+    # result (a float32 mean alone is off by up to 5e-4, and y with it)
+    g = torch.Generator().manual_seed(3)
+    x = (1e4 + torch.randn(8, 3, 16, 16, dtype=torch.float64, generator=g)).float()
+    x64 = x.double()
+    want = (x64 - x64.mean((0, 2, 3), keepdim=True)) / torch.sqrt(
+        x64.var((0, 2, 3), unbiased=False, keepdim=True) + 1e-5)
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: ct.batch_norm(x, None, None, None, None, True), fullgraph=True)
+    err = (f(x).double() - want).abs().max().item()
+    assert err < 2e-6, err
+
+
 def test_export_runs_cynorm_operators():
     model = Block().eval()
     ct.replace_norms(model)
