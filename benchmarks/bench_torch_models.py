@@ -2,6 +2,7 @@
 cynorm's (cynorm.torch.replace_norms), side by side in one process.
 
     python benchmarks/bench_torch_models.py [--threads 1,2] [--steps 15] [--compile]
+        [--models vit,resnet]
 
 Models: a ViT-S/16-style stack of 4 pre-norm transformer blocks (384 wide, 6
 heads, 197 tokens, LayerNorm) at batch 8, and a ResNet-18 (BatchNorm2d) on
@@ -13,8 +14,9 @@ the norm operators' time in a step, as torch.profiler shows it (forward op
 and backward node, each with what runs inside it; the median of 3 profiled
 steps each, alternating), and their share of the step's CPU time.  With
 --compile both models run under torch.compile (Inductor; the first steps,
-untimed, compile them): cynorm's operators stay opaque to Inductor, which
-fuses PyTorch's own norms with their neighbours.
+untimed, compile them): Inductor fuses PyTorch's norms with their
+neighbours, and cynorm's batch norm but for its statistics operator;
+cynorm's layer norm stays one opaque operator.
 """
 import argparse
 import copy
@@ -83,8 +85,8 @@ class ResNet18(nn.Module):
         return self.head(self.layers(self.stem(x)).mean((2, 3)))
 
 
-CASES = [("ViT-S/16 blocks x4", VitBlocks, (8, 3, 224, 224)),
-         ("ResNet-18", ResNet18, (16, 3, 112, 112))]
+CASES = [("vit", "ViT-S/16 blocks x4", VitBlocks, (8, 3, 224, 224)),
+         ("resnet", "ResNet-18", ResNet18, (16, 3, 112, 112))]
 # the norms' top-level events: torch's forward ops and backward nodes, and
 # cynorm.torch's (its eager Functions, _<op>_plain, and their backward nodes)
 NORM_FORWARD = ("aten::layer_norm", "aten::batch_norm")
@@ -129,6 +131,7 @@ def main():
     p.add_argument("--threads", default="1,2")
     p.add_argument("--steps", type=int, default=15)
     p.add_argument("--compile", action="store_true", help="both models under torch.compile")
+    p.add_argument("--models", default="vit,resnet", help="vit, resnet or both (vit,resnet)")
     args = p.parse_args()
     print(f"torch {torch.__version__}, cynorm {cynorm.__version__}; median of {args.steps} "
           f"interleaved steps" + (", torch.compile" if args.compile else ""))
@@ -138,7 +141,9 @@ def main():
     for threads in (int(t) for t in args.threads.split(",")):
         torch.set_num_threads(threads)
         cynorm.set_num_threads(threads)
-        for name, make, shape in CASES:
+        for key, name, make, shape in CASES:
+            if key not in args.models.split(","):
+                continue
             for autocast in (False, True):
                 torch.manual_seed(0)
                 ref = make()

@@ -4,7 +4,9 @@
 registers cynorm's norms as PyTorch operators (``torch.ops.cynorm.*``),
 forward and backward, with fake (meta) implementations, so that they run
 under autograd, ``torch.compile(fullgraph=True)`` and ``torch.export`` on
-CPU.  On top of them:
+CPU (where, under torch.compile, batch norm runs cynorm's statistics
+operator, cynorm::batch_norm_moments, and leaves the rest to Inductor's
+fused loops).  On top of them:
 
 - functions with ``torch.nn.functional``'s signatures: :func:`layer_norm`,
   :func:`rms_norm`, :func:`group_norm`, :func:`batch_norm`,
