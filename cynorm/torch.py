@@ -718,11 +718,12 @@ def _batch_norm_moments_fake(x, eps):
     return tuple(x.new_empty(x.shape[1], dtype=_stat_dtype(x)) for _ in range(3))
 
 
-# (no autograd formula: _CompiledBatchNorm's backward differentiates through it)
-_moments = torch.library.custom_op("cynorm::batch_norm_moments", _batch_norm_moments,
-                                   mutates_args=(), device_types="cpu",
-                                   tags=(torch.Tag.flexible_layout,))
-_moments.register_fake(_batch_norm_moments_fake)
+# (no autograd formula: only _CompiledBatchNorm calls it, and its backward is
+# the whole batch norm's)
+_moments_op = torch.library.custom_op("cynorm::batch_norm_moments", _batch_norm_moments,
+                                      mutates_args=(), device_types="cpu",
+                                      tags=(torch.Tag.flexible_layout,))
+_moments_op.register_fake(_batch_norm_moments_fake)
 
 
 def _channel_shape(x: Tensor) -> Tuple[int, ...]:
@@ -730,10 +731,11 @@ def _channel_shape(x: Tensor) -> Tuple[int, ...]:
     return (1, -1) + (1,) * (x.dim() - 2)
 
 
-def _centered(x: Tensor, hi: Tensor, lo: Tensor) -> Tensor:
-    """x - (hi + lo) in the statistics' dtype."""
+def _centered(x: Tensor, hi: Tensor, lo: Optional[Tensor]) -> Tensor:
+    """x - (hi + lo) in the statistics' dtype (lo None: x - hi)."""
     shape = _channel_shape(x)
-    return (x.to(hi.dtype) - hi.view(shape)) - lo.view(shape)
+    xc = x.to(hi.dtype) - hi.view(shape)
+    return xc if lo is None else xc - lo.view(shape)
 
 
 def _normalized(x, weight, bias, hi, lo, rstd):
@@ -757,7 +759,7 @@ class _CompiledBatchNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, running_mean, running_var, momentum, eps):
         n = x.numel() // x.shape[1]
-        hi, lo, var = _moments(x, eps)
+        hi, lo, var = _moments_op(x, eps)
         for buf, stat in ((running_mean, hi + lo), (running_var, var * (n / (n - 1)))):
             if buf is not None:
                 buf.mul_(1.0 - momentum).add_(stat.to(buf.dtype), alpha=momentum)
@@ -789,8 +791,7 @@ def _compiled_batch_norm(x, running_mean, running_var, weight, bias, training, m
     normalization by the running statistics, in PyTorch operators)."""
     if not training:
         math = _stat_dtype(x)
-        hi = running_mean.to(math)
-        return _normalized(x, weight, bias, hi, torch.zeros_like(hi),
+        return _normalized(x, weight, bias, running_mean.to(math), None,
                            torch.rsqrt(running_var.to(math) + eps))
     if x.numel() // x.shape[1] <= 1:
         raise ValueError(f"Expected more than 1 value per channel when training, got "
