@@ -15,17 +15,17 @@ import argparse
 import copy
 import os
 import sys
-import time
 
 os.environ.setdefault("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
 import cynorm  # noqa: E402
 import cynorm.torch as ct  # noqa: E402
+from _common import median_ms, time_interleaved  # noqa: E402
 
 BLOCKS = {
     "bn": ("BatchNorm2d + ReLU, x2",
@@ -36,17 +36,6 @@ BLOCKS = {
            lambda C: torch.nn.Sequential(torch.nn.GroupNorm(32, C), torch.nn.SiLU()),
            [(4, 320, 32, 32), (2, 640, 16, 16)]),
 }
-
-
-def timed(fs, steps):
-    t = {k: [] for k in fs}
-    items = list(fs.items())
-    for i in range(steps):
-        for k, f in (items if i % 2 == 0 else items[::-1]):
-            t0 = time.perf_counter()
-            f()
-            t[k].append(time.perf_counter() - t0)
-    return {k: 1e3 * float(np.median(v)) for k, v in t.items()}
 
 
 def main():
@@ -85,10 +74,9 @@ def main():
                         y = run(x)
                         if not args.forward_only:
                             y.backward(g)
-                    step()
-                    step()
                     fs[k] = step
-                ms = timed(fs, args.steps)
+                # (the two warm-up calls compile)
+                ms = {k: median_ms(v) for k, v in time_interleaved(fs, args.steps).items()}
                 lay = "NCHW" if layout == torch.contiguous_format else "channels last"
                 print(f"| {name} | {shape} | {lay} | {ms['torch']:.3f} | {ms['cynorm']:.3f} | "
                       f"{ms['torch'] / ms['cynorm']:.2f} |", flush=True)

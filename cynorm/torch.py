@@ -706,7 +706,7 @@ def _batch_norm_moments_core(x, eps):
 
 def _batch_norm_moments(x: Tensor, eps: float) -> Tuple[Tensor, Tensor, Tensor]:
     mean, var = _batch_norm_moments_core(_array(x), eps)
-    math = np.float64 if x.dtype == torch.float64 else np.float32
+    math = _NUMPY[_stat_dtype(x)]
     hi = mean.astype(math)
     # x - hi is exact for x near the mean: (x - hi) - lo keeps what rounding
     # the mean to float32 drops, as cynorm's normalize kernel does
@@ -743,11 +743,15 @@ def _centered(x: Tensor, hi: Tensor, lo: Optional[Tensor]) -> Tensor:
     return xc if lo is None else xc - lo.view(shape)
 
 
+def _scale(rstd: Tensor, weight: Optional[Tensor]) -> Tensor:
+    """rstd * weight per channel (rstd alone without a weight)."""
+    return rstd if weight is None else rstd * weight.to(rstd.dtype)
+
+
 def _normalized(x, weight, bias, hi, lo, rstd):
     """(x - mean) * rstd * weight + bias, mean = hi + lo, in x's dtype."""
     shape = _channel_shape(x)
-    scale = rstd if weight is None else rstd * weight.to(rstd.dtype)
-    y = _centered(x, hi, lo) * scale.view(shape)
+    y = _centered(x, hi, lo) * _scale(rstd, weight).view(shape)
     if bias is not None:
         y = y + bias.to(y.dtype).view(shape)
     return y.to(x.dtype)
@@ -781,9 +785,8 @@ class _CompiledBatchNorm(torch.autograd.Function):
         per = 1.0 / (x.numel() // x.shape[1])
         g, xc = grad_out.to(hi.dtype), _centered(x, hi, lo)
         sum_g, sum_gx = g.sum(dims), (g * xc).sum(dims)
-        scale = rstd if weight is None else rstd * weight.to(rstd.dtype)
         grad_x = ((g - (sum_g * per).view(shape) - xc * (rstd * rstd * sum_gx * per).view(shape))
-                  * scale.view(shape)).to(x.dtype)
+                  * _scale(rstd, weight).view(shape)).to(x.dtype)
         need = ctx.needs_input_grad
         grad_w = (sum_gx * rstd).to(weight.dtype) if weight is not None and need[1] else None
         grad_b = sum_g.to(hi.dtype if weight is None else weight.dtype) if ctx.has_bias and need[2] \
