@@ -2,9 +2,12 @@
 in one process.
 
     python benchmarks/bench_jax_adapter.py [--threads 1] [--repeats 41] [--passes fwd,grad,jvp]
+        [--ops layer_norm,rms_norm,add_layer_norm,add_rms_norm,batch_norm,group_norm]
 
 For layer norm and RMS norm (with weight, and bias for layer norm) over
-float32 and bfloat16 rows, and batch norm in training (weight, bias and
+float32 and bfloat16 rows, their residual-fused forms (against XLA's
+``h = x + r`` then the formula; the gradient and the tangent in x and the
+parameters, through y), and batch norm in training (weight, bias and
 running statistics; channels first and channels last) and group norm (32
 groups, both layouts), it times a jitted
 forward, a jitted value-and-gradient (with respect to x and the
@@ -35,6 +38,9 @@ def main():
     ap.add_argument("--repeats", type=int, default=41)
     ap.add_argument("--passes", default="fwd,grad,jvp",
                     help="comma-separated: fwd, grad (forward and gradient), jvp")
+    ap.add_argument("--ops", default="",
+                    help="comma-separated op names (default: all); add_layer_norm, "
+                         "add_rms_norm, batch_norm, group_norm, layer_norm, rms_norm")
     args = ap.parse_args()
     passes = args.passes.split(",")
     if not set(passes) <= {"fwd", "grad", "jvp"}:
@@ -65,6 +71,12 @@ def main():
         x32 = x.astype(jnp.float32)
         r = jax.lax.rsqrt(jnp.square(x32).mean(-1, keepdims=True) + 1.1920929e-07)
         return (x32 * r * w).astype(x.dtype)
+
+    def add_xla(norm):
+        def f(x, w, b, r):
+            h = x + r
+            return norm(h, w, b), h
+        return f
 
     def bn_xla(axis):
         # training: the batch's statistics, and the running ones updated
@@ -108,6 +120,13 @@ def main():
     for shape in ROWS:
         cases.append(("rms_norm", lambda x, w, b: cj.rms_norm(x, x.shape[-1], w), rms_xla,
                       shape, -1))
+    for shape in ROWS:
+        cases.append(("add_layer_norm",
+                      lambda x, w, b, r: cj.add_layer_norm(x, r, x.shape[-1], w, b),
+                      add_xla(ln_xla), shape, -1))
+    for shape in ROWS:
+        cases.append(("add_rms_norm", lambda x, w, b, r: cj.add_rms_norm(x, r, x.shape[-1], w),
+                      add_xla(rms_xla), shape, -1))
     for shape, axis in CHANNELS:
         cases.append(("batch_norm" + (" (channels last)" if axis == -1 else ""), bn_ours(axis),
                       bn_xla(axis), shape, axis))
@@ -115,8 +134,13 @@ def main():
         cases.append(("group_norm" + (" (channels last)" if axis == -1 else ""), gn_ours(axis),
                       gn_xla(axis), shape, axis))
 
+    if args.ops:
+        wanted = set(args.ops.split(","))
+        cases = [c for c in cases if c[0].split(" ")[0] in wanted]
+
     def first(f):
-        # the output the gradient is taken of: y (batch norm also returns its running statistics)
+        # the output the gradient is taken of: y (batch norm also returns its running
+        # statistics, the fused forms h)
         return lambda *a: (lambda r: r[0] if isinstance(r, tuple) else r)(f(*a))
 
     def jvp_of(f):
@@ -138,6 +162,8 @@ def main():
             params = [jnp.asarray(rng.standard_normal(C, np.float32)) for _ in range(2)]
             if name.startswith("batch_norm"):
                 params += [jnp.zeros(C, jnp.float32), jnp.ones(C, jnp.float32)]
+            if name.startswith("add_"):
+                params.append(jnp.asarray(rng.standard_normal(shape, np.float32)).astype(dtype))
             makers = {"fwd": ("fwd", jax.jit),
                       "grad": ("fwd+grad", lambda f: jax.jit(jax.value_and_grad(
                           lambda x, *p: (first(f)(x, *p).astype(jnp.float32) ** 2).sum(),

@@ -1,12 +1,13 @@
 """cynorm's norms inside JAX: callable under ``jax.jit``, with gradients.
 
 ``import cynorm.jax`` (JAX must be installed: ``pip install "jax[cpu]"``)
-gives :func:`layer_norm`, :func:`rms_norm`, :func:`batch_norm` and
-:func:`group_norm` as JAX functions.  Each is a ``jax.custom_jvp``: its
-forward kernels, and a tangent (cynorm._jax_forward) that ``jax.jvp``
-evaluates with the op's backward kernel and XLA's arithmetic (cynorm's JVP
-rule on the host, without the FFI) and ``jax.grad`` transposes into the
-op's backward kernels.
+gives :func:`layer_norm`, :func:`rms_norm`, :func:`batch_norm`,
+:func:`group_norm`, and the residual add fused into the row norms,
+:func:`add_layer_norm` and :func:`add_rms_norm`, as JAX functions.  Each is
+a ``jax.custom_jvp``: its forward kernels, and a tangent
+(cynorm._jax_forward) that ``jax.jvp`` evaluates with the op's backward
+kernel and XLA's arithmetic (cynorm's JVP rule on the host, without the
+FFI) and ``jax.grad`` transposes into the op's backward kernels.
 
 On JAX with ``jax.ffi`` the kernels run as XLA FFI custom calls (handlers in
 cynorm/_kernels/layer_norm_ffi.pxi and batch_norm_ffi.pxi, registered for
@@ -36,7 +37,8 @@ from cynorm._jax_forward import first_order as _first_order, register as _regist
 _rows = _kernels.load("layer_norm")
 _channels = _kernels.load("batch_norm")
 
-__all__ = ["batch_norm", "group_norm", "layer_norm", "rms_norm", "route"]
+__all__ = ["add_layer_norm", "add_rms_norm", "batch_norm", "group_norm", "layer_norm",
+           "rms_norm", "route"]
 
 Shape = Union[int, Sequence[int]]
 
@@ -213,30 +215,36 @@ def _input_tangent(target, x, tx, *args, **attrs):
 
 # ---- layer norm --------------------------------------------------------------
 
-def _ln_forward(x, weight, bias, shape, eps):
-    n = _check("layer_norm", x, shape, weight=weight, bias=bias)
+def _ln_forward(x, residual, weight, bias, shape, eps):
+    """(y, mean, rstd); with a residual, the fused form's (y, h, mean, rstd)."""
+    op = "layer_norm" if residual is None else "add_layer_norm"
+    n = _check(op, x, shape, weight=weight, bias=bias)
     st = _stat(x, len(shape))
+    shapes = tuple(s for s in (_like(x), _like(residual), st, st) if s is not None)
     if _FFI and n > 0:
-        return _ffi("cynorm_layer_norm", (_like(x), st, st), x, weight, bias, eps=eps, n=n,
-                    weight=weight is not None, bias=bias is not None)
+        return _ffi("cynorm_layer_norm", shapes, x, residual, weight, bias, eps=eps, n=n,
+                    residual=residual is not None, weight=weight is not None,
+                    bias=bias is not None)
 
-    def host(x, weight, bias):
-        return _cn.layer_norm(*_arrays(x), shape, *_arrays(weight, bias), eps)
-    return _call(host, (_like(x), st, st), x, weight, bias)
+    def host(x, residual, weight, bias):
+        if residual is None:
+            return _cn.layer_norm(*_arrays(x), shape, *_arrays(weight, bias), eps)
+        return _cn.add_layer_norm(*_arrays(x, residual), shape, *_arrays(weight, bias), eps)
+    return _call(host, shapes, x, residual, weight, bias)
 
 
-_ln_forward_once = _first_order("layer_norm", _ln_forward, (3, 4))
+_ln_forward_once = _first_order("layer_norm", _ln_forward, (4, 5))
 
 
 @partial(jax.custom_jvp, nondiff_argnums=(3, 4))
 def _layer_norm(x, weight, bias, shape, eps):
-    return _ln_forward(x, weight, bias, shape, eps)[0]
+    return _ln_forward(x, None, weight, bias, shape, eps)[0]
 
 
 @_layer_norm.defjvp
 def _layer_norm_jvp(shape, eps, primals, tangents):
     x, weight, bias = primals
-    y, mean, rstd = _ln_forward_once(x, weight, bias, shape, eps)
+    y, mean, rstd = _ln_forward_once(x, None, weight, bias, shape, eps)
     return y, _tangent("layer_norm", (shape, eps), (x, weight, bias, mean, rstd), tangents)
 
 
@@ -312,32 +320,36 @@ def layer_norm(x: Any, normalized_shape: Shape, weight: Any = None, bias: Any = 
 
 # ---- RMS norm ----------------------------------------------------------------
 
-def _rms_forward(x, weight, shape, eps):
-    n = _check("rms_norm", x, shape, weight=weight)
-    shapes = (_like(x), _stat(x, len(shape)))
+def _rms_forward(x, residual, weight, shape, eps):
+    """(y, rstd); with a residual, the fused form's (y, h, rstd)."""
+    n = _check("rms_norm" if residual is None else "add_rms_norm", x, shape, weight=weight)
+    shapes = tuple(s for s in (_like(x), _like(residual), _stat(x, len(shape)))
+                   if s is not None)
     if _FFI and n > 0:
         if eps is None:     # the math type's epsilon, as torch
             eps = float(np.finfo(np.float64 if x.dtype == jnp.float64 else np.float32).eps)
-        return _ffi("cynorm_rms_norm", shapes, x, weight, eps=eps, n=n,
-                    weight=weight is not None, bias=False)
+        return _ffi("cynorm_rms_norm", shapes, x, residual, weight, eps=eps, n=n,
+                    residual=residual is not None, weight=weight is not None, bias=False)
 
-    def host(x, weight):
-        return _cn.rms_norm(*_arrays(x), shape, *_arrays(weight), eps)
-    return _call(host, shapes, x, weight)
+    def host(x, residual, weight):
+        if residual is None:
+            return _cn.rms_norm(*_arrays(x), shape, *_arrays(weight), eps)
+        return _cn.add_rms_norm(*_arrays(x, residual), shape, *_arrays(weight), eps)
+    return _call(host, shapes, x, residual, weight)
 
 
-_rms_forward_once = _first_order("rms_norm", _rms_forward, (2, 3))
+_rms_forward_once = _first_order("rms_norm", _rms_forward, (3, 4))
 
 
 @partial(jax.custom_jvp, nondiff_argnums=(2, 3))
 def _rms_norm(x, weight, shape, eps):
-    return _rms_forward(x, weight, shape, eps)[0]
+    return _rms_forward(x, None, weight, shape, eps)[0]
 
 
 @_rms_norm.defjvp
 def _rms_norm_jvp(shape, eps, primals, tangents):
     x, weight = primals
-    y, rstd = _rms_forward_once(x, weight, shape, eps)
+    y, rstd = _rms_forward_once(x, None, weight, shape, eps)
     return y, _tangent("rms_norm", (shape, eps), (x, weight, rstd), tangents)
 
 
@@ -405,6 +417,134 @@ def rms_norm(x: Any, normalized_shape: Shape, weight: Any = None,
     """
     return _rms_norm(jnp.asarray(x), _array(weight), _shape(normalized_shape),
                      None if eps is None else float(eps))
+
+
+# ---- the residual add fused into layer norm and RMS norm ---------------------
+# The forward is the row norm's kernel with the residual (h = x + residual
+# written and normalized in one pass); y's tangent is the norm's at h, with
+# h's tangent tx + tr, so jax.grad runs the norm's backward kernel and XLA
+# adds h's own gradient.
+
+def _check_residual(op: str, x: Any, residual: Any) -> None:
+    if tuple(residual.shape) != tuple(x.shape) or residual.dtype != x.dtype:
+        raise ValueError(f"cynorm.jax.{op}: residual must have x's shape and dtype "
+                         f"({tuple(x.shape)}, {x.dtype}), got ({tuple(residual.shape)}, "
+                         f"{residual.dtype})")
+
+
+@partial(jax.custom_jvp, nondiff_argnums=(4, 5))
+def _add_layer_norm(x, residual, weight, bias, shape, eps):
+    return tuple(_ln_forward(x, residual, weight, bias, shape, eps)[:2])
+
+
+@_add_layer_norm.defjvp
+def _add_layer_norm_jvp(shape, eps, primals, tangents):
+    x, residual, weight, bias = primals
+    tx, tr, tw, tb = tangents
+    y, h, mean, rstd = _ln_forward_once(x, residual, weight, bias, shape, eps)
+    th = tx + tr
+    ty = _tangent("layer_norm", (shape, eps), (h, weight, bias, mean, rstd), (th, tw, tb))
+    return (y, h), (ty, th)
+
+
+def add_layer_norm(x: Any, residual: Any, normalized_shape: Shape, weight: Any = None,
+                   bias: Any = None, eps: float = 1e-5) -> tuple[jax.Array, jax.Array]:
+    """The residual add fused into layer norm: ``h = x + residual``, then
+    layer norm of h over its trailing axes, in one pass over the rows
+    (cynorm's kernel with the residual), differentiable with ``jax.grad``.
+
+    The values of ``h = x + residual`` followed by :func:`layer_norm` (h
+    rounded to x's dtype first) and their derivatives; the backward is layer
+    norm's kernel at h, to which XLA adds h's own gradient.
+
+    Parameters
+    ----------
+    x, residual : jax.Array
+        The same shape and dtype (float64, float32, bfloat16 or float16).
+    normalized_shape : int or sequence of int
+        The trailing shape normalized over (static under jit).
+    weight, bias : jax.Array, optional
+        Shape ``normalized_shape``: x's dtype, or float32 for 16-bit x.
+    eps : float, default 1e-5
+        Added to the variance (static under jit).
+
+    Returns
+    -------
+    y : jax.Array
+        layer_norm(h): x's shape and dtype.
+    h : jax.Array
+        x + residual: x's shape and dtype.
+
+    Raises
+    ------
+    ValueError
+        If residual's shape or dtype differs from x's; as layer_norm.
+    """
+    x, residual = jnp.asarray(x), jnp.asarray(residual)
+    _check_residual("add_layer_norm", x, residual)
+    return _add_layer_norm(x, residual, _array(weight), _array(bias),
+                           _shape(normalized_shape), float(eps))
+
+
+@partial(jax.custom_jvp, nondiff_argnums=(3, 4))
+def _add_rms_norm(x, residual, weight, shape, eps):
+    return tuple(_rms_forward(x, residual, weight, shape, eps)[:2])
+
+
+@_add_rms_norm.defjvp
+def _add_rms_norm_jvp(shape, eps, primals, tangents):
+    x, residual, weight = primals
+    tx, tr, tw = tangents
+    y, h, rstd = _rms_forward_once(x, residual, weight, shape, eps)
+    th = tx + tr
+    return (y, h), (_tangent("rms_norm", (shape, eps), (h, weight, rstd), (th, tw)), th)
+
+
+def add_rms_norm(x: Any, residual: Any, normalized_shape: Shape, weight: Any = None,
+                 eps: Optional[float] = None) -> tuple[jax.Array, jax.Array]:
+    """The residual add fused into RMS norm: ``h = x + residual``, then RMS
+    norm of h over its trailing axes, in one pass over the rows (cynorm's
+    kernel with the residual), differentiable with ``jax.grad``.
+
+    The values of ``h = x + residual`` followed by :func:`rms_norm` (h
+    rounded to x's dtype first) and their derivatives; the backward is RMS
+    norm's kernel at h, to which XLA adds h's own gradient.
+
+    Parameters
+    ----------
+    x, residual : jax.Array
+        The same shape and dtype (float64, float32, bfloat16 or float16).
+    normalized_shape : int or sequence of int
+        The trailing shape normalized over (static under jit).
+    weight : jax.Array, optional
+        Shape ``normalized_shape``: x's dtype, or float32 for 16-bit x.
+    eps : float, optional
+        Added to the mean square (static under jit); None: the machine
+        epsilon of the math type, as torch.
+
+    Returns
+    -------
+    y : jax.Array
+        rms_norm(h): x's shape and dtype.
+    h : jax.Array
+        x + residual: x's shape and dtype.
+
+    Raises
+    ------
+    ValueError
+        If residual's shape or dtype differs from x's; as rms_norm.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp, cynorm.jax
+    >>> y, h = cynorm.jax.add_rms_norm(jnp.ones((2, 4)), jnp.ones((2, 4)), 4)
+    >>> h.tolist()
+    [[2.0, 2.0, 2.0, 2.0], [2.0, 2.0, 2.0, 2.0]]
+    """
+    x, residual = jnp.asarray(x), jnp.asarray(residual)
+    _check_residual("add_rms_norm", x, residual)
+    return _add_rms_norm(x, residual, _array(weight), _shape(normalized_shape),
+                         None if eps is None else float(eps))
 
 
 # ---- batch norm --------------------------------------------------------------

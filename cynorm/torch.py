@@ -43,7 +43,8 @@ from cynorm._kernels._views import tensor_view
 from torch._C import _functorch
 from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
 
-__all__ = ["layer_norm", "rms_norm", "group_norm", "batch_norm", "instance_norm", "weight_norm",
+__all__ = ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "group_norm", "batch_norm",
+           "instance_norm", "weight_norm",
            "LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d",
            "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d", "WeightNorm", "replace_norms"]
 
@@ -104,10 +105,12 @@ def _plain(*args):
     return [_array(a) if isinstance(a, Tensor) else a for a in args]
 
 
-def _outputs(x: Tensor, xa: np.ndarray, out) -> Any:
-    """The kernels' results as an operator's outputs: the first laid out as
-    x (_like; xa: x as an array), the statistics after it."""
-    return (_like(out[0], x, xa),) + tuple(_tensor(a) for a in out[1:])
+def _outputs(x: Tensor, xa: np.ndarray, out, results: int = 1) -> Any:
+    """The kernels' results as an operator's outputs: the first `results`
+    (y; y and h) laid out as x (_like; xa: x as an array), the statistics
+    after them."""
+    return (tuple(_like(a, x, xa) for a in out[:results])
+            + tuple(_tensor(a) for a in out[results:]))
 
 
 def _like(y: np.ndarray, x: Tensor, xa: np.ndarray) -> Tensor:
@@ -159,12 +162,12 @@ def _transformed() -> bool:
             or _functorch.peek_interpreter_stack() is not None)
 
 
-def _tangents(fn, inputs, input_tangents, running=()):
+def _tangents(fn, inputs, input_tangents, running=(), outputs=1):
     """An operator's output tangents, for a body that calls fn on its own
     arguments: cynorm.jvp's rule on the inputs as arrays (lists as tuples),
-    the first output laid out as the first input.  running: the positions of
-    running statistics, which the body updates in copies (their tangents
-    too, here)."""
+    the first `outputs` outputs laid out as the first input.  running: the
+    positions of running statistics, which the body updates in copies (their
+    tangents too, here)."""
     primals, tangents = [], []
     for i, (a, t) in enumerate(zip(inputs, input_tangents)):
         if isinstance(a, Tensor):
@@ -176,8 +179,8 @@ def _tangents(fn, inputs, input_tangents, running=()):
         primals.append(a)
         tangents.append(t)
     _, out = _cn.jvp(fn, primals, tangents)
-    return ((_like(out[0], inputs[0], primals[0]),)
-            + tuple(None if o is None else _tensor(o) for o in out[1:]))
+    return (tuple(_like(o, inputs[0], primals[0]) for o in out[:outputs])
+            + tuple(None if o is None else _tensor(o) for o in out[outputs:]))
 
 
 def _one_level(name, backward):
@@ -195,7 +198,7 @@ def _one_level(name, backward):
 
 
 def _register(name, forward, forward_fake, backward, backward_fake, *, core, backward_core,
-              saved, attrs, grad, tangents, running=()):
+              saved, attrs, grad, tangents, running=(), outputs=1):
     """The operators cynorm::<name> and cynorm::<name>_backward, made from
     their bodies (forward, backward) and fake kernels, with their autograd
     formula; returns the function that runs them.
@@ -207,7 +210,10 @@ def _register(name, forward, forward_fake, backward, backward_fake, *, core, bac
     core, backward_core: the bodies on arrays (the kernels' calls);
     running: the positions of the running statistics, which the kernels
     update in place (the operators, which are functional, on copies) where
-    the argument after them is true.
+    the argument after them is true; outputs: how many of the operator's
+    leading outputs are results laid out as the first input, with
+    gradients (y; y and h for the residual-fused norms), grad then taking
+    the gradient of each (None for one not used, in an eager call).
 
     torch.compile and torch.export trace the operators.  Eager calls run the
     cores: straight where nothing needs a gradient (PyTorch's operator
@@ -232,11 +238,11 @@ def _register(name, forward, forward_fake, backward, backward_fake, *, core, bac
         if running:
             ctx.mark_non_differentiable(*output[-2:])
 
-    op.register_autograd(lambda ctx, gy, *_: grad(ctx, bop, ctx.saved_tensors, gy),
+    op.register_autograd(lambda ctx, *g: grad(ctx, bop, ctx.saved_tensors, *g[:outputs]),
                          setup_context=setup)
-    # the op's outputs past the first (the statistics; the running ones):
-    # None where an eager call returns y alone
-    rest = (None,) * (len(typing.get_args(typing.get_type_hints(forward)["return"])) - 1)
+    # the op's outputs past the results (the statistics; the running ones):
+    # None where an eager call returns the results alone
+    rest = (None,) * (len(typing.get_args(typing.get_type_hints(forward)["return"])) - outputs)
 
     def compute(inputs, array=_array):
         # the kernels on the inputs' memory (the running statistics updated
@@ -252,22 +258,25 @@ def _register(name, forward, forward_fake, backward, backward_fake, *, core, bac
         @staticmethod
         def forward(ctx, *inputs):
             arrays, out = compute(inputs, _memory)
+            ys = [_like(o, inputs[0], arrays[0]) for o in out[:outputs]]
             ctx.arrays = saved(arrays, out)
-            # the tensors read again, for autograd's check that none changed
+            # the tensors read again, for autograd's check that none changed:
+            # the inputs, and the results past y (the residual-fused norms'
+            # h, which their backward reads and the caller may change)
             ctx.save_for_backward(*[t for i, t in enumerate(inputs)
-                                    if isinstance(t, Tensor) and i not in running])
+                                    if isinstance(t, Tensor) and i not in running], *ys[1:])
             attrs(ctx, inputs)
             ctx.set_materialize_grads(False)
-            return _like(out[0], inputs[0], arrays[0])
+            return ys[0] if outputs == 1 else tuple(ys)
 
         @staticmethod
-        def backward(ctx, gy):
+        def backward(ctx, *grads):
             _one_level(name, True)
             x = ctx.saved_tensors[0]
-            if gy is None:
+            if all(g is None for g in grads):
                 return (None,) * len(ctx.needs_input_grad)
             return grad(ctx, lambda *a: _gradients(x, ctx.arrays[0], *backward_core(*a)),
-                        ctx.arrays, _array(gy))
+                        ctx.arrays, *[_array(g) for g in grads])
 
     class Eager(torch.autograd.Function):
         @staticmethod
@@ -283,9 +292,9 @@ def _register(name, forward, forward_fake, backward, backward_fake, *, core, bac
             ctx.forward_inputs = [_SAVED if isinstance(t, Tensor) else t for t in inputs]
 
         @staticmethod
-        def backward(ctx, gy, *_):
+        def backward(ctx, *grads):
             _one_level(name, True)
-            return grad(ctx, backward, ctx.saved_tensors, gy)
+            return grad(ctx, backward, ctx.saved_tensors, *grads[:outputs])
 
         @staticmethod
         def jvp(ctx, *input_tangents):
@@ -305,9 +314,9 @@ def _register(name, forward, forward_fake, backward, backward_fake, *, core, bac
             inputs = tuple(_functorch.unwrap_if_dead(t) if isinstance(t, Tensor) else t
                            for t in inputs)
             if any(isinstance(t, Tensor) and t.requires_grad for t in inputs):
-                return (plain(*inputs),) + rest
+                return ((plain(*inputs),) if outputs == 1 else plain(*inputs)) + rest
         arrays, out = compute(inputs)
-        return (_like(out[0], inputs[0], arrays[0]),) + rest
+        return tuple(_like(o, inputs[0], arrays[0]) for o in out[:outputs]) + rest
 
     Plain, Eager = _named(f"_{name}_plain", Plain), _named(f"_{name}_eager", Eager)
     # Plain.apply past Function.apply's Python (which checks what run has
@@ -505,6 +514,268 @@ def rms_norm(input: Tensor, normalized_shape, weight: Optional[Tensor] = None,
     if not _ours(input, weight):
         return torch.nn.functional.rms_norm(input, shape, weight, eps)
     return _rms_norm(input, shape, weight, None if eps is None else float(eps))[0]
+
+
+# ---- the residual add fused into layer norm and RMS norm ---------------------
+# h = x + residual, then the norm of h; both y and h are results with
+# gradients, and x and residual both take h's total gradient.
+
+def _add_layer_norm_core(x, residual, normalized_shape, weight, bias, eps):
+    return _cn.add_layer_norm(x, residual, tuple(normalized_shape), weight, bias, eps)
+
+
+def _add_layer_norm_backward_core(grad_out, grad_h, h, normalized_shape, mean, rstd, weight,
+                                  bias, output_mask):
+    return _cn.add_layer_norm_backward(grad_out, grad_h, h, tuple(normalized_shape), mean,
+                                       rstd, weight, bias, tuple(output_mask))
+
+
+def _add_layer_norm_fwd(x: Tensor, residual: Tensor, normalized_shape: List[int],
+                        weight: Optional[Tensor], bias: Optional[Tensor], eps: float,
+                        ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    a = _plain(x, residual, normalized_shape, weight, bias, eps)
+    return _outputs(x, a[0], _add_layer_norm_core(*a), results=2)
+
+
+def _add_layer_norm_fake(x, residual, normalized_shape, weight, bias, eps):
+    return (torch.empty_like(x),) + _layer_norm_fake(x, normalized_shape, weight, bias, eps)
+
+
+def _add_layer_norm_bwd(grad_out: Tensor, grad_h: Optional[Tensor], h: Tensor,
+                        normalized_shape: List[int], mean: Tensor, rstd: Tensor,
+                        weight: Optional[Tensor], bias: Optional[Tensor],
+                        output_mask: List[bool]) -> Tuple[Tensor, Tensor, Tensor]:
+    a = _plain(grad_out, grad_h, h, normalized_shape, mean, rstd, weight, bias, output_mask)
+    return _gradients(h, a[2], *_add_layer_norm_backward_core(*a))
+
+
+def _add_layer_norm_bwd_fake(grad_out, grad_h, h, normalized_shape, mean, rstd, weight, bias,
+                             output_mask):
+    return _layer_norm_bwd_fake(grad_out, h, normalized_shape, mean, rstd, weight, bias,
+                                output_mask)
+
+
+def _add_layer_norm_saved(inputs, output):
+    _, _, _, weight, bias, _ = inputs
+    return output[1], output[2], output[3], weight, bias
+
+
+def _add_layer_norm_attrs(ctx, inputs):
+    ctx.normalized_shape = inputs[2]
+
+
+def _y_gradient(gy, gh):
+    """The gradient of y where an eager call's backward has only h's (y not
+    used further): zeros, which the backward kernels take."""
+    if gy is not None:
+        return gy
+    return np.zeros_like(gh) if isinstance(gh, np.ndarray) else torch.zeros_like(gh)
+
+
+def _add_layer_norm_grad(ctx, backward, saved, gy, gh):
+    h, mean, rstd, weight, bias = saved
+    need = ctx.needs_input_grad
+    # (y not used: no parameter gradients, as torch's unfused composition)
+    mask = [need[0] or need[1], weight is not None and need[3] and gy is not None,
+            bias is not None and need[4] and gy is not None]
+    gi, gw, gb = backward(_y_gradient(gy, gh), gh, h, ctx.normalized_shape, mean, rstd, weight,
+                          bias, mask)
+    return (_wanted(gi, need[0]), _wanted(gi, need[1]), None, _wanted(gw, mask[1]),
+            _wanted(gb, mask[2]), None)
+
+
+_add_layer_norm = _register("add_layer_norm", _add_layer_norm_fwd, _add_layer_norm_fake,
+                            _add_layer_norm_bwd, _add_layer_norm_bwd_fake,
+                            core=_add_layer_norm_core,
+                            backward_core=_add_layer_norm_backward_core,
+                            saved=_add_layer_norm_saved, attrs=_add_layer_norm_attrs,
+                            grad=_add_layer_norm_grad, outputs=2,
+                            tangents=lambda inputs, t: _tangents(_cn.add_layer_norm, inputs, t,
+                                                                 outputs=2))
+
+
+def _add_rms_norm_core(x, residual, normalized_shape, weight, eps):
+    return _cn.add_rms_norm(x, residual, tuple(normalized_shape), weight, eps)
+
+
+def _add_rms_norm_backward_core(grad_out, grad_h, h, normalized_shape, rstd, weight,
+                                output_mask):
+    return _cn.add_rms_norm_backward(grad_out, grad_h, h, tuple(normalized_shape), rstd, weight,
+                                     tuple(output_mask))
+
+
+def _add_rms_norm_fwd(x: Tensor, residual: Tensor, normalized_shape: List[int],
+                      weight: Optional[Tensor], eps: Optional[float],
+                      ) -> Tuple[Tensor, Tensor, Tensor]:
+    a = _plain(x, residual, normalized_shape, weight, eps)
+    return _outputs(x, a[0], _add_rms_norm_core(*a), results=2)
+
+
+def _add_rms_norm_fake(x, residual, normalized_shape, weight, eps):
+    return (torch.empty_like(x),) + _rms_norm_fake(x, normalized_shape, weight, eps)
+
+
+def _add_rms_norm_bwd(grad_out: Tensor, grad_h: Optional[Tensor], h: Tensor,
+                      normalized_shape: List[int], rstd: Tensor, weight: Optional[Tensor],
+                      output_mask: List[bool]) -> Tuple[Tensor, Tensor]:
+    a = _plain(grad_out, grad_h, h, normalized_shape, rstd, weight, output_mask)
+    return _gradients(h, a[2], *_add_rms_norm_backward_core(*a))
+
+
+def _add_rms_norm_bwd_fake(grad_out, grad_h, h, normalized_shape, rstd, weight, output_mask):
+    return _rms_norm_bwd_fake(grad_out, h, normalized_shape, rstd, weight, output_mask)
+
+
+def _add_rms_norm_saved(inputs, output):
+    _, _, _, weight, _ = inputs
+    return output[1], output[2], weight
+
+
+def _add_rms_norm_grad(ctx, backward, saved, gy, gh):
+    h, rstd, weight = saved
+    need = ctx.needs_input_grad
+    mask = [need[0] or need[1], weight is not None and need[3] and gy is not None]
+    gi, gw = backward(_y_gradient(gy, gh), gh, h, ctx.normalized_shape, rstd, weight, mask)
+    return _wanted(gi, need[0]), _wanted(gi, need[1]), None, _wanted(gw, mask[1]), None
+
+
+_add_rms_norm = _register("add_rms_norm", _add_rms_norm_fwd, _add_rms_norm_fake,
+                          _add_rms_norm_bwd, _add_rms_norm_bwd_fake, core=_add_rms_norm_core,
+                          backward_core=_add_rms_norm_backward_core, saved=_add_rms_norm_saved,
+                          attrs=_add_layer_norm_attrs, grad=_add_rms_norm_grad, outputs=2,
+                          tangents=lambda inputs, t: _tangents(_cn.add_rms_norm, inputs, t,
+                                                               outputs=2))
+
+
+def _residual_like(input: Tensor, residual: Tensor, name: str) -> None:
+    """The fused forms add without broadcasting or type promotion: residual
+    has input's shape and dtype (on any device: one rule everywhere)."""
+    if not isinstance(residual, Tensor):
+        raise TypeError(f"cynorm.torch.{name}: residual must be a torch.Tensor, "
+                        f"got {type(residual).__name__}")
+    if residual.shape != input.shape or residual.dtype != input.dtype:
+        raise ValueError(f"cynorm.torch.{name}: residual must have input's shape and dtype "
+                         f"({tuple(input.shape)}, {input.dtype}), got "
+                         f"({tuple(residual.shape)}, {residual.dtype})")
+
+
+def add_layer_norm(input: Tensor, residual: Tensor, normalized_shape,
+                   weight: Optional[Tensor] = None, bias: Optional[Tensor] = None,
+                   eps: float = 1e-5) -> Tuple[Tensor, Tensor]:
+    """The residual add fused into layer norm, with autograd: ``h = input +
+    residual``, ``y = layer_norm(h)``, in one pass over the rows.
+
+    The same values as ``h = input + residual`` followed by
+    :func:`layer_norm` (h rounded to input's dtype first), and the same
+    gradients: ``input`` and ``residual`` both take h's, which sums what
+    reaches h through y and through the later uses of h.
+
+    Parameters
+    ----------
+    input, residual : torch.Tensor
+        The same shape and dtype (no broadcasting, no type promotion).
+    normalized_shape : int or sequence of int
+        The trailing shape normalized over.
+    weight : torch.Tensor, optional
+        Shape ``normalized_shape``; None: no scale.
+    bias : torch.Tensor, optional
+        Shape ``normalized_shape``; None: no shift.
+    eps : float, default 1e-5
+        Added to the variance.
+
+    Returns
+    -------
+    y : torch.Tensor
+        layer_norm(h), laid out as ``torch.empty_like(input)``.
+    h : torch.Tensor
+        input + residual, laid out as ``torch.empty_like(input)``: the next
+        block's residual.  Changing it in place before the backward is an
+        error, as for a tensor a PyTorch operator saved.
+
+    Raises
+    ------
+    TypeError
+        If residual is not a tensor.
+    ValueError
+        If residual's shape or dtype differs from input's.
+
+    Notes
+    -----
+    Tensors cynorm does not take (on a device, or of another dtype than
+    float64, float32, bfloat16 and float16) run the unfused composition in
+    PyTorch's operators.
+    """
+    _residual_like(input, residual, "add_layer_norm")
+    shape = [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
+    if not _ours(input, residual, weight, bias):
+        h = input + residual
+        return torch.nn.functional.layer_norm(h, shape, weight, bias, eps), h
+    y, h, _, _ = _add_layer_norm(input, residual, shape, weight, bias, float(eps))
+    return y, h
+
+
+def add_rms_norm(input: Tensor, residual: Tensor, normalized_shape,
+                 weight: Optional[Tensor] = None,
+                 eps: Optional[float] = None) -> Tuple[Tensor, Tensor]:
+    """The residual add fused into RMS norm, with autograd: ``h = input +
+    residual``, ``y = rms_norm(h)``, in one pass over the rows (vLLM's and
+    FlashInfer's ``fused_add_rmsnorm``, functional).
+
+    The same values as ``h = input + residual`` followed by
+    :func:`rms_norm` (h rounded to input's dtype first), and the same
+    gradients: ``input`` and ``residual`` both take h's.
+
+    Parameters
+    ----------
+    input, residual : torch.Tensor
+        The same shape and dtype (no broadcasting, no type promotion).
+    normalized_shape : int or sequence of int
+        The trailing shape normalized over.
+    weight : torch.Tensor, optional
+        Shape ``normalized_shape``; None: no scale.
+    eps : float, optional
+        Added to the mean square; None: the machine epsilon of the math
+        type (float32 for 16-bit input), as ``torch.nn.functional.rms_norm``.
+
+    Returns
+    -------
+    y : torch.Tensor
+        rms_norm(h), laid out as ``torch.empty_like(input)``.
+    h : torch.Tensor
+        input + residual, laid out as ``torch.empty_like(input)``.
+        Changing it in place before the backward is an error.
+
+    Raises
+    ------
+    TypeError
+        If residual is not a tensor.
+    ValueError
+        If residual's shape or dtype differs from input's.
+
+    Notes
+    -----
+    Tensors cynorm does not take run the unfused composition in PyTorch's
+    operators.
+
+    Examples
+    --------
+    >>> import torch, cynorm.torch as ct
+    >>> x = torch.tensor([[1.0, 2.0]], requires_grad=True)
+    >>> r = torch.tensor([[2.0, 2.0]])
+    >>> y, h = ct.add_rms_norm(x, r, 2, eps=0.0)
+    >>> h.tolist()
+    [[3.0, 4.0]]
+    >>> (y * h).sum().backward()        # gradients through both y and h
+    >>> x.grad.shape
+    torch.Size([1, 2])
+    """
+    _residual_like(input, residual, "add_rms_norm")
+    shape = [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
+    if not _ours(input, residual, weight):
+        h = input + residual
+        return torch.nn.functional.rms_norm(h, shape, weight, eps), h
+    y, h, _ = _add_rms_norm(input, residual, shape, weight, None if eps is None else float(eps))
+    return y, h
 
 
 # ---- group norm --------------------------------------------------------------

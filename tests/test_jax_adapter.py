@@ -105,7 +105,7 @@ def test_ffi_layer_norm_gives_cynorms_bits(params):
         w = w if "w" in params else None
         b = b if "b" in params else None
         y, mean, rstd = cynorm.layer_norm(x, 24, w, b, 1e-5)
-        got = jax.jit(lambda x, w, b: cj._ln_forward(x, w, b, (24,), 1e-5))(x, w, b)
+        got = jax.jit(lambda x, w, b: cj._ln_forward(x, None, w, b, (24,), 1e-5))(x, w, b)
         for g, r in zip(got, (y, mean, rstd)):
             assert g.dtype == r.dtype and np.array_equal(host(g), r, equal_nan=True)
         dy = np.random.default_rng(1).standard_normal(x.shape).astype(x.dtype)
@@ -126,7 +126,7 @@ def test_ffi_rms_norm_gives_cynorms_bits(weighted):
         for eps in (None, 1e-3):
             y, rstd = cynorm.rms_norm(x, (3, 24), None if w is None else np.tile(w, (3, 1)), eps)
             w2 = None if w is None else np.tile(w, (3, 1))
-            got = jax.jit(lambda x, w: cj._rms_forward(x, w, (3, 24), eps))(x, w2)
+            got = jax.jit(lambda x, w: cj._rms_forward(x, None, w, (3, 24), eps))(x, w2)
             assert np.array_equal(host(got[0]), y) and np.array_equal(host(got[1]), rstd)
             dy = np.random.default_rng(3).standard_normal(x.shape).astype(x.dtype)
             want = cynorm.rms_norm_backward(dy, x, (3, 24), rstd, w2, (True, w is not None))
@@ -202,8 +202,91 @@ def test_a_malformed_call_is_refused_by_the_handler():
     with pytest.raises(Exception, match="cynorm.jax.layer_norm: the call lacks an attribute"):
         jax.block_until_ready(call(x))
     with pytest.raises(Exception, match="cynorm.jax.layer_norm: the results"):
-        jax.block_until_ready(call(x, eps=np.float64(1e-5), n=np.int64(8), weight=np.int64(0),
-                                   bias=np.int64(0)))
+        jax.block_until_ready(call(x, eps=np.float64(1e-5), n=np.int64(8), residual=np.int64(0),
+                                   weight=np.int64(0), bias=np.int64(0)))
+
+
+# ---- the residual add fused into the row norms --------------------------------
+
+def add_ln_ref(x, r, w, b):
+    return ln_ref(x + r, w, b), x + r
+
+
+def add_rms_ref(x, r, w):
+    return rms_ref(x + r, w), x + r
+
+
+def fused_loss(f):
+    """A loss reaching h through y and on its own."""
+    def loss(*a):
+        y, h = f(*a)
+        return (y * jnp.linspace(-1, 2, y.size).reshape(y.shape)).sum() + (h * h).sum()
+    return loss
+
+
+@ffi
+def test_ffi_fused_norms_give_cynorms_bits():
+    for x, w, b in cases(7):
+        r = np.random.default_rng(8).standard_normal(x.shape).astype(x.dtype)
+        want = cynorm.add_layer_norm(x, r, 24, w, b, 1e-5)
+        got = jax.jit(lambda x, r, w, b: cj._ln_forward(x, r, w, b, (24,), 1e-5))(x, r, w, b)
+        for g, a in zip(got, want):
+            assert g.dtype == a.dtype and np.array_equal(host(g), a, equal_nan=True)
+        y, h = jax.jit(lambda x, r: cj.add_layer_norm(x, r, 24, w, b))(x, r)
+        assert np.array_equal(host(y), want[0]) and np.array_equal(host(h), want[1])
+        want = cynorm.add_rms_norm(x, r, 24, w)
+        y, h = jax.jit(lambda x, r: cj.add_rms_norm(x, r, 24, w))(x, r)
+        assert np.array_equal(host(y), want[0]) and np.array_equal(host(h), want[1])
+
+
+def test_fused_norms_match_the_formulas_on_both_routes(monkeypatch):
+    x, r, w, b = data(4, 6, 16), data(4, 6, 16, seed=1), data(16, seed=2), data(16, seed=3)
+    tx, tr, tw, tb = (data(*a.shape, seed=10 + i) for i, a in enumerate((x, r, w, b)))
+    for use_ffi in (True, False):
+        monkeypatch.setattr(cj, "_FFI", use_ffi and cj._FFI)
+        for ours, ref, primals, tangents in (
+                (lambda x, r, w, b: cj.add_layer_norm(x, r, 16, w, b), add_ln_ref,
+                 (x, r, w, b), (tx, tr, tw, tb)),
+                (lambda x, r, w: cj.add_rms_norm(x, r, [16], w), add_rms_ref,
+                 (x, r, w), (tx, tr, tw))):
+            for g, want in zip(jax.jit(ours)(*primals), ref(*primals)):
+                close(g, want)
+            argnums = tuple(range(len(primals)))
+            got = jax.jit(jax.grad(fused_loss(ours), argnums))(*primals)
+            for g, want in zip(got, jax.grad(fused_loss(ref), argnums)(*primals)):
+                close(g, want, 1e-4)
+            out, tout = jax.jvp(ours, primals, tangents)
+            rout, rtout = jax.jvp(ref, primals, tangents)
+            for g, want in zip(tuple(out) + tuple(tout), tuple(rout) + tuple(rtout)):
+                close(g, want, 1e-4)
+            # under vmap, the parameters shared
+            vy, vh = jax.vmap(ours, in_axes=(0, 0) + (None,) * (len(primals) - 2))(*primals)
+            ry, rh = ref(*primals)
+            close(vy, ry)
+            close(vh, rh)
+
+
+def test_fused_norms_without_parameters_and_in_bfloat16():
+    x = data(3, 32).astype(jnp.bfloat16)
+    r = data(3, 32, seed=1).astype(jnp.bfloat16)
+    y, h = jax.jit(lambda x, r: cj.add_rms_norm(x, r, 32))(x, r)
+    assert y.dtype == h.dtype == jnp.bfloat16
+    assert np.array_equal(host(h), host(x + r))
+    close(y, rms_ref((x + r).astype(jnp.float32)), 1e-2)
+    y, h = cj.add_layer_norm(x, r, 32)
+    close(y, ln_ref((x + r).astype(jnp.float32)), 2e-2)
+    g = jax.grad(lambda x: cj.add_layer_norm(x, r, 32)[1].astype(jnp.float32).sum())(x)
+    assert np.array_equal(host(g), np.ones(x.shape, np.float32))   # h's gradient alone
+
+
+def test_fused_norms_bad_arguments():
+    x = data(2, 8)
+    with pytest.raises(ValueError, match="add_rms_norm: residual must have x's shape and dtype"):
+        cj.add_rms_norm(x, data(1, 8), 8)
+    with pytest.raises(ValueError, match="add_layer_norm: residual must have x's shape and dtype"):
+        cj.add_layer_norm(x, x.astype(jnp.bfloat16), 8)
+    with pytest.raises(ValueError, match="add_layer_norm: normalized_shape"):
+        cj.add_layer_norm(x, x, 7)
 
 
 # ---- batch norm ------------------------------------------------------------------

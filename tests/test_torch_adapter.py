@@ -470,6 +470,155 @@ def test_export_runs_cynorm_operators():
     torch.testing.assert_close(ep.module()(x), model(x))
 
 
+# ---- the residual-fused norms (two results with gradients: y and h) ---------
+
+# (name, cynorm's function, torch's unfused composition, their inputs' shapes)
+ADD_CASES = [
+    ("add_rms_norm", lambda x, r, w: ct.add_rms_norm(x, r, 8, w),
+     lambda x, r, w: (F.rms_norm(x + r, (8,), w), x + r), [(3, 5, 8), (3, 5, 8), (8,)]),
+    ("add_layer_norm", lambda x, r, w, b: ct.add_layer_norm(x, r, [8], w, b),
+     lambda x, r, w, b: (F.layer_norm(x + r, (8,), w, b), x + r),
+     [(3, 5, 8), (3, 5, 8), (8,), (8,)]),
+]
+ADD_IDS = [c[0] for c in ADD_CASES]
+
+
+def _both(y, h):
+    # a loss that reaches h through y and on its own
+    return (y * torch.linspace(-1, 2, y.numel(), dtype=y.dtype).view(y.shape)).sum() \
+        + (h * h).sum()
+
+
+@pytest.mark.parametrize("name, ours, theirs, shapes", ADD_CASES, ids=ADD_IDS)
+def test_residual_fused_norms_gradcheck(name, ours, theirs, shapes):
+    # both outputs' gradients, and forward mode (cynorm.jvp's rules)
+    assert torch.autograd.gradcheck(ours, tuple(_inputs(shapes)), check_forward_ad=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("name, ours, theirs, shapes", ADD_CASES, ids=ADD_IDS)
+def test_residual_fused_norms_match_the_unfused_composition(name, ours, theirs, shapes, dtype):
+    g = torch.Generator().manual_seed(3)
+    x, r = (torch.randn(*shapes[0], generator=g).to(dtype).requires_grad_() for _ in range(2))
+    params = [torch.randn(*s, generator=g, requires_grad=True) for s in shapes[2:]]
+    if dtype == torch.float64:
+        params = [p.detach().double().requires_grad_() for p in params]
+    y, h = ours(x, r, *params)
+    assert y.dtype == h.dtype == dtype and y.shape == h.shape == x.shape
+    _both(y.double(), h.double()).backward()
+    got = [y, h] + [t.grad for t in [x, r] + params]
+    for t in [x, r] + params:
+        t.grad = None
+    # torch's composition in float64 from the same inputs: the reference
+    ry, rh = theirs(*[t.double() for t in [x, r] + params])
+    _both(ry, rh).backward()
+    want = [ry, rh] + [t.grad for t in [x, r] + params]
+    tol = {torch.float64: 1e-12, torch.float32: 2e-5, torch.bfloat16: 5e-2}[dtype]
+    for i, (a, b) in enumerate(zip(got, want)):
+        torch.testing.assert_close(a.double(), b.double(), rtol=tol, atol=tol, msg=str(i))
+    assert torch.equal(h, x + r)       # h rounded to x's dtype, as the unfused add
+
+
+@pytest.mark.parametrize("name, ours, theirs, shapes", ADD_CASES, ids=ADD_IDS)
+def test_residual_fused_norms_under_torch_func(name, ours, theirs, shapes):
+    primals = tuple(t.detach() for t in _inputs(shapes))
+    tangents = tuple(t.detach() for t in _inputs(shapes, seed=10))
+    out, tout = torch.func.jvp(ours, primals, tangents)
+    rout, rtout = torch.func.jvp(theirs, primals, tangents)
+    torch.testing.assert_close(out, rout)
+    torch.testing.assert_close(tout, rtout)
+    argnums = tuple(range(len(primals)))
+    g = torch.func.grad(lambda *a: _both(*ours(*a)), argnums)(*primals)
+    rg = torch.func.grad(lambda *a: _both(*theirs(*a)), argnums)(*primals)
+    torch.testing.assert_close(g, rg)
+
+
+def test_residual_fused_norm_with_one_result_used():
+    x, r, w = _inputs([(4, 8), (4, 8), (8,)])
+    y, h = ct.add_rms_norm(x, r, 8, w)
+    h.sum().backward()           # y not used: x and r take h's gradient alone
+    assert torch.equal(x.grad, torch.ones_like(x)) and torch.equal(r.grad, torch.ones_like(r))
+    assert w.grad is None
+    x.grad = r.grad = None
+    y, h = ct.add_layer_norm(x, r, 8, w)
+    y.sum().backward()           # h not used
+    hh = (x + r).detach().requires_grad_()
+    F.layer_norm(hh, (8,), w.detach()).sum().backward()
+    torch.testing.assert_close(x.grad, hh.grad)
+    torch.testing.assert_close(r.grad, hh.grad)
+
+
+def test_residual_fused_norm_h_changed_in_place_is_an_error():
+    x, r = _inputs([(4, 8), (4, 8)])
+    y, h = ct.add_rms_norm(x, r, 8)
+    h.add_(1.0)                  # the backward reads h
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        (y * 2).sum().backward()
+
+
+def test_residual_fused_norm_errors_and_fallback():
+    x = torch.randn(4, 8)
+    with pytest.raises(ValueError, match="residual must have input's shape and dtype"):
+        ct.add_rms_norm(x, torch.randn(1, 8), 8)
+    with pytest.raises(ValueError, match="residual must have input's shape and dtype"):
+        ct.add_layer_norm(x, torch.randn(4, 8, dtype=torch.float64), 8)
+    with pytest.raises(TypeError, match="residual must be a torch.Tensor"):
+        ct.add_rms_norm(x, x.numpy(), 8)
+    # tensors cynorm does not take: the composition in torch's operators
+    xm, rm = torch.randn(4, 8, device="meta"), torch.randn(4, 8, device="meta")
+    y, h = ct.add_layer_norm(xm, rm, 8)
+    assert y.device.type == h.device.type == "meta" and y.shape == (4, 8)
+
+
+def test_residual_fused_norm_operators_pass_torchs_opcheck():
+    # the schema, the fake kernels against the real ones, the autograd
+    # registration, AOT dispatch with dynamic shapes (torch.library.opcheck)
+    x, r, gy = (torch.randn(3, 8, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    w, b = torch.randn(8), torch.randn(8)
+    ops = torch.ops.cynorm
+    torch.library.opcheck(ops.add_rms_norm.default, (x.requires_grad_(), r, [8], w, None))
+    torch.library.opcheck(ops.add_layer_norm.default, (x, r, [8], w, b, 1e-5))
+    x = x.detach()
+    _, h, rstd = ops.add_rms_norm(x, r, [8], w, None)
+    torch.library.opcheck(ops.add_rms_norm_backward.default,
+                          (gy, None, h, [8], rstd, w, [True, True]))
+    _, h, mean, rstd = ops.add_layer_norm(x, r, [8], None, b, 1e-5)
+    torch.library.opcheck(ops.add_layer_norm_backward.default,
+                          (gy, gy, h, [8], mean, rstd, None, b, [True, False, True]))
+
+
+def test_residual_fused_norms_compile_and_export():
+    torch._dynamo.reset()
+
+    class Blocks(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(8))
+            self.b = torch.nn.Parameter(torch.randn(8))
+
+        def forward(self, x, r):
+            y, h = ct.add_rms_norm(x, r, 8, self.w)
+            y2, h2 = ct.add_layer_norm(y, h, 8, self.w, self.b)
+            return y2 * h2
+
+    torch.manual_seed(0)
+    model = Blocks()
+    eager = copy.deepcopy(model)
+    x, r = torch.randn(6, 8, requires_grad=True), torch.randn(6, 8)
+    xe = x.detach().clone().requires_grad_()
+    out = torch.compile(model, fullgraph=True)(x, r)
+    torch.testing.assert_close(out, eager(xe, r))
+    out.sum().backward()
+    eager(xe, r).sum().backward()
+    torch.testing.assert_close(x.grad, xe.grad)
+    for (name, a), b in zip(model.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, msg=name)
+    ep = torch.export.export(model, (x.detach(), r))
+    targets = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
+    assert {"cynorm.add_rms_norm.default", "cynorm.add_layer_norm.default"} <= targets
+    torch.testing.assert_close(ep.module()(x.detach(), r), eager(x.detach(), r))
+
+
 # ---- weight norm -------------------------------------------------------------
 
 def test_weight_norm_gradcheck():

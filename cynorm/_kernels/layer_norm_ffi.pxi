@@ -33,17 +33,21 @@ cdef const void* row_param(const cn_ffi_buffer* b, int storage, Py_ssize_t N,
 
 
 cdef void* rows_forward_ffi(cn_ffi_frame* f, bint centered) noexcept nogil:
-    # args: x [, weight] [, bias]; rets: y [, mean], rstd (the math type);
-    # attrs: eps, n (the row length), weight and bias (whether each is passed)
+    # args: x [, residual] [, weight] [, bias]; rets: y [, h] [, mean], rstd
+    # (the math type); attrs: eps, n (the row length), residual, weight and
+    # bias (whether each is passed; with residual, h = x + residual is
+    # written and normalized: the fused forms)
     cdef const char* op = "layer_norm" if centered else "rms_norm"
     if cn_ffi_metadata_call(f):
         return NULL
     cdef double eps
-    cdef int64_t N, has_w, has_b
+    cdef int64_t N, has_r, has_w, has_b
     if not (cn_ffi_float_attr(f, "eps", &eps) and cn_ffi_int_attr(f, "n", &N)
+            and cn_ffi_int_attr(f, "residual", &has_r)
             and cn_ffi_int_attr(f, "weight", &has_w) and cn_ffi_int_attr(f, "bias", &has_b)):
         return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
-                            "the call lacks an attribute (eps, n, weight, bias)")
+                            "the call lacks an attribute (eps, n, residual, weight, bias)")
+    has_r = has_r != 0
     cdef cn_ffi_buffer* x = cn_ffi_arg(f, 0)
     cdef int storage = ffi_storage(x)
     if storage == NOT_PLAIN or N <= 0 or cn_ffi_count(x) % N != 0:
@@ -51,17 +55,22 @@ cdef void* rows_forward_ffi(cn_ffi_frame* f, bint centered) noexcept nogil:
                             "x: float64, float32, bfloat16 or float16 rows of n > 0 values expected")
     cdef int math = math_storage(storage)
     cdef Py_ssize_t M = cn_ffi_count(x) // N
+    cdef cn_ffi_buffer* res = cn_ffi_arg(f, 1) if has_r else NULL
     cdef cn_ffi_buffer* y = cn_ffi_ret(f, 0)
-    cdef cn_ffi_buffer* mean = cn_ffi_ret(f, 1) if centered else NULL
-    cdef cn_ffi_buffer* rstd = cn_ffi_ret(f, 1 + centered)
+    cdef cn_ffi_buffer* h = cn_ffi_ret(f, 1) if has_r else NULL
+    cdef cn_ffi_buffer* mean = cn_ffi_ret(f, 1 + has_r) if centered else NULL
+    cdef cn_ffi_buffer* rstd = cn_ffi_ret(f, 1 + has_r + centered)
+    if has_r and not (ffi_array(res, storage, M * N) and ffi_array(h, storage, M * N)):
+        return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
+                            "residual and h of x's shape and dtype expected")
     if not (ffi_array(y, storage, M * N) and ffi_array(rstd, math, M)
             and (not centered or ffi_array(mean, math, M))):
         return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
                             "the results: y of x's shape and dtype, M statistics of the math type expected")
     if M == 0:
         return NULL
-    cdef cn_ffi_buffer* w = cn_ffi_arg(f, 1) if has_w else NULL
-    cdef cn_ffi_buffer* b = cn_ffi_arg(f, 1 + (has_w != 0)) if has_b else NULL
+    cdef cn_ffi_buffer* w = cn_ffi_arg(f, 1 + has_r) if has_w else NULL
+    cdef cn_ffi_buffer* b = cn_ffi_arg(f, 1 + has_r + (has_w != 0)) if has_b else NULL
     cdef bint affine = has_w or has_b
     # 16-bit parameters widened to float32, or layer norm's missing one filled
     cdef double* scratch = <double*>malloc(2 * N * sizeof(double)) if affine else NULL
@@ -79,7 +88,8 @@ cdef void* rows_forward_ffi(cn_ffi_frame* f, bint centered) noexcept nogil:
         return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
                             "weight, bias: n values of x's dtype or of its math type expected")
     rows_forward(storage, x.data, pw, pb, y.data, mean.data if centered else NULL, rstd.data,
-                 M, N, eps, max_threads(), NULL, NULL)
+                 M, N, eps, max_threads(), res.data if has_r else NULL,
+                 h.data if has_r else NULL)
     free(scratch)
     return NULL
 
