@@ -232,6 +232,10 @@ def _register(name, forward, forward_fake, backward, backward_fake, *, core, bac
                                   device_types="cpu")
     bop.register_fake(backward_fake)
 
+    # the leading inputs the backward does not read: the residual-fused
+    # norms' x and residual (it reads h)
+    unread = 2 if outputs > 1 else 0
+
     def setup(ctx, inputs, output):
         ctx.save_for_backward(*saved(inputs, output))
         attrs(ctx, inputs)
@@ -260,11 +264,17 @@ def _register(name, forward, forward_fake, backward, backward_fake, *, core, bac
             arrays, out = compute(inputs, _memory)
             ys = [_like(o, inputs[0], arrays[0]) for o in out[:outputs]]
             ctx.arrays = saved(arrays, out)
-            # the tensors read again, for autograd's check that none changed:
-            # the inputs, and the results past y (the residual-fused norms'
-            # h, which their backward reads and the caller may change)
-            ctx.save_for_backward(*[t for i, t in enumerate(inputs)
-                                    if isinstance(t, Tensor) and i not in running], *ys[1:])
+            # the tensors read again, for autograd's check that none changed
+            # (and the layout of grad_x, the first): the inputs, but for the
+            # residual-fused norms h in place of x and residual, which their
+            # backward does not read (nor keeps alive, as the unfused
+            # composition does not)
+            ctx.save_for_backward(*ys[1:], *[t for i, t in enumerate(inputs)
+                                             if isinstance(t, Tensor) and i not in running
+                                             and i >= unread])
+            if unread and not any(ctx.needs_input_grad[:unread]):
+                # h, as x + residual, has a gradient only where one of them does
+                ctx.mark_non_differentiable(ys[1])
             attrs(ctx, inputs)
             ctx.set_materialize_grads(False)
             return ys[0] if outputs == 1 else tuple(ys)

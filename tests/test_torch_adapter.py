@@ -556,6 +556,35 @@ def test_residual_fused_norm_h_changed_in_place_is_an_error():
         (y * 2).sum().backward()
 
 
+def test_residual_fused_norm_inputs_changed_in_place_are_not_read_again():
+    # the backward reads h, not x or residual: changing them in place after
+    # the call is no error, and the call keeps neither alive
+    import weakref
+    x, r, w = _inputs([(4, 8), (4, 8), (8,)])
+    hh = (x + r).detach().requires_grad_()
+    F.rms_norm(hh, (8,), w.detach()).sum().backward()
+    r = r.detach().clone()
+    y, h = ct.add_rms_norm(x, r, 8, w)
+    r.add_(1.0)
+    with torch.no_grad():
+        x.add_(1.0)
+    (y.sum() + h.sum()).backward()
+    torch.testing.assert_close(x.grad, hh.grad + 1)
+    xd, rd = torch.randn(4, 8, requires_grad=True), torch.randn(4, 8)
+    y, h = ct.add_layer_norm(xd * 1.0, rd, 8)
+    refs = weakref.ref(rd)
+    del rd
+    assert refs() is None
+
+
+def test_residual_fused_norm_h_has_a_gradient_only_with_x_or_residual():
+    x, r, w = torch.randn(4, 8), torch.randn(4, 8), torch.randn(8, requires_grad=True)
+    y, h = ct.add_rms_norm(x, r, 8, w)
+    assert y.requires_grad and not h.requires_grad     # as x + r
+    y, h = ct.add_rms_norm(x, r.requires_grad_(), 8, w)
+    assert h.requires_grad
+
+
 def test_residual_fused_norm_errors_and_fallback():
     x = torch.randn(4, 8)
     with pytest.raises(ValueError, match="residual must have input's shape and dtype"):
