@@ -425,11 +425,11 @@ def rms_norm(x: Any, normalized_shape: Shape, weight: Any = None,
 # h's tangent tx + tr, so jax.grad runs the norm's backward kernel and XLA
 # adds h's own gradient.
 
-def _check_residual(op: str, x: Any, residual: Any) -> None:
-    if tuple(residual.shape) != tuple(x.shape) or residual.dtype != x.dtype:
-        raise ValueError(f"cynorm.jax.{op}: residual must have x's shape and dtype "
-                         f"({tuple(x.shape)}, {x.dtype}), got ({tuple(residual.shape)}, "
-                         f"{residual.dtype})")
+def _fused(x: Any, residual: Any) -> bool:
+    """Whether the fused kernel takes x and residual: the same shape and
+    dtype (it adds without broadcasting or type promotion; the callers run
+    jax.numpy's add and the norm otherwise)."""
+    return tuple(residual.shape) == tuple(x.shape) and residual.dtype == x.dtype
 
 
 @partial(jax.custom_jvp, nondiff_argnums=(4, 5))
@@ -460,7 +460,9 @@ def add_layer_norm(x: Any, residual: Any, normalized_shape: Shape, weight: Any =
     Parameters
     ----------
     x, residual : jax.Array
-        The same shape and dtype (float64, float32, bfloat16 or float16).
+        float64, float32, bfloat16 or float16; fused where they have the
+        same shape and dtype, otherwise jax.numpy's add (broadcasting, type
+        promotion) then :func:`layer_norm`.
     normalized_shape : int or sequence of int
         The trailing shape normalized over (static under jit).
     weight, bias : jax.Array, optional
@@ -477,11 +479,13 @@ def add_layer_norm(x: Any, residual: Any, normalized_shape: Shape, weight: Any =
 
     Raises
     ------
-    ValueError
-        If residual's shape or dtype differs from x's; as layer_norm.
+    TypeError, ValueError
+        As layer_norm.
     """
     x, residual = jnp.asarray(x), jnp.asarray(residual)
-    _check_residual("add_layer_norm", x, residual)
+    if not _fused(x, residual):
+        h = x + residual
+        return layer_norm(h, normalized_shape, weight, bias, eps), h
     return _add_layer_norm(x, residual, _array(weight), _array(bias),
                            _shape(normalized_shape), float(eps))
 
@@ -513,7 +517,9 @@ def add_rms_norm(x: Any, residual: Any, normalized_shape: Shape, weight: Any = N
     Parameters
     ----------
     x, residual : jax.Array
-        The same shape and dtype (float64, float32, bfloat16 or float16).
+        float64, float32, bfloat16 or float16; fused where they have the
+        same shape and dtype, otherwise jax.numpy's add (broadcasting, type
+        promotion) then :func:`rms_norm`.
     normalized_shape : int or sequence of int
         The trailing shape normalized over (static under jit).
     weight : jax.Array, optional
@@ -531,8 +537,8 @@ def add_rms_norm(x: Any, residual: Any, normalized_shape: Shape, weight: Any = N
 
     Raises
     ------
-    ValueError
-        If residual's shape or dtype differs from x's; as rms_norm.
+    TypeError, ValueError
+        As rms_norm.
 
     Examples
     --------
@@ -542,7 +548,9 @@ def add_rms_norm(x: Any, residual: Any, normalized_shape: Shape, weight: Any = N
     [[2.0, 2.0, 2.0, 2.0], [2.0, 2.0, 2.0, 2.0]]
     """
     x, residual = jnp.asarray(x), jnp.asarray(residual)
-    _check_residual("add_rms_norm", x, residual)
+    if not _fused(x, residual):
+        h = x + residual
+        return rms_norm(h, normalized_shape, weight, eps), h
     return _add_rms_norm(x, residual, _array(weight), _shape(normalized_shape),
                          None if eps is None else float(eps))
 

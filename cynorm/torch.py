@@ -657,16 +657,16 @@ _add_rms_norm = _register("add_rms_norm", _add_rms_norm_fwd, _add_rms_norm_fake,
                                                                outputs=2))
 
 
-def _residual_like(input: Tensor, residual: Tensor, name: str) -> None:
-    """The fused forms add without broadcasting or type promotion: residual
-    has input's shape and dtype (on any device: one rule everywhere)."""
+def _fused(input: Tensor, residual: Tensor, name: str, *params: Optional[Tensor]) -> bool:
+    """Whether the fused kernel takes the call: tensors cynorm takes, and a
+    residual of input's shape and dtype (the kernel adds without
+    broadcasting or type promotion; the callers run PyTorch's add and
+    cynorm's norm otherwise)."""
     if not isinstance(residual, Tensor):
         raise TypeError(f"cynorm.torch.{name}: residual must be a torch.Tensor, "
                         f"got {type(residual).__name__}")
-    if residual.shape != input.shape or residual.dtype != input.dtype:
-        raise ValueError(f"cynorm.torch.{name}: residual must have input's shape and dtype "
-                         f"({tuple(input.shape)}, {input.dtype}), got "
-                         f"({tuple(residual.shape)}, {residual.dtype})")
+    return (residual.shape == input.shape and residual.dtype == input.dtype
+            and _ours(input, residual, *params))
 
 
 def add_layer_norm(input: Tensor, residual: Tensor, normalized_shape,
@@ -683,7 +683,11 @@ def add_layer_norm(input: Tensor, residual: Tensor, normalized_shape,
     Parameters
     ----------
     input, residual : torch.Tensor
-        The same shape and dtype (no broadcasting, no type promotion).
+        Fused where they have the same shape and dtype; otherwise (a
+        residual that broadcasts, or of another dtype, as a float32
+        residual stream beside bfloat16 activations under autocast)
+        PyTorch's add, with its broadcasting and type promotion, then
+        :func:`layer_norm`.
     normalized_shape : int or sequence of int
         The trailing shape normalized over.
     weight : torch.Tensor, optional
@@ -706,8 +710,6 @@ def add_layer_norm(input: Tensor, residual: Tensor, normalized_shape,
     ------
     TypeError
         If residual is not a tensor.
-    ValueError
-        If residual's shape or dtype differs from input's.
 
     Notes
     -----
@@ -715,11 +717,10 @@ def add_layer_norm(input: Tensor, residual: Tensor, normalized_shape,
     float64, float32, bfloat16 and float16) run the unfused composition in
     PyTorch's operators.
     """
-    _residual_like(input, residual, "add_layer_norm")
     shape = [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
-    if not _ours(input, residual, weight, bias):
+    if not _fused(input, residual, "add_layer_norm", weight, bias):
         h = input + residual
-        return torch.nn.functional.layer_norm(h, shape, weight, bias, eps), h
+        return layer_norm(h, shape, weight, bias, eps), h
     y, h, _, _ = _add_layer_norm(input, residual, shape, weight, bias, float(eps))
     return y, h
 
@@ -738,7 +739,8 @@ def add_rms_norm(input: Tensor, residual: Tensor, normalized_shape,
     Parameters
     ----------
     input, residual : torch.Tensor
-        The same shape and dtype (no broadcasting, no type promotion).
+        Fused where they have the same shape and dtype; otherwise PyTorch's
+        add (broadcasting, type promotion), then :func:`rms_norm`.
     normalized_shape : int or sequence of int
         The trailing shape normalized over.
     weight : torch.Tensor, optional
@@ -759,8 +761,6 @@ def add_rms_norm(input: Tensor, residual: Tensor, normalized_shape,
     ------
     TypeError
         If residual is not a tensor.
-    ValueError
-        If residual's shape or dtype differs from input's.
 
     Notes
     -----
@@ -779,11 +779,10 @@ def add_rms_norm(input: Tensor, residual: Tensor, normalized_shape,
     >>> x.grad.shape
     torch.Size([1, 2])
     """
-    _residual_like(input, residual, "add_rms_norm")
     shape = [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
-    if not _ours(input, residual, weight):
+    if not _fused(input, residual, "add_rms_norm", weight):
         h = input + residual
-        return torch.nn.functional.rms_norm(h, shape, weight, eps), h
+        return rms_norm(h, shape, weight, eps), h
     y, h, _ = _add_rms_norm(input, residual, shape, weight, None if eps is None else float(eps))
     return y, h
 

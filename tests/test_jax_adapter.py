@@ -279,14 +279,21 @@ def test_fused_norms_without_parameters_and_in_bfloat16():
     assert np.array_equal(host(g), np.ones(x.shape, np.float32))   # h's gradient alone
 
 
-def test_fused_norms_bad_arguments():
+def test_fused_norms_bad_arguments_and_the_unfused_fallback():
     x = data(2, 8)
-    with pytest.raises(ValueError, match="add_rms_norm: residual must have x's shape and dtype"):
-        cj.add_rms_norm(x, data(1, 8), 8)
-    with pytest.raises(ValueError, match="add_layer_norm: residual must have x's shape and dtype"):
-        cj.add_layer_norm(x, x.astype(jnp.bfloat16), 8)
     with pytest.raises(ValueError, match="add_layer_norm: normalized_shape"):
         cj.add_layer_norm(x, x, 7)
+    with pytest.raises(TypeError, match="add_rms_norm: x: float64, float32"):
+        cj.add_rms_norm(x.astype(jnp.int32), x.astype(jnp.int32), 8)
+    # a residual the kernel does not take (broadcast, another dtype): jax.numpy's
+    # add, then the norm
+    w = data(8, seed=1)
+    for xi, r in ((x, data(1, 8, seed=2)), (x.astype(jnp.bfloat16), data(2, 8, seed=3))):
+        y, h = jax.jit(lambda xi, r: cj.add_rms_norm(xi, r, 8, w))(xi, r)
+        assert np.array_equal(host(h), host(xi + r))
+        assert np.array_equal(host(y), host(cj.rms_norm(xi + r, 8, w)))
+        y, h = cj.add_layer_norm(xi, r, 8, w, w)
+        assert np.array_equal(host(y), host(cj.layer_norm(xi + r, 8, w, w)))
 
 
 # ---- batch norm ------------------------------------------------------------------

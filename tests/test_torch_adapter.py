@@ -587,12 +587,22 @@ def test_residual_fused_norm_h_has_a_gradient_only_with_x_or_residual():
 
 def test_residual_fused_norm_errors_and_fallback():
     x = torch.randn(4, 8)
-    with pytest.raises(ValueError, match="residual must have input's shape and dtype"):
-        ct.add_rms_norm(x, torch.randn(1, 8), 8)
-    with pytest.raises(ValueError, match="residual must have input's shape and dtype"):
-        ct.add_layer_norm(x, torch.randn(4, 8, dtype=torch.float64), 8)
     with pytest.raises(TypeError, match="residual must be a torch.Tensor"):
         ct.add_rms_norm(x, x.numpy(), 8)
+    # a residual the kernel does not take (broadcast, another dtype: a float32
+    # residual stream beside bfloat16 activations): PyTorch's add, then
+    # cynorm's norm, with torch's broadcasting and type promotion
+    w = torch.randn(8)
+    for xi, r in ((x, torch.randn(1, 8)), (x.to(torch.bfloat16), torch.randn(4, 8))):
+        y, h = ct.add_rms_norm(xi, r, 8, w)
+        assert torch.equal(h, xi + r)
+        torch.testing.assert_close(y, ct.rms_norm(xi + r, 8, w), rtol=0, atol=0)
+    xb = x.to(torch.bfloat16).requires_grad_()
+    r = torch.randn(4, 8, requires_grad=True)
+    y, h = ct.add_layer_norm(xb, r, 8)
+    assert y.dtype == h.dtype == torch.float32
+    (y * h).sum().backward()
+    assert xb.grad.dtype == torch.bfloat16 and r.grad.shape == r.shape
     # tensors cynorm does not take: the composition in torch's operators
     xm, rm = torch.randn(4, 8, device="meta"), torch.randn(4, 8, device="meta")
     y, h = ct.add_layer_norm(xm, rm, 8)
