@@ -432,6 +432,15 @@ def _fused(x: Any, residual: Any) -> bool:
     return tuple(residual.shape) == tuple(x.shape) and residual.dtype == x.dtype
 
 
+# the norms' rules at h, under the fused forms' names (in their errors)
+_add_ln_forward_once = _first_order("add_layer_norm", _ln_forward, (4, 5))
+_add_rms_forward_once = _first_order("add_rms_norm", _rms_forward, (3, 4))
+_register_jvp("add_layer_norm", _layer_norm_host, _layer_norm_bwd,
+              _layer_norm_traced if _FFI else None)
+_register_jvp("add_rms_norm", _rms_norm_host, _rms_norm_bwd,
+              _rms_norm_traced if _FFI else None)
+
+
 @partial(jax.custom_jvp, nondiff_argnums=(4, 5))
 def _add_layer_norm(x, residual, weight, bias, shape, eps):
     return tuple(_ln_forward(x, residual, weight, bias, shape, eps)[:2])
@@ -441,9 +450,9 @@ def _add_layer_norm(x, residual, weight, bias, shape, eps):
 def _add_layer_norm_jvp(shape, eps, primals, tangents):
     x, residual, weight, bias = primals
     tx, tr, tw, tb = tangents
-    y, h, mean, rstd = _ln_forward_once(x, residual, weight, bias, shape, eps)
+    y, h, mean, rstd = _add_ln_forward_once(x, residual, weight, bias, shape, eps)
     th = tx + tr
-    ty = _tangent("layer_norm", (shape, eps), (h, weight, bias, mean, rstd), (th, tw, tb))
+    ty = _tangent("add_layer_norm", (shape, eps), (h, weight, bias, mean, rstd), (th, tw, tb))
     return (y, h), (ty, th)
 
 
@@ -499,9 +508,9 @@ def _add_rms_norm(x, residual, weight, shape, eps):
 def _add_rms_norm_jvp(shape, eps, primals, tangents):
     x, residual, weight = primals
     tx, tr, tw = tangents
-    y, h, rstd = _rms_forward_once(x, residual, weight, shape, eps)
+    y, h, rstd = _add_rms_forward_once(x, residual, weight, shape, eps)
     th = tx + tr
-    return (y, h), (_tangent("rms_norm", (shape, eps), (h, weight, rstd), (th, tw)), th)
+    return (y, h), (_tangent("add_rms_norm", (shape, eps), (h, weight, rstd), (th, tw)), th)
 
 
 def add_rms_norm(x: Any, residual: Any, normalized_shape: Shape, weight: Any = None,

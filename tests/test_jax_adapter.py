@@ -279,6 +279,18 @@ def test_fused_norms_without_parameters_and_in_bfloat16():
     assert np.array_equal(host(g), np.ones(x.shape, np.float32))   # h's gradient alone
 
 
+@pytest.mark.parametrize("name", ["add_rms_norm", "add_layer_norm"])
+def test_fused_norms_refuse_second_derivatives_by_name(name):
+    x, r = data(2, 8), data(2, 8, seed=1)
+
+    def f(x):
+        return getattr(cj, name)(x, r, 8)[0].sum()
+    with pytest.raises(NotImplementedError, match=f"cynorm.jax.{name}: a derivative of a "):
+        jax.hessian(f)(x)
+    with pytest.raises(NotImplementedError, match=f"cynorm.jax.{name}: a derivative of a "):
+        jax.jvp(jax.grad(f), (x,), (x,))
+
+
 def test_fused_norms_bad_arguments_and_the_unfused_fallback():
     x = data(2, 8)
     with pytest.raises(ValueError, match="add_layer_norm: normalized_shape"):
