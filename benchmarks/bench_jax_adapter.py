@@ -2,14 +2,16 @@
 in one process.
 
     python benchmarks/bench_jax_adapter.py [--threads 1] [--repeats 41] [--passes fwd,grad,jvp]
-        [--ops layer_norm,rms_norm,add_layer_norm,add_rms_norm,batch_norm,group_norm]
+        [--ops layer_norm,rms_norm,add_layer_norm,add_rms_norm,batch_norm,group_norm,
+               instance_norm,weight_norm]
 
 For layer norm and RMS norm (with weight, and bias for layer norm) over
 float32 and bfloat16 rows, their residual-fused forms (against XLA's
 ``h = x + r`` then the formula; the gradient and the tangent in x and the
 parameters, through y), and batch norm in training (weight, bias and
-running statistics; channels first and channels last) and group norm (32
-groups, both layouts), it times a jitted
+running statistics; channels first and channels last), group norm (32
+groups, both layouts), instance norm (both layouts, and a 3-D volume) and
+weight norm (a linear and a convolution weight, dim 0), it times a jitted
 forward, a jitted value-and-gradient (with respect to x and the
 parameters) and a jitted jax.jvp (tangents for x and the parameters) of
 each, and
@@ -30,6 +32,8 @@ ROWS = [(8, 64), (512, 768), (4096, 768), (2048, 4096)]
 # (shape, channel axis)
 CHANNELS = [((8, 64, 14, 14), 1), ((32, 64, 28, 28), 1), ((32, 28, 28, 64), -1)]
 GROUPS = [((2, 320, 32, 32), 1), ((2, 32, 32, 320), -1)]
+INSTANCES = [((8, 64, 64, 64), 1), ((8, 64, 64, 64), -1), ((1, 32, 32, 64, 64), 1)]
+WEIGHTS = [(4096, 1024), (256, 128, 3, 3)]
 
 
 def main():
@@ -40,7 +44,8 @@ def main():
                     help="comma-separated: fwd, grad (forward and gradient), jvp")
     ap.add_argument("--ops", default="",
                     help="comma-separated op names (default: all); add_layer_norm, "
-                         "add_rms_norm, batch_norm, group_norm, layer_norm, rms_norm")
+                         "add_rms_norm, batch_norm, group_norm, instance_norm, layer_norm, "
+                         "rms_norm, weight_norm")
     args = ap.parse_args()
     passes = args.passes.split(",")
     if not set(passes) <= {"fwd", "grad", "jvp"}:
@@ -113,6 +118,25 @@ def main():
     def gn_ours(axis):
         return lambda x, w, b: cj.group_norm(x, 32, w, b, 1e-5, axis)
 
+    def in_xla(axis):
+        def f(x, w, b):
+            x32 = x.astype(jnp.float32)
+            axes = tuple(range(1, x.ndim - 1)) if axis == -1 else tuple(range(2, x.ndim))
+            shape = (-1,) if axis == -1 else (-1,) + (1,) * (x.ndim - 2)
+            m = x32.mean(axes, keepdims=True)
+            r = jax.lax.rsqrt(jnp.square(x32 - m).mean(axes, keepdims=True) + 1e-5)
+            return ((x32 - m) * r * w.reshape(shape) + b.reshape(shape)).astype(x.dtype)
+        return f
+
+    def in_ours(axis):
+        return lambda x, w, b: cj.instance_norm(x, w, b, axis=axis)[0]
+
+    def wn_xla(v, g, _):
+        v32 = v.astype(jnp.float32)
+        shape = (-1,) + (1,) * (v.ndim - 1)
+        n = jnp.sqrt(jnp.square(v32).sum(tuple(range(1, v.ndim)), keepdims=True))
+        return (v32 * (g.reshape(shape) / n)).astype(v.dtype)
+
     cases = []      # (op, ours, theirs, shape, channel axis)
     for shape in ROWS:
         cases.append(("layer_norm", lambda x, w, b: cj.layer_norm(x, x.shape[-1], w, b), ln_xla,
@@ -133,6 +157,12 @@ def main():
     for shape, axis in GROUPS:
         cases.append(("group_norm" + (" (channels last)" if axis == -1 else ""), gn_ours(axis),
                       gn_xla(axis), shape, axis))
+
+    for shape, axis in INSTANCES:
+        cases.append(("instance_norm" + (" (channels last)" if axis == -1 else ""),
+                      in_ours(axis), in_xla(axis), shape, axis))
+    for shape in WEIGHTS:
+        cases.append(("weight_norm", lambda v, g, _: cj.weight_norm(v, g, 0), wn_xla, shape, 0))
 
     if args.ops:
         wanted = set(args.ops.split(","))

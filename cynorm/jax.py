@@ -33,12 +33,13 @@ from cynorm import _kernels
 from cynorm._jax_forward import first_order as _first_order, register as _register_jvp, \
     tangent as _tangent
 
-# this CPU's builds of the row-norm and the batch-norm kernels
+# this CPU's builds of the row-norm, batch-norm and weight-norm kernels
 _rows = _kernels.load("layer_norm")
 _channels = _kernels.load("batch_norm")
+_weights = _kernels.load("weight_norm")
 
-__all__ = ["add_layer_norm", "add_rms_norm", "batch_norm", "group_norm", "layer_norm",
-           "rms_norm", "route"]
+__all__ = ["add_layer_norm", "add_rms_norm", "batch_norm", "group_norm", "instance_norm",
+           "layer_norm", "rms_norm", "route", "weight_norm"]
 
 Shape = Union[int, Sequence[int]]
 
@@ -75,7 +76,7 @@ def _register() -> str:
         # the handlers are written against the ABI of major version 0
         return f"pure_callback: XLA FFI API {version[0]}.{version[1]} (cynorm speaks 0.x)"
     try:
-        for module in (_rows, _channels):
+        for module in (_rows, _channels, _weights):
             for name, handler in module.ffi_handlers(*version).items():
                 jax.ffi.register_ffi_target(name, handler, platform="cpu")
     except Exception as e:     # the runtime refused them: keep the callback
@@ -756,17 +757,17 @@ def batch_norm(x: Any, weight: Any = None, bias: Any = None, running_mean: Any =
 
 # ---- group norm --------------------------------------------------------------
 
-def _gn_dims(x, num_groups, axis, weight, bias):
+def _gn_dims(x, num_groups, axis, weight, bias, op="group_norm"):
     """Trace-time checks of group_norm's arguments; (N, C, HW, channels last)."""
     if x.ndim < 2:
-        raise ValueError(f"cynorm.jax.group_norm: x must have at least 2 dimensions, "
+        raise ValueError(f"cynorm.jax.{op}: x must have at least 2 dimensions, "
                          f"got shape {tuple(x.shape)}")
     if axis not in (1, -1, x.ndim - 1):
-        raise ValueError(f"cynorm.jax.group_norm: axis must be 1 (channels first) or -1 "
+        raise ValueError(f"cynorm.jax.{op}: axis must be 1 (channels first) or -1 "
                          f"(channels last), got {axis} for {x.ndim} dimensions")
     last = axis != 1 and x.ndim > 2
     C = int(x.shape[-1] if last else x.shape[1])
-    _check_params("group_norm", x, (C,), dict(weight=weight, bias=bias))
+    _check_params(op, x, (C,), dict(weight=weight, bias=bias))
     if not 0 < num_groups or C % num_groups:
         raise ValueError(f"cynorm.jax.group_norm: num_groups {num_groups} must divide the "
                          f"{C} channels")
@@ -885,3 +886,311 @@ def group_norm(x: Any, num_groups: int, weight: Any = None, bias: Any = None,
     """
     return _group_norm(jnp.asarray(x), _array(weight), _array(bias), int(num_groups),
                        float(eps), int(axis))
+
+
+# ---- instance norm -----------------------------------------------------------
+
+def _in_check(x, axis, use_input_stats, weight, bias, running_mean, running_var):
+    """Trace-time checks of instance_norm's arguments; (N, C, HW, channels
+    last)."""
+    N, C, HW, last = _gn_dims(x, 1, axis, None, None, op="instance_norm")
+    _check_params("instance_norm", x, (C,), dict(weight=weight, bias=bias,
+                                                 running_mean=running_mean,
+                                                 running_var=running_var))
+    if (running_mean is None) != (running_var is None):
+        raise ValueError("cynorm.jax.instance_norm: pass running_mean and running_var together")
+    if not use_input_stats and running_mean is None:
+        raise ValueError("cynorm.jax.instance_norm: running_mean and running_var are required "
+                         "when use_input_stats=False")
+    if use_input_stats and running_mean is not None and HW < 2 and N * C:
+        raise ValueError(f"cynorm.jax.instance_norm: x must have more than 1 spatial position "
+                         f"per instance to update running_mean / running_var (their unbiased "
+                         f"variance), got shape {tuple(x.shape)}")
+    return N, C, HW, last
+
+
+def _in_forward(x, weight, bias, running_mean, running_var, use_input_stats, momentum, eps,
+                axis):
+    """(y, new running mean, new running var, mean, rstd): the running
+    statistics updated with use_input_stats (None where not given), the
+    per-instance statistics (N, C) as the backward takes them."""
+    N, C, HW, last = _in_check(x, axis, use_input_stats, weight, bias, running_mean,
+                               running_var)
+    running = running_mean is not None
+    update = running and use_input_stats
+    stat = jax.ShapeDtypeStruct((N, C), _math_dtype(x.dtype))
+    shapes = (_like(x), stat, stat) + ((_like(running_mean), _like(running_var)) if update
+                                       else ())
+    if _FFI and x.size > 0:
+        out = list(_ffi("cynorm_instance_norm", shapes, x, weight, bias, running_mean,
+                        running_var, n=N, c=C, hw=HW, groups=C, last=last, eps=eps,
+                        momentum=momentum, use_input_stats=use_input_stats, running=running,
+                        weight=weight is not None, bias=bias is not None))
+    else:
+        def host(x, weight, bias, running_mean, running_var):
+            rm, rv = (None, None) if not running else (np.array(running_mean),
+                                                        np.array(running_var))
+            y, mean, rstd = _cn.instance_norm(*_arrays(x, weight, bias), rm, rv,
+                                              use_input_stats, momentum, eps, axis)
+            return (y, mean, rstd) + ((rm, rv) if update else ())
+        out = list(_call(host, shapes, x, weight, bias, running_mean, running_var))
+    if update:
+        running_mean, running_var = out[3], out[4]
+    return out[0], running_mean, running_var, out[1], out[2]
+
+
+_in_forward_once = _first_order("instance_norm", _in_forward, (5, 6, 7, 8))
+
+
+@partial(jax.custom_jvp, nondiff_argnums=(5, 6, 7, 8))
+def _instance_norm(x, weight, bias, running_mean, running_var, use_input_stats, momentum, eps,
+                   axis):
+    return _in_forward(x, weight, bias, running_mean, running_var, use_input_stats, momentum,
+                       eps, axis)[:3]
+
+
+@_instance_norm.defjvp
+def _instance_norm_jvp(use_input_stats, momentum, eps, axis, primals, tangents):
+    x, weight, bias, running_mean, running_var = primals
+    y, rm, rv, mean, rstd = _in_forward_once(x, weight, bias, running_mean, running_var,
+                                             use_input_stats, momentum, eps, axis)
+    # without use_input_stats the host rule needs the running statistics
+    # that normalized (with it, none)
+    fixed = (None, None) if use_input_stats else (running_mean, running_var)
+    ty = _tangent("instance_norm", (use_input_stats, eps, axis),
+                  (x, weight, bias, mean, rstd) + fixed, tangents[:3])
+    # the running statistics carry no derivative, as in torch
+    zero = [None if r is None else jnp.zeros_like(r) for r in (rm, rv)]
+    return (y, rm, rv), (ty, zero[0], zero[1])
+
+
+def _instance_norm_host(primals, tangents, static):
+    x, weight, bias, _, _, rm, rv = primals
+    tx, tw, tb = tangents
+    use_input_stats, eps, axis = static
+    rm, rv = (None, None) if rm is None else (np.array(rm), np.array(rv))
+    return _cn.jvp(_cn.instance_norm, (x, weight, bias, rm, rv, use_input_stats, 0.0, eps,
+                                       axis),
+                   (tx, tw, tb, None, None, None, None, None, None))[1][0]
+
+
+def _instance_norm_bwd(saved, gy, static):
+    use_input_stats, _, axis = static
+    x, weight, bias, mean, rstd = saved[:5]
+    N, C, HW, last = _gn_dims(x, 1, axis, None, None, op="instance_norm")
+    shapes = _grad_shapes(x, weight, bias)
+    if _FFI and x.size > 0:
+        grads = list(_ffi("cynorm_instance_norm_backward", shapes, gy, x, mean, rstd, weight,
+                          n=N, c=C, hw=HW, groups=C, last=last, use_input_stats=use_input_stats,
+                          weight=weight is not None, weight_grad=weight is not None,
+                          bias_grad=bias is not None))
+    else:
+        mask = (True, weight is not None, bias is not None)
+
+        def host(gy, x, mean, rstd, weight):
+            gx, gw, gb = _cn.instance_norm_backward(*_arrays(gy, x, mean, rstd, weight),
+                                                    use_input_stats, mask, axis)
+            return _given(gx, gw, gb)
+        grads = list(_call(host, shapes, gy, x, mean, rstd, weight))
+    return _spread(grads, weight, bias)
+
+
+def _instance_norm_traced(primals, tangents, static):
+    x, weight, bias, mean, rstd = primals[:5]
+    tx, tw, tb = tangents
+    use_input_stats, _, axis = static
+    if x.size == 0:
+        return jnp.zeros_like(x)
+    N, C, HW, last = _gn_dims(x, 1, axis, None, None, op="instance_norm")
+    t_xhat = _input_tangent("cynorm_instance_norm_backward", x, tx, mean, rstd, n=N, c=C,
+                            hw=HW, groups=C, last=last, use_input_stats=use_input_stats)
+    # the statistics seen along x: (N, 1, ..., C) channels last, (N, C, 1, ...) first
+    sshape = (N,) + (1,) * (x.ndim - 2) + (C,) if last else (N, C) + (1,) * (x.ndim - 2)
+    pshape = (C,) if last else (1, C) + (1,) * (x.ndim - 2)
+    scaled = None
+    if tw is not None:
+        xhat = (_math(x) - mean.reshape(sshape)) * rstd.reshape(sshape)
+        scaled = xhat * _math(tw).reshape(pshape)
+    return _y_tangent(t_xhat, weight, scaled, tb, pshape, x)
+
+
+_register_jvp("instance_norm", _instance_norm_host, _instance_norm_bwd,
+              _instance_norm_traced if _FFI else None)
+
+
+def instance_norm(x: Any, weight: Any = None, bias: Any = None, running_mean: Any = None,
+                  running_var: Any = None, use_input_stats: bool = True, momentum: float = 0.1,
+                  eps: float = 1e-5, axis: int = 1) -> tuple[jax.Array, Any, Any]:
+    """Instance norm (``torch.nn.functional.instance_norm``) on cynorm's
+    kernels, differentiable with ``jax.grad`` (in x, weight and bias): each
+    sample's channel normalized over its spatial positions; channels-last
+    data is read in place.
+
+    JAX arrays are immutable, so where cynorm.instance_norm updates the
+    running statistics in place this returns their new values.
+
+    Parameters
+    ----------
+    x : jax.Array
+        float64, float32, bfloat16 or float16, (N, C, ...) or, with
+        ``axis=-1``, (N, ..., C).
+    weight, bias : jax.Array, optional
+        Shape ``(C,)``: x's dtype, or float32 for 16-bit x.
+    running_mean, running_var : jax.Array, optional
+        Shape ``(C,)``, as weight; both or neither; required when
+        ``use_input_stats`` is False.
+    use_input_stats : bool, default True
+        Normalize with each instance's statistics (and update the running
+        ones with their batch average, the variance unbiased, as torch), or
+        with the running ones (static under jit).
+    momentum : float, default 0.1
+        The running statistics' update factor, as torch's (static).
+    eps : float, default 1e-5
+        Added to the variance (static).
+    axis : int, default 1
+        The channel axis: 1, or -1 for channels-last data (static).
+
+    Returns
+    -------
+    y : jax.Array
+        x's shape and dtype.
+    running_mean, running_var : jax.Array or None
+        With use_input_stats, the updated running statistics; otherwise the
+        ones given (None where none were given).
+    """
+    return _instance_norm(jnp.asarray(x), _array(weight), _array(bias), _array(running_mean),
+                          _array(running_var), bool(use_input_stats), float(momentum),
+                          float(eps), int(axis))
+
+
+# ---- weight norm -------------------------------------------------------------
+
+def _wn_dims(v, g, dim):
+    """Trace-time checks of weight_norm's arguments; (A, D, B) around dim
+    (None: the whole array as one slice) and dim as an axis or None."""
+    if v.dtype not in _FLOATS:
+        raise TypeError(f"cynorm.jax.weight_norm: v: float64, float32, bfloat16 or float16 "
+                        f"expected, got {v.dtype}")
+    if dim is None:
+        A, D, B = 1, 1, int(np.prod(v.shape, dtype=np.int64))
+        kept = ((), (1,), (1,) * v.ndim)
+    else:
+        if not -v.ndim <= dim < max(v.ndim, 1) or v.ndim == 0:
+            raise ValueError(f"cynorm.jax.weight_norm: dim {dim} is out of range for v of "
+                             f"{v.ndim} dimensions")
+        dim %= v.ndim
+        A, D, B = _around(v, dim)
+        kept = ((D,), tuple(D if i == dim else 1 for i in range(v.ndim)))
+    if tuple(g.shape) not in kept:
+        raise ValueError(f"cynorm.jax.weight_norm: g: one value per index of v's dim expected "
+                         f"(shape {' or '.join(str(k) for k in dict.fromkeys(kept))}), got "
+                         f"{tuple(g.shape)}")
+    math = _math_dtype(v.dtype)
+    if g.dtype not in (v.dtype, math):
+        allowed = " or ".join(sorted({np.dtype(v.dtype).name, np.dtype(math).name}))
+        raise TypeError(f"cynorm.jax.weight_norm: g must have dtype {allowed}, got {g.dtype}")
+    return A, D, B, dim
+
+
+def _wn_forward(v, g, dim):
+    """(w, norm) for g as D values of v's math type."""
+    A, D, B = _around(v, dim) if dim is not None else (1, 1, v.size)
+    shapes = (_like(v), _like(g))
+    if _FFI and v.size > 0:
+        return _ffi("cynorm_weight_norm", shapes, v, g, a=A, d=D, b=B)
+
+    def host(v, g):
+        return _cn.weight_norm_interface(*_arrays(v, g), dim)
+    return _call(host, shapes, v, g)
+
+
+_wn_forward_once = _first_order("weight_norm", _wn_forward, (2,))
+
+
+@partial(jax.custom_jvp, nondiff_argnums=(2,))
+def _weight_norm(v, g, dim):
+    return _wn_forward(v, g, dim)[0]
+
+
+@_weight_norm.defjvp
+def _weight_norm_jvp(dim, primals, tangents):
+    v, g = primals
+    w, norm = _wn_forward_once(v, g, dim)
+    return w, _tangent("weight_norm", (dim,), (v, g, norm), tangents)
+
+
+def _weight_norm_host(primals, tangents, static):
+    v, g, _ = primals
+    tv, tg = tangents
+    (dim,) = static
+    return _cn.jvp(_cn.weight_norm, (v, g, dim), (tv, tg, None))[1]
+
+
+def _weight_norm_bwd(saved, gw, static):
+    (dim,) = static
+    v, g, norm = saved
+    A, D, B = _around(v, dim) if dim is not None else (1, 1, v.size)
+    if _FFI and v.size > 0:
+        return tuple(_ffi("cynorm_weight_norm_backward", (_like(v), _like(g)), gw, v, g, norm,
+                          a=A, d=D, b=B))
+
+    def host(gw, v, g, norm):
+        return _cn.weight_norm_backward(*_arrays(gw, v, g, norm), dim)
+    return tuple(_call(host, (_like(v), _like(g)), gw, v, g, norm))
+
+
+def _weight_norm_traced(primals, tangents, static):
+    v, g, norm = primals
+    tv, tg = tangents
+    (dim,) = static
+    if v.size == 0:
+        return jnp.zeros_like(v)
+    A, D, B = _around(v, dim) if dim is not None else (1, 1, v.size)
+    vm = _math(v)
+    terms = []
+    if tv is not None:
+        # w is linear in g and its Jacobian in v, (g / n) (I - v v^T / n^2)
+        # per slice, is symmetric: the backward kernel applied to tv gives tv's term
+        terms.append(_ffi("cynorm_weight_norm_backward", (_like(vm), _like(g)), _math(tv), vm,
+                          g, norm, a=A, d=D, b=B)[0])
+    if tg is not None:
+        pshape = () if dim is None else tuple(D if i == dim else 1 for i in range(v.ndim))
+        terms.append(vm * (tg / norm).reshape(pshape))
+    if not terms:
+        return jnp.zeros_like(v)
+    tw = terms[0] if len(terms) == 1 else terms[0] + terms[1]
+    return tw.astype(v.dtype)
+
+
+_register_jvp("weight_norm", _weight_norm_host, _weight_norm_bwd,
+              _weight_norm_traced if _FFI else None)
+
+
+def weight_norm(v: Any, g: Any, dim: Optional[int] = 0) -> jax.Array:
+    """Weight normalization w = g * v / ||v|| (``torch._weight_norm``, what
+    ``torch.nn.utils.parametrizations.weight_norm`` computes) on cynorm's
+    kernels, differentiable with ``jax.grad`` in v and g.
+
+    Parameters
+    ----------
+    v : jax.Array
+        The direction: float64, float32, bfloat16 or float16.
+    g : jax.Array
+        The magnitude, one value per index of v's `dim`: shape
+        ``(v.shape[dim],)`` or v's keepdims shape (for ``dim=None``: ``()``,
+        ``(1,)`` or all ones); v's dtype, or float32 for 16-bit v.
+    dim : int or None, default 0
+        The axis whose slices are normalized; -1 is the last axis, and None
+        normalizes the whole array as one slice (torch spells that -1) (static).
+
+    Returns
+    -------
+    jax.Array
+        v's shape and dtype.  Norms accumulate in float64, as
+        cynorm.weight_norm's.
+    """
+    v, g = jnp.asarray(v), jnp.asarray(g)
+    _, D, _, dim = _wn_dims(v, g, None if dim is None else int(dim))
+    # the kernels take g as D values of v's math type; JAX differentiates
+    # the reshape and the conversion, so g's gradient comes back in g's form
+    return _weight_norm(v, g.reshape(D).astype(_math_dtype(v.dtype)), dim)

@@ -150,6 +150,16 @@ def test_ffi_float64_under_x64():
     assert np.array_equal(host(y), cynorm.layer_norm(x, 33, w, w)[0])
     y, rstd = cynorm.rms_norm(x, 33, w)
     assert np.array_equal(host(g), cynorm.rms_norm_backward(2 * y, x, 33, rstd, w)[0])
+    # the channel norms and weight norm too: float64 statistics, x's float64 bits
+    x4 = x[:6].reshape(2, 3, 33)
+    rm, rv = np.zeros(3), np.ones(3)
+    with enable_x64():
+        inst = jax.jit(lambda x, rm, rv: cj.instance_norm(x, None, None, rm, rv))(x4, rm, rv)
+        wn = jax.jit(lambda v, g: cj.weight_norm(v, g, 1))(x, w)
+    want = cynorm.instance_norm(x4, None, None, rm, rv)[0]
+    assert host(inst[0]).dtype == np.float64 and np.array_equal(host(inst[0]), want)
+    assert np.array_equal(host(inst[1]), rm) and np.array_equal(host(inst[2]), rv)
+    assert np.array_equal(host(wn), cynorm.weight_norm(x, w, 1))
 
 
 def test_the_callback_route_gives_the_same_bits(monkeypatch):
@@ -467,3 +477,204 @@ def test_group_norm_bad_arguments_raise_when_traced():
         cj.group_norm(x, 2, axis=0)
     with pytest.raises(ValueError, match=r"weight: shape \(6,\) expected, got \(5,\)"):
         cj.group_norm(x, 2, jnp.ones(5))
+
+
+# ---- instance norm ---------------------------------------------------------------
+
+IN_CASES = [(1, (2, 6, 5, 4)), (-1, (2, 5, 4, 6)), (1, (3, 6, 7)), (-1, (2, 3, 3, 2, 6))]
+
+
+@ffi
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("axis,shape", IN_CASES)
+@pytest.mark.parametrize("use_input_stats,running", [(True, False), (True, True),
+                                                     (False, True)])
+def test_ffi_instance_norm_gives_cynorms_bits(dt, axis, shape, use_input_stats, running):
+    for pdt in sorted({np.dtype(dt), np.dtype(np.float32)}, key=str):
+        x, w, b, rm, rv = bn_args(dt, shape, axis, pdt, seed=10)
+        rm, rv = (rm, rv) if running else (None, None)
+        rm2, rv2 = (None, None) if rm is None else (rm.copy(), rv.copy())
+        y, mean, rstd = cynorm.instance_norm(x, w, b, rm2, rv2, use_input_stats, 0.3, 1e-5,
+                                             axis)
+        got = jax.jit(lambda *a: cj.instance_norm(*a, use_input_stats, 0.3, 1e-5, axis))(
+            x, w, b, rm, rv)
+        for g, r in zip(got, (y, rm2, rv2)):
+            assert (g is None) == (r is None)
+            if r is not None:
+                assert g.dtype == r.dtype and np.array_equal(host(g), r)
+        # the saved statistics, and the gradients from cynorm's backward kernels
+        saved = jax.jit(lambda *a: cj._in_forward(*a, use_input_stats, 0.3, 1e-5, axis)[3:])(
+            x, w, b, rm, rv)
+        for g, r in zip(saved, (mean, rstd)):
+            assert g.dtype == r.dtype and np.array_equal(host(g), r)
+        gy = np.random.default_rng(11).standard_normal(shape).astype(dt)
+        want = cynorm.instance_norm_backward(gy, x, mean, rstd, w, use_input_stats,
+                                             (True, True, True), axis)
+        _, vjp = jax.vjp(lambda x, w, b: cj.instance_norm(x, w, b, rm, rv, use_input_stats,
+                                                          0.3, 1e-5, axis)[0], x, w, b)
+        for g, r in zip(jax.jit(vjp)(gy), want):
+            assert g.dtype == r.dtype and np.array_equal(host(g), r)
+
+
+def test_instance_norm_matches_the_formulas_on_both_routes(monkeypatch):
+    x, w, b = data(2, 6, 5), data(6, seed=1), data(6, seed=2)
+    rm, rv = data(6, seed=3), jnp.abs(data(6, seed=4)) + 0.5
+    ref = lambda x, w, b: gn_ref(x, 6, w, b)                             # noqa: E731
+    eval_ref = lambda x, w, b: ((x - rm[:, None]) / jnp.sqrt(rv[:, None] + 1e-5)  # noqa
+                                * w[:, None] + b[:, None])
+    loss = lambda f: lambda x, w, b: (f(x, w, b) ** 3).sum()             # noqa: E731
+    runs = []
+    for use_ffi in (True, False):
+        monkeypatch.setattr(cj, "_FFI", use_ffi and cj._FFI)
+        run = []
+        for use_input_stats, want_f in ((True, ref), (False, eval_ref)):
+            f = lambda x, w, b: cj.instance_norm(x, w, b, rm, rv, use_input_stats)[0]  # noqa
+            y = jax.jit(f)(x, w, b)
+            close(y, want_f(x, w, b))
+            got = jax.grad(loss(f), (0, 1, 2))(x, w, b)
+            want = jax.grad(loss(want_f), (0, 1, 2))(x, w, b)
+            for g, r in zip(got, want):
+                close(g, r, 1e-4)
+            run += [host(y)] + [host(g) for g in got]
+        # the running statistics: the batch's average of the instances'
+        # mean and unbiased variance, as torch
+        _, new_rm, new_rv = cj.instance_norm(x, w, b, rm, rv, momentum=0.25)
+        close(new_rm, 0.75 * rm + 0.25 * x.mean(2).mean(0))
+        close(new_rv, 0.75 * rv + 0.25 * x.var(2, ddof=1).mean(0))
+        y, none_m, none_v = cj.instance_norm(x)
+        assert none_m is None and none_v is None
+        close(y, gn_ref(x, 6))
+        runs.append(run + [host(new_rm), host(new_rv), host(y)])
+    for a, b in zip(*runs):
+        assert np.array_equal(a, b)
+
+
+def test_instance_norm_under_vmap_and_with_no_tangent_for_the_running_statistics():
+    x = data(3, 2, 4, 5)
+    got = jax.vmap(lambda x: cj.instance_norm(x)[0])(x)
+    want = np.stack([cynorm.instance_norm(host(x[i]))[0] for i in range(3)])
+    assert np.array_equal(host(got), want)
+    rm, rv = jnp.zeros(4), jnp.ones(4)
+    _, (ty, trm, trv) = jax.jvp(lambda x: cj.instance_norm(x[0], None, None, rm, rv), (x,),
+                                (jnp.ones_like(x),))
+    assert np.all(host(trm) == 0) and np.all(host(trv) == 0) and ty.shape == x.shape[1:]
+
+
+def test_instance_norm_empty_and_bad_arguments():
+    y, rm, rv = cj.instance_norm(jnp.zeros((0, 3, 4)), running_mean=jnp.zeros(3),
+                                 running_var=jnp.ones(3))
+    assert y.shape == (0, 3, 4) and np.array_equal(host(rv), np.ones(3, np.float32))
+    x = data(2, 3, 4)
+    with pytest.raises(ValueError, match="cynorm.jax.instance_norm: running_mean and "
+                                         "running_var are required"):
+        cj.instance_norm(x, use_input_stats=False)
+    with pytest.raises(ValueError, match="pass running_mean and running_var together"):
+        cj.instance_norm(x, running_var=jnp.ones(3))
+    with pytest.raises(ValueError, match="more than 1 spatial position"):
+        cj.instance_norm(data(2, 3, 1), running_mean=jnp.zeros(3), running_var=jnp.ones(3))
+    with pytest.raises(ValueError, match=r"instance_norm: running_mean: shape \(3,\) expected"):
+        cj.instance_norm(x, running_mean=jnp.zeros(4), running_var=jnp.ones(3))
+    with pytest.raises(ValueError, match="cynorm.jax.instance_norm: axis must be 1"):
+        cj.instance_norm(x, axis=0)
+    with pytest.raises(TypeError, match="instance_norm: weight must have dtype float32"):
+        cj.instance_norm(x, jnp.ones(3, jnp.float16))
+
+
+# ---- weight norm -----------------------------------------------------------------
+
+WN_CASES = [((6, 5, 4), 0), ((6, 5, 4), 1), ((6, 5, 4), -1), ((6, 5, 4), None),
+            ((300, 7), 1), ((3, 2000), 0)]
+
+
+@ffi
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("shape,dim", WN_CASES)
+def test_ffi_weight_norm_gives_cynorms_bits(dt, shape, dim):
+    rng = np.random.default_rng(12)
+    v = rng.standard_normal(shape).astype(dt)
+    D = 1 if dim is None else shape[dim]
+    kept = [1] * len(shape) if dim is None else [D if i == dim % len(shape) else 1
+                                                 for i in range(len(shape))]
+    for pdt in sorted({np.dtype(dt), np.dtype(np.float32)}, key=str):
+        for g in (rng.standard_normal(D).astype(pdt), rng.standard_normal(kept).astype(pdt)):
+            w, norm = cynorm.weight_norm_interface(v, g, dim)
+            got = jax.jit(lambda v, g: cj.weight_norm(v, g, dim))(v, g)
+            assert got.dtype == w.dtype and np.array_equal(host(got), w)
+            gw = rng.standard_normal(shape).astype(dt)
+            want = cynorm.weight_norm_backward(gw, v, g, norm, dim)
+            _, vjp = jax.vjp(lambda v, g: cj.weight_norm(v, g, dim), v, g)
+            for a, r in zip(jax.jit(vjp)(gw), want):
+                assert a.dtype == r.dtype and a.shape == r.shape
+                assert np.array_equal(host(a), r)
+
+
+def wn_ref(v, g, dim):
+    axes = tuple(i for i in range(v.ndim) if i != dim % v.ndim)
+    shape = [1] * v.ndim
+    shape[dim] = v.shape[dim]
+    return v * g.reshape(shape) / jnp.sqrt((v * v).sum(axes, keepdims=True))
+
+
+def test_weight_norm_matches_the_formula_on_both_routes(monkeypatch):
+    v, g = data(8, 3, 5), data(8, seed=1)
+    loss = lambda f: lambda v, g: (f(v, g) ** 3).sum()        # noqa: E731
+    runs = []
+    for use_ffi in (True, False):
+        monkeypatch.setattr(cj, "_FFI", use_ffi and cj._FFI)
+        w = jax.jit(lambda v, g: cj.weight_norm(v, g))(v, g)
+        close(w, wn_ref(v, g, 0))
+        got = jax.grad(loss(cj.weight_norm), (0, 1))(v, g)
+        want = jax.grad(loss(lambda v, g: wn_ref(v, g, 0)), (0, 1))(v, g)
+        for a, r in zip(got, want):
+            close(a, r, 1e-4)
+        whole = cj.weight_norm(v, jnp.float32(2.0), None)
+        close(whole, 2.0 * v / jnp.sqrt((v * v).sum()))
+        runs.append([host(w), host(whole)] + [host(a) for a in got])
+    for a, b in zip(*runs):
+        assert np.array_equal(a, b)
+
+
+def test_weight_norm_under_vmap_and_empty():
+    v, g = data(3, 4, 6), data(3, 4, seed=1)
+    got = jax.vmap(lambda v, g: cj.weight_norm(v, g, 0))(v, g)
+    want = np.stack([cynorm.weight_norm(host(v[i]), host(g[i]), 0) for i in range(3)])
+    assert np.array_equal(host(got), want)
+    assert cj.weight_norm(jnp.zeros((4, 0)), jnp.ones(4)).shape == (4, 0)
+
+
+def test_weight_norm_bad_arguments_raise_when_traced():
+    v = data(4, 3)
+    with pytest.raises(TypeError, match="cynorm.jax.weight_norm: v: float64, float32"):
+        cj.weight_norm(jnp.ones((4, 3), jnp.int32), jnp.ones(4))
+    with pytest.raises(ValueError, match="dim 2 is out of range for v of 2 dimensions"):
+        cj.weight_norm(v, jnp.ones(4), 2)
+    with pytest.raises(ValueError, match=r"g: one value per index of v's dim expected "
+                                         r"\(shape \(4,\) or \(4, 1\)\), got \(3,\)"):
+        cj.weight_norm(v, jnp.ones(3))
+    with pytest.raises(ValueError, match=r"got \(2,\)"):
+        cj.weight_norm(v, jnp.ones(2), None)
+    with pytest.raises(TypeError, match="g must have dtype float32, got float16"):
+        cj.weight_norm(v, jnp.ones(4, jnp.float16))
+
+
+@ffi
+def test_malformed_instance_and_weight_norm_calls_are_refused_by_the_handlers():
+    x = data(2, 3, 4)
+    s = jax.ShapeDtypeStruct
+    attrs = dict(n=np.int64(2), c=np.int64(3), hw=np.int64(4), groups=np.int64(3),
+                 last=np.int64(0), eps=np.float64(1e-5), weight=np.int64(0), bias=np.int64(0),
+                 momentum=np.float64(0.1), running=np.int64(0))
+    call = jax.ffi.ffi_call("cynorm_instance_norm", (s(x.shape, x.dtype), s((2, 3), x.dtype),
+                                                     s((2, 3), x.dtype)))
+    with pytest.raises(Exception, match="cynorm.jax.instance_norm: the call lacks an attribute"):
+        jax.block_until_ready(call(x, **attrs))
+    # normalizing with running statistics that were not passed
+    with pytest.raises(Exception, match="its running statistics are missing"):
+        jax.block_until_ready(call(x, use_input_stats=np.int64(0), **attrs))
+    v = data(4, 3)
+    call = jax.ffi.ffi_call("cynorm_weight_norm", (s(v.shape, v.dtype), s((4,), v.dtype)))
+    with pytest.raises(Exception, match="cynorm.jax.weight_norm: the call lacks an attribute"):
+        jax.block_until_ready(call(v, jnp.ones(4)))
+    with pytest.raises(Exception, match="cynorm.jax.weight_norm: g and norm: d values"):
+        jax.block_until_ready(call(v, jnp.ones(4, jnp.float16), a=np.int64(1), d=np.int64(4),
+                                   b=np.int64(3)))

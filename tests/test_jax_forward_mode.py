@@ -52,6 +52,13 @@ def gn_ref(x, G, w, b, axis, eps=1e-5):
     return y * w.reshape(shape) + b.reshape(shape)
 
 
+def wn_ref(v, g, dim):
+    axes = tuple(i for i in range(v.ndim) if i != dim % v.ndim)
+    shape = [1] * v.ndim
+    shape[dim] = v.shape[dim]
+    return v * g.reshape(shape) / jnp.sqrt((v * v).sum(axes, keepdims=True))
+
+
 RM, RV = rand(6, 9), np.abs(rand(6, 10)) + 0.5
 
 
@@ -96,6 +103,37 @@ OPS = {
         lambda x, w, b, t: cynorm.jvp(cynorm.group_norm, (x, 3, w, b, 1e-5, -1),
                                       (t[0], None, t[1], t[2], None, None)),
         (2, 7, 6), (6,)),
+    # instance norm: group norm with a group per channel, or (without
+    # use_input_stats) the running statistics' affine map
+    "instance_norm": (lambda x, w, b: cj.instance_norm(x, w, b)[0],
+                      lambda x, w, b: gn_ref(x, 6, w, b, 1),
+                      lambda x, w, b, t: cynorm.jvp(cynorm.instance_norm, (x, w, b),
+                                                    (t[0], t[1], t[2])),
+                      (2, 6, 7), (6,)),
+    "instance_norm_channels_last": (
+        lambda x, w, b: cj.instance_norm(x, w, b, axis=-1)[0],
+        lambda x, w, b: gn_ref(x, 6, w, b, -1),
+        lambda x, w, b, t: cynorm.jvp(cynorm.instance_norm, (x, w, b, None, None, True, 0.1,
+                                                             1e-5, -1),
+                                      (t[0], t[1], t[2], None, None, None, None, None, None)),
+        (2, 4, 3, 6), (6,)),
+    "instance_norm_eval": (
+        lambda x, w, b: cj.instance_norm(x, w, b, RM, RV, use_input_stats=False)[0],
+        lambda x, w, b: bn_ref(x, w, b, RM, RV, False, 1),
+        lambda x, w, b, t: cynorm.jvp(cynorm.instance_norm,
+                                      (x, w, b, RM.astype(w.dtype), RV.astype(w.dtype), False),
+                                      (t[0], t[1], t[2], None, None, None)),
+        (2, 6, 7), (6,)),
+    # weight norm: w = g * v / ||v|| (b unused), the norm over every axis but dim
+    "weight_norm": (lambda x, w, b: cj.weight_norm(x, w, 0), lambda x, w, b: wn_ref(x, w, 0),
+                    lambda x, w, b, t: (None, (cynorm.jvp(cynorm.weight_norm, (x, w, 0),
+                                                          (t[0], t[1], None))[1],)),
+                    (6, 5, 4), (6,)),
+    "weight_norm_last_dim": (
+        lambda x, w, b: cj.weight_norm(x, w, -1), lambda x, w, b: wn_ref(x, w, -1),
+        lambda x, w, b, t: (None, (cynorm.jvp(cynorm.weight_norm, (x, w, -1),
+                                              (t[0], t[1], None))[1],)),
+        (4, 5, 6), (6,)),
 }
 
 
@@ -151,7 +189,8 @@ def test_the_tangent_is_cynorm_jvps_to_rounding(name, dt):
     assert np.all(np.abs(got - want) <= tol)
 
 
-@pytest.mark.parametrize("name", ["layer_norm", "batch_norm_eval", "group_norm"])
+@pytest.mark.parametrize("name", ["layer_norm", "batch_norm_eval", "group_norm",
+                                  "instance_norm", "instance_norm_eval", "weight_norm"])
 def test_without_the_traced_rule_the_tangent_is_cynorm_jvps_bits(name, monkeypatch):
     # the route JAX without the XLA FFI takes: cynorm.jvp on the host
     from cynorm import _jax_forward
@@ -207,7 +246,8 @@ def test_batch_norm_running_statistics_carry_no_tangent():
     assert trm.shape == RM.shape and ty.shape == x.shape
 
 
-@pytest.mark.parametrize("name", ["layer_norm", "rms_norm", "batch_norm_training", "group_norm"])
+@pytest.mark.parametrize("name", ["layer_norm", "rms_norm", "batch_norm_training", "group_norm",
+                                  "instance_norm", "weight_norm"])
 def test_second_derivatives_are_refused(name):
     f = OPS[name][0]
     primals, tangents = args(name)

@@ -1,9 +1,10 @@
 # Included by batch_norm.pyx.
-# Batch norm and group norm as XLA FFI handlers (cynorm.jax registers them
-# for the CPU): forward_any / backward_any and group_forward_any /
-# group_backward_any on XLA's buffers, with no Python and no copy.  Batch
-# norm sees x as A x C x B (channels in the middle, as its kernels take it),
-# group norm as N x C x HW, or N x HW x C (last).
+# Batch norm, group norm and instance norm as XLA FFI handlers (cynorm.jax
+# registers them for the CPU): forward_any / backward_any and
+# group_forward_any / group_backward_any on XLA's buffers, with no Python and
+# no copy.  Batch norm sees x as A x C x B (channels in the middle, as its
+# kernels take it), group norm as N x C x HW, or N x HW x C (last); instance
+# norm is group norm with a group per channel.
 # Each handler checks what it is given (cynorm.jax built the call, so a
 # failure means a mismatch) and reports errors through the runtime.
 
@@ -181,21 +182,53 @@ cdef bint group_attrs(cn_ffi_frame* f, int64_t* N, int64_t* C, int64_t* HW, int6
             and G[0] > 0 and C[0] > 0 and C[0] % G[0] == 0)
 
 
-cdef void* group_norm_ffi(void* frame) noexcept nogil:
-    # args: x [, weight] [, bias]; rets: y, mean, rstd (N * G, the math
-    # type); attrs: n, c, hw, groups, last, eps, weight, bias (whether each
-    # is passed)
-    cdef cn_ffi_frame* f = <cn_ffi_frame*>frame
+cdef void update_instance_running(void* rm, int rs, void* rv, int vs, const double* m64,
+                                  const double* v64, Py_ssize_t N, Py_ssize_t C, Py_ssize_t HW,
+                                  double momentum) noexcept nogil:
+    # instance_norm's running-statistics rule (_channels.update_running on
+    # the batch's average of the instances' mean and unbiased variance), in
+    # float64 and the same order, into rm and rv (already holding the old
+    # values); NaN stored as the canonical NaN
+    cdef Py_ssize_t n, c
+    cdef double ms, vs_
+    for c in range(C):
+        ms = 0.0
+        vs_ = 0.0
+        for n in range(N):
+            ms = ms + m64[n * C + c]
+            vs_ = vs_ + v64[n * C + c]
+        store_value(rm, rs, c, canonical(momentum * (ms / N)
+                                         + (1.0 - momentum) * value_at(rm, rs, c)))
+        store_value(rv, vs, c, canonical(momentum * ((vs_ / N) * (<double>HW / (HW - 1)))
+                                         + (1.0 - momentum) * value_at(rv, vs, c)))
+
+
+cdef void* groups_forward_ffi(cn_ffi_frame* f, bint instance) noexcept nogil:
+    # group norm -- args: x [, weight] [, bias]; rets: y, mean, rstd (N * G,
+    # the math type); attrs: n, c, hw, groups, last, eps, weight, bias
+    # (whether each is passed).
+    # instance norm (groups == c) also takes attrs use_input_stats, running,
+    # momentum, and args running_mean, running_var after bias when running:
+    # with use_input_stats, their updated values are rets after rstd;
+    # without, they normalize (mean and rstd returned per instance)
     if cn_ffi_metadata_call(f):
         return NULL
-    cdef const char* op = "group_norm"
-    cdef int64_t N, C, HW, G, last, has_w, has_b
-    cdef double eps
+    cdef const char* op = "instance_norm" if instance else "group_norm"
+    cdef int64_t N, C, HW, G, last, has_w, has_b, use_stats = 1, has_r = 0
+    cdef double eps, momentum = 0.0
     if not (group_attrs(f, &N, &C, &HW, &G, &last) and cn_ffi_float_attr(f, "eps", &eps)
             and cn_ffi_int_attr(f, "weight", &has_w) and cn_ffi_int_attr(f, "bias", &has_b)):
         return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
                             "the call lacks an attribute (n, c, hw, groups, last, eps, weight, "
                             "bias), or its groups do not divide c")
+    if instance and not (G == C and cn_ffi_int_attr(f, "use_input_stats", &use_stats)
+                         and cn_ffi_int_attr(f, "running", &has_r)
+                         and cn_ffi_float_attr(f, "momentum", &momentum)
+                         and (use_stats or has_r) and (not use_stats or not has_r or HW > 1)):
+        return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
+                            "the call lacks an attribute (use_input_stats, running, momentum), "
+                            "its groups are not its channels, or its running statistics are "
+                            "missing (or cannot be updated from one position)")
     cdef cn_ffi_buffer* x = cn_ffi_arg(f, 0)
     cdef int storage = ffi_storage(x)
     if storage == NOT_PLAIN or cn_ffi_count(x) != N * C * HW:
@@ -204,14 +237,23 @@ cdef void* group_norm_ffi(void* frame) noexcept nogil:
     cdef int math = math_storage(storage)
     cdef cn_ffi_buffer* w = cn_ffi_arg(f, 1) if has_w else NULL
     cdef cn_ffi_buffer* b = cn_ffi_arg(f, 1 + (has_w != 0)) if has_b else NULL
+    cdef int64_t next_arg = 1 + (has_w != 0) + (has_b != 0)
+    cdef cn_ffi_buffer* rm = cn_ffi_arg(f, next_arg) if has_r else NULL
+    cdef cn_ffi_buffer* rv = cn_ffi_arg(f, next_arg + 1) if has_r else NULL
     cdef cn_ffi_buffer* y = cn_ffi_ret(f, 0)
     cdef cn_ffi_buffer* mean = cn_ffi_ret(f, 1)
     cdef cn_ffi_buffer* rstd = cn_ffi_ret(f, 2)
+    cdef bint update = has_r and use_stats
+    cdef cn_ffi_buffer* new_rm = cn_ffi_ret(f, 3) if update else NULL
+    cdef cn_ffi_buffer* new_rv = cn_ffi_ret(f, 4) if update else NULL
     if not (ffi_array(y, storage, N * C * HW) and ffi_array(mean, math, N * G)
-            and ffi_array(rstd, math, N * G)):
+            and ffi_array(rstd, math, N * G)
+            and (not has_r or (ffi_param(rm, storage, C) and ffi_param(rv, storage, C)))
+            and (not update or (ffi_array(new_rm, ffi_storage(rm), C)
+                                and ffi_array(new_rv, ffi_storage(rv), C)))):
         return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
-                            "the results: y of x's shape and dtype, n * groups statistics of "
-                            "the math type expected")
+                            "y of x's shape and dtype, n * groups statistics of the math type, "
+                            "c running statistics of x's dtype or its math type expected")
     # the parameters as float64, then the statistics in float64 (mean, var, rstd)
     cdef double* buf = <double*>malloc((2 * C + 3 * N * G + 1) * sizeof(double))
     if buf == NULL:
@@ -221,16 +263,29 @@ cdef void* group_norm_ffi(void* frame) noexcept nogil:
         return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
                             "weight, bias: c values of x's dtype or of its math type expected")
     cdef double* m64 = buf + 2 * C
+    cdef double* v64 = m64 + N * G
+    cdef double* r64 = m64 + 2 * N * G
     cdef bint affine = has_w or has_b
     cdef int rc = 0
     cdef Py_ssize_t i
+    if not use_stats:
+        # each instance normalized with the running statistics, as instance_norm
+        for i in range(N * C):
+            m64[i] = value_at(rm.data, ffi_storage(rm), i % C)
+            r64[i] = 1.0 / sqrt(value_at(rv.data, ffi_storage(rv), i % C) + eps)
     if N > 0:
         rc = group_forward_any(storage, x.data, y.data, buf if affine else NULL,
-                               buf + C if affine else NULL, m64, m64 + N * G, m64 + 2 * N * G,
-                               N, C, HW, G, eps, last, False, max_threads())
+                               buf + C if affine else NULL, m64, v64, r64, N, C, HW, G, eps,
+                               last, not use_stats, max_threads())
     for i in range(N * G):
         store_value(mean.data, math, i, m64[i])
-        store_value(rstd.data, math, i, m64[2 * N * G + i])
+        store_value(rstd.data, math, i, r64[i])
+    if update:      # updated copies: XLA's inputs stay as they are
+        memcpy(new_rm.data, rm.data, C * itemsize(ffi_storage(rm)))
+        memcpy(new_rv.data, rv.data, C * itemsize(ffi_storage(rv)))
+        if N > 0 and rc == 0:
+            update_instance_running(new_rm.data, ffi_storage(rm), new_rv.data, ffi_storage(rv),
+                                    m64, v64, N, C, HW, momentum)
     free(buf)
     if rc != 0:
         return cn_ffi_error(f, CN_FFI_RESOURCE_EXHAUSTED, op,
@@ -238,21 +293,32 @@ cdef void* group_norm_ffi(void* frame) noexcept nogil:
     return NULL
 
 
-cdef void* group_norm_backward_ffi(void* frame) noexcept nogil:
+cdef void* group_norm_ffi(void* frame) noexcept nogil:
+    return groups_forward_ffi(<cn_ffi_frame*>frame, False)
+
+
+cdef void* instance_norm_ffi(void* frame) noexcept nogil:
+    return groups_forward_ffi(<cn_ffi_frame*>frame, True)
+
+
+cdef void* groups_backward_ffi(cn_ffi_frame* f, bint instance) noexcept nogil:
     # args: dy, x, mean, rstd [, weight]; rets: grad_x [, grad_weight]
     # [, grad_bias] (each in its parameter's dtype); attrs: n, c, hw, groups,
-    # last, weight (whether it is passed), weight_grad, bias_grad
-    cdef cn_ffi_frame* f = <cn_ffi_frame*>frame
+    # last, weight (whether it is passed), weight_grad, bias_grad; instance
+    # norm (groups == c) also use_input_stats (without: statistics that do
+    # not depend on x, grad_x = dy * weight * rstd)
     if cn_ffi_metadata_call(f):
         return NULL
-    cdef const char* op = "group_norm"
-    cdef int64_t N, C, HW, G, last, has_w, want_gw, want_gb
+    cdef const char* op = "instance_norm" if instance else "group_norm"
+    cdef int64_t N, C, HW, G, last, has_w, want_gw, want_gb, use_stats = 1
     if not (group_attrs(f, &N, &C, &HW, &G, &last) and cn_ffi_int_attr(f, "weight", &has_w)
             and cn_ffi_int_attr(f, "weight_grad", &want_gw)
-            and cn_ffi_int_attr(f, "bias_grad", &want_gb)):
+            and cn_ffi_int_attr(f, "bias_grad", &want_gb)
+            and (not instance or (G == C and cn_ffi_int_attr(f, "use_input_stats", &use_stats)))):
         return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
                             "the backward call lacks an attribute (n, c, hw, groups, last, "
-                            "weight, weight_grad, bias_grad), or its groups do not divide c")
+                            "weight, weight_grad, bias_grad, and for instance norm "
+                            "use_input_stats), or its groups do not divide c")
     cdef cn_ffi_buffer* x = cn_ffi_arg(f, 1)
     cdef int storage = ffi_storage(x)
     if storage == NOT_PLAIN or cn_ffi_count(x) != N * C * HW:
@@ -290,8 +356,8 @@ cdef void* group_norm_backward_ffi(void* frame) noexcept nogil:
         st[N * G + i] = value_at(rstd.data, math, i)
     if N > 0:
         rc = group_backward_any(storage, dy.data, x.data, gx.data, st, st + N * G,
-                                buf if has_w else NULL, sums, sums + C, N, C, HW, G, last, False,
-                                max_threads())
+                                buf if has_w else NULL, sums, sums + C, N, C, HW, G, last,
+                                not use_stats, max_threads())
     else:
         memset(sums, 0, 2 * C * sizeof(double))
     for i in range(C):
@@ -306,8 +372,16 @@ cdef void* group_norm_backward_ffi(void* frame) noexcept nogil:
     return NULL
 
 
+cdef void* group_norm_backward_ffi(void* frame) noexcept nogil:
+    return groups_backward_ffi(<cn_ffi_frame*>frame, False)
+
+
+cdef void* instance_norm_backward_ffi(void* frame) noexcept nogil:
+    return groups_backward_ffi(<cn_ffi_frame*>frame, True)
+
+
 def ffi_handlers(int major, int minor):
-    """Batch norm's and group norm's XLA FFI handlers, {target name: PyCapsule of the
+    """Batch norm's, group norm's and instance norm's XLA FFI handlers, {target name: PyCapsule of the
     handler's address}, reporting API version major.minor (the runtime
     registers only handlers of its own version)."""
     cn_ffi_claim(major, minor)
@@ -316,4 +390,7 @@ def ffi_handlers(int major, int minor):
         "cynorm_batch_norm_backward": PyCapsule_New(<void*>batch_norm_backward_ffi, NULL, NULL),
         "cynorm_group_norm": PyCapsule_New(<void*>group_norm_ffi, NULL, NULL),
         "cynorm_group_norm_backward": PyCapsule_New(<void*>group_norm_backward_ffi, NULL, NULL),
+        "cynorm_instance_norm": PyCapsule_New(<void*>instance_norm_ffi, NULL, NULL),
+        "cynorm_instance_norm_backward": PyCapsule_New(<void*>instance_norm_backward_ffi, NULL,
+                                                       NULL),
     }
