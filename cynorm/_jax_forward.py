@@ -15,7 +15,10 @@ given, the op's inputs and saved statistics being constants to it.
 * Under ``jax.vmap``, once per batch element.
 * Its own derivative is refused (a derivative of a derivative).
 
-An op registers its two halves with :func:`register`.
+An op registers its two halves with :func:`register`.  The residual-fused
+norms register two outputs: y's tangent and h's (``cynorm_tangents``, the
+same rules with two results), so that their transpose takes the gradients of
+y and h together, to the backward kernel that adds them.
 """
 from __future__ import annotations
 
@@ -37,39 +40,50 @@ Primitive = _core.Primitive
 
 
 class _Rule(NamedTuple):
-    # host(primals, tangents, static) -> y's tangent (NumPy), primals and
-    # tangents as lists of NumPy arrays or None
-    host: Callable[[list, list, tuple], np.ndarray]
+    # host(primals, tangents, static) -> y's tangent (NumPy; with two
+    # outputs, a tuple of both), primals and tangents as lists of NumPy
+    # arrays or None
+    host: Callable[[list, list, tuple], Any]
     # backward(primals, ct, static) -> the gradients of the tangent slots
-    # (None where a slot is None), primals and ct as JAX values
+    # (None where a slot is None), primals and ct as JAX values (with two
+    # outputs, ct a tuple of both, None for a zero one)
     backward: Callable[[list, Any, tuple], Sequence[Any]]
     # traced(primals, tangents, static) -> y's tangent as JAX values (XLA
-    # custom calls and jax.numpy); None: the host rule through a callback
+    # custom calls and jax.numpy; with two outputs, a tuple); None: the host
+    # rule through a callback
     traced: Optional[Callable[[list, list, tuple], Any]]
+    # how many tangents, each of x's shape and dtype: 1, or 2 (y and h)
+    outputs: int
 
 
 _RULES: dict[str, _Rule] = {}
 
 _tangent_p = Primitive("cynorm_tangent")
+_tangents_p = Primitive("cynorm_tangents")      # the two-output form
+_tangents_p.multiple_results = True
 
 
-def register(op: str, host: Callable[[list, list, tuple], np.ndarray],
+def register(op: str, host: Callable[[list, list, tuple], Any],
              backward: Callable[[list, Any, tuple], Sequence[Any]],
-             traced: Optional[Callable[[list, list, tuple], Any]] = None) -> None:
+             traced: Optional[Callable[[list, list, tuple], Any]] = None,
+             outputs: int = 1) -> None:
     """op's halves: its JVP (on the host, and traced where given), and its
-    backward kernels."""
-    _RULES[op] = _Rule(host, backward, traced)
+    backward kernels; outputs: how many tangents the JVP gives."""
+    _RULES[op] = _Rule(host, backward, traced, outputs)
 
 
 def tangent(op: str, static: tuple, primals: Sequence[Any], tangents: Sequence[Any]) -> Any:
     """The tangent of op's first output y (x's shape and dtype), linear in
-    `tangents`.  primals: op's differentiable inputs (x first), then what
-    its backward needs (saved statistics); tangents: one per input, None
-    where the input is None.  static: op's hashable non-array arguments."""
+    `tangents`; for an op registered with two outputs, the tuple of both.
+    primals: op's differentiable inputs (x first), then what its backward
+    needs (saved statistics); tangents: one per input, None where the input
+    is None.  static: op's hashable non-array arguments."""
     slots = list(primals) + list(tangents)
     present = tuple(a is not None for a in slots)
-    return _tangent_p.bind(*[a for a in slots if a is not None], op=op, static=static,
-                           present=present, nprimal=len(primals))
+    prim = _tangent_p if _RULES[op].outputs == 1 else _tangents_p
+    out = prim.bind(*[a for a in slots if a is not None], op=op, static=static,
+                    present=present, nprimal=len(primals))
+    return tuple(out) if prim.multiple_results else out
 
 
 def _unpack(arrays: Sequence[Any], present: tuple, nprimal: int) -> tuple[list, list]:
@@ -81,7 +95,9 @@ def _unpack(arrays: Sequence[Any], present: tuple, nprimal: int) -> tuple[list, 
 
 def _abstract(*arrays, op, static, present, nprimal):
     x = arrays[0]
-    return ShapedArray(x.shape, x.dtype)
+    if _RULES[op].outputs == 1:
+        return ShapedArray(x.shape, x.dtype)
+    return [ShapedArray(x.shape, x.dtype)] * _RULES[op].outputs
 
 
 @functools.lru_cache(maxsize=256)
@@ -100,9 +116,11 @@ def _impl(*arrays, op, static, present, nprimal):
 
     def host(*values):
         primals, tangents = _unpack([np.asarray(v) for v in values], present, nprimal)
-        return np.asarray(rule.host(primals, tangents, static))
-    return jax.pure_callback(host, jax.ShapeDtypeStruct(x.shape, x.dtype), *arrays,
-                             vmap_method="sequential")
+        out = rule.host(primals, tangents, static)
+        return np.asarray(out) if rule.outputs == 1 else tuple(np.asarray(o) for o in out)
+    shape = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    return jax.pure_callback(host, shape if rule.outputs == 1 else (shape,) * rule.outputs,
+                             *arrays, vmap_method="sequential")
 
 
 def _transpose(ct, *arrays, op, static, present, nprimal):
@@ -112,7 +130,12 @@ def _transpose(ct, *arrays, op, static, present, nprimal):
         raise NotImplementedError(f"cynorm.jax.{op}: its tangent is linear in the tangents "
                                   "only, not in the op's inputs")
     primals, _ = _unpack(given, present[:nprimal], nprimal)
-    grads = ([None] * (len(present) - nprimal) if type(ct) is ad.Zero
+    if _RULES[op].outputs > 1:      # a tuple of cotangents, None for a zero one
+        ct = tuple(None if type(c) is ad.Zero else c for c in ct)
+        zero = all(c is None for c in ct)
+    else:
+        zero = type(ct) is ad.Zero
+    grads = ([None] * (len(present) - nprimal) if zero
              else _RULES[op].backward(primals, ct, static))
     out = [None] * nprim
     for t, g in zip(tangent_args, [g for g, p in zip(grads, present[nprimal:]) if p]):
@@ -130,9 +153,11 @@ def _batched(args, dims, *, op, static, present, nprimal):
     # kernels take no batch axis)
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
     front = [batching.bdim_at_front(a, d, size) for a, d in zip(args, dims)]
-    out = jax.lax.map(lambda xs: _tangent_p.bind(*xs, op=op, static=static, present=present,
-                                                 nprimal=nprimal), front)
-    return out, 0
+    n = _RULES[op].outputs
+    prim = _tangent_p if n == 1 else _tangents_p
+    out = jax.lax.map(lambda xs: prim.bind(*xs, op=op, static=static, present=present,
+                                           nprimal=nprimal), front)
+    return (out, 0) if n == 1 else (list(out), [0] * n)
 
 
 def _refuse(op: str) -> NotImplementedError:
@@ -159,9 +184,10 @@ def first_order(op: str, fn: Callable[..., Any], nondiff_argnums: tuple[int, ...
     return wrapped
 
 
-_tangent_p.def_abstract_eval(_abstract)
-_tangent_p.def_impl(_impl)
-mlir.register_lowering(_tangent_p, mlir.lower_fun(_impl, multiple_results=False))
-ad.primitive_transposes[_tangent_p] = _transpose
-ad.primitive_jvps[_tangent_p] = _second_order
-batching.primitive_batchers[_tangent_p] = _batched
+for _p in (_tangent_p, _tangents_p):
+    _p.def_abstract_eval(_abstract)
+    _p.def_impl(_impl)
+    mlir.register_lowering(_p, mlir.lower_fun(_impl, multiple_results=_p.multiple_results))
+    ad.primitive_transposes[_p] = _transpose
+    ad.primitive_jvps[_p] = _second_order
+    batching.primitive_batchers[_p] = _batched

@@ -249,6 +249,40 @@ def test_ffi_fused_norms_give_cynorms_bits():
         assert np.array_equal(host(y), want[0]) and np.array_equal(host(h), want[1])
 
 
+@pytest.mark.parametrize("use_ffi", [True, False])
+def test_fused_norms_gradients_are_the_fused_backwards(use_ffi, monkeypatch):
+    # the gradients of y and h together go to cynorm's add_*_norm_backward
+    # (h's added in the kernel): its bits on both routes, every dtype and
+    # parameter form; with y or h unused, the other's gradient alone
+    if use_ffi and not cj._FFI:
+        pytest.skip(f"cynorm.jax runs through callbacks here ({cj.route})")
+    monkeypatch.setattr(cj, "_FFI", use_ffi)
+    rng = np.random.default_rng(9)
+    for x, w, b in cases(3):
+        r, gy, gh = (rng.standard_normal(x.shape).astype(x.dtype) for _ in range(3))
+        y, h, mean, rstd = cynorm.add_layer_norm(x, r, 24, w, b)
+        _, vjp = jax.vjp(lambda x, r, w, b: cj.add_layer_norm(x, r, 24, w, b), x, r, w, b)
+        gx, gr, gw, gb = jax.jit(vjp)((gy, gh))
+        want = cynorm.add_layer_norm_backward(gy, gh, h, 24, mean, rstd, w, b)
+        for got, ref in zip((gx, gr, gw, gb), (want[0], want[0], want[1], want[2])):
+            assert got.dtype == ref.dtype and np.array_equal(host(got), ref)
+        y, h, rstd = cynorm.add_rms_norm(x, r, 24, w)
+        _, vjp = jax.vjp(lambda x, r, w: cj.add_rms_norm(x, r, 24, w), x, r, w)
+        gx, gr, gw = jax.jit(vjp)((gy, gh))
+        want = cynorm.add_rms_norm_backward(gy, gh, h, 24, rstd, w)
+        for got, ref in zip((gx, gr, gw), (want[0], want[0], want[1])):
+            assert got.dtype == ref.dtype and np.array_equal(host(got), ref)
+        # h unused: the norm's backward alone; y unused: h's gradient alone
+        gx, _, gw = jax.grad(lambda x, r, w: (cj.add_rms_norm(x, r, 24, w)[0].astype(
+            jnp.float32) * gy.astype(np.float32)).sum(), (0, 1, 2))(x, r, w)
+        want = cynorm.rms_norm_backward(gy, h, 24, rstd, w)
+        assert np.array_equal(host(gx), want[0]) and np.array_equal(host(gw), want[1])
+        gx, _, gw = jax.grad(lambda x, r, w: cj.add_rms_norm(x, r, 24, w)[1].astype(
+            jnp.float32).sum(), (0, 1, 2))(x, r, w)
+        assert np.array_equal(host(gx), np.ones(x.shape, x.dtype))
+        assert not np.any(host(gw))
+
+
 def test_fused_norms_match_the_formulas_on_both_routes(monkeypatch):
     x, r, w, b = data(4, 6, 16), data(4, 6, 16, seed=1), data(16, seed=2), data(16, seed=3)
     tx, tr, tw, tb = (data(*a.shape, seed=10 + i) for i, a in enumerate((x, r, w, b)))

@@ -95,13 +95,16 @@ cdef void* rows_forward_ffi(cn_ffi_frame* f, bint centered) noexcept nogil:
 
 
 cdef void* rows_backward_ffi(cn_ffi_frame* f, bint centered) noexcept nogil:
-    # args: dy, x [, mean], rstd [, weight]; rets: grad_x [, grad_weight]
-    # [, grad_bias] (each in its parameter's dtype); attrs: n, weight (whether
-    # it is passed), weight_grad, bias_grad (whether each is returned)
+    # args: dy, x [, mean], rstd [, weight] [, grad_h]; rets: grad_x
+    # [, grad_weight] [, grad_bias] (each in its parameter's dtype); attrs: n,
+    # weight (whether it is passed), weight_grad, bias_grad (whether each is
+    # returned), and optionally grad_h (whether h's own gradient is passed,
+    # the fused forms' backward: added to grad_x while its row is in cache)
     cdef const char* op = "layer_norm" if centered else "rms_norm"
     if cn_ffi_metadata_call(f):
         return NULL
-    cdef int64_t N, has_w, want_gw, want_gb
+    cdef int64_t N, has_w, want_gw, want_gb, has_gh = 0
+    cn_ffi_int_attr(f, "grad_h", &has_gh)       # absent: no grad_h
     if not (cn_ffi_int_attr(f, "n", &N) and cn_ffi_int_attr(f, "weight", &has_w)
             and cn_ffi_int_attr(f, "weight_grad", &want_gw)
             and cn_ffi_int_attr(f, "bias_grad", &want_gb)):
@@ -118,16 +121,18 @@ cdef void* rows_backward_ffi(cn_ffi_frame* f, bint centered) noexcept nogil:
     cdef cn_ffi_buffer* mean = cn_ffi_arg(f, 2) if centered else NULL
     cdef cn_ffi_buffer* rstd = cn_ffi_arg(f, 2 + centered)
     cdef cn_ffi_buffer* w = cn_ffi_arg(f, 3 + centered) if has_w else NULL
+    cdef cn_ffi_buffer* gh = cn_ffi_arg(f, 3 + centered + (has_w != 0)) if has_gh else NULL
     cdef cn_ffi_buffer* gx = cn_ffi_ret(f, 0)
     cdef cn_ffi_buffer* gw = cn_ffi_ret(f, 1) if want_gw else NULL
     cdef cn_ffi_buffer* gb = cn_ffi_ret(f, 1 + (want_gw != 0)) if want_gb else NULL
     if not (ffi_array(dy, storage, M * N) and ffi_array(gx, storage, M * N)
+            and (not has_gh or ffi_array(gh, storage, M * N))
             and ffi_array(rstd, math, M) and (not centered or ffi_array(mean, math, M))
             and (not want_gw or (ffi_storage(gw) != NOT_PLAIN and cn_ffi_count(gw) == N))
             and (not want_gb or (ffi_storage(gb) != NOT_PLAIN and cn_ffi_count(gb) == N))):
         return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
-                            "dy, grad_x of x's shape and dtype, M statistics of the math type, "
-                            "n-value parameter gradients expected")
+                            "dy, grad_x (and grad_h) of x's shape and dtype, M statistics of the "
+                            "math type, n-value parameter gradients expected")
     # the float64 column sums (grad_weight, grad_bias), then the weight widened
     cdef double* sums = <double*>malloc(3 * N * sizeof(double))
     if sums == NULL:
@@ -142,7 +147,8 @@ cdef void* rows_backward_ffi(cn_ffi_frame* f, bint centered) noexcept nogil:
     if M > 0:
         status = rows_backward(storage, dy.data, NULL, x.data, mean.data if centered else NULL,
                                rstd.data, pw, gx.data, sums if want_gw else NULL,
-                               sums + N if want_gb else NULL, M, N, max_threads(), NULL)
+                               sums + N if want_gb else NULL, M, N, max_threads(),
+                               gh.data if has_gh else NULL)
     else:
         memset(sums, 0, 2 * N * sizeof(double))
     # each sum rounded into its parameter's dtype as layer_norm_backward rounds it
