@@ -427,8 +427,12 @@ def instance_norm(x: ArrayLike, weight: ArrayLike | None = None, bias: ArrayLike
                            out, ("y", "mean", "rstd")))])
         outs, (m64, v64) = _forward(x, C, weight, bias, eps, lay, policy, None, out)
         if lay.N * C:
-            update_running(rm, rv, m64.reshape(lay.N, C).mean(axis=0),
-                           v64.reshape(lay.N, C).mean(axis=0), lay.HW, momentum)
+            # the batch's averages summed in order over n (cumsum: never
+            # pairwise, as NumPy's mean would be for one channel), as the
+            # XLA handler sums them (batch_norm_ffi.pxi)
+            update_running(rm, rv, np.cumsum(m64.reshape(lay.N, C), axis=0)[-1] / lay.N,
+                           np.cumsum(v64.reshape(lay.N, C), axis=0)[-1] / lay.N, lay.HW,
+                           momentum)
         return outs
     if rm is None or rv is None:
         raise ValueError("instance_norm: running_mean and running_var are required when "

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import cynorm as _cn
-from cynorm import _kernels
+from cynorm import _kernels, _validation as _v
 from cynorm._jax_forward import first_order as _first_order, register as _register_jvp, \
     tangent as _tangent
 
@@ -90,10 +90,32 @@ route: str = _register()
 _FFI = route.startswith("xla_ffi")
 
 
-def _shape(normalized_shape: Shape) -> tuple[int, ...]:
-    if isinstance(normalized_shape, (int, np.integer)):
+def _static(op: str, check: Any, value: Any, name: str, *what: str) -> Any:
+    """A static argument checked as cynorm's NumPy API checks it (check
+    from cynorm._validation), its error naming the op."""
+    try:
+        return check(value, name, *what)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"cynorm.jax.{op}: {e}") from None
+
+
+def _eps(op: str, eps: Any) -> float:
+    return _static(op, _v.check_eps, eps, "eps")
+
+
+def _shape(op: str, normalized_shape: Shape) -> tuple[int, ...]:
+    """normalized_shape as a tuple of ints (an int: one axis)."""
+    what = "an int or a sequence of ints"
+    if isinstance(normalized_shape, (int, np.integer)) and not isinstance(normalized_shape, bool):
         return (int(normalized_shape),)
-    return tuple(int(d) for d in normalized_shape)
+    try:
+        items = tuple(normalized_shape)
+    except TypeError:
+        items = None
+    if items is None:
+        raise TypeError(f"cynorm.jax.{op}: normalized_shape must be {what}, got "
+                        f"{type(normalized_shape).__name__}")
+    return tuple(_static(op, _v.check_int, d, "normalized_shape", what) for d in items)
 
 
 def _check(op: str, x: Any, shape: tuple[int, ...], **params: Any) -> int:
@@ -321,8 +343,9 @@ def layer_norm(x: Any, normalized_shape: Shape, weight: Any = None, bias: Any = 
     jax.Array
         x's shape and dtype.
     """
-    return _layer_norm(jnp.asarray(x), _array(weight), _array(bias), _shape(normalized_shape),
-                       float(eps))
+    return _layer_norm(jnp.asarray(x), _array(weight), _array(bias),
+                       _shape("layer_norm", normalized_shape),
+                       _eps("layer_norm", eps))
 
 
 # ---- RMS norm ----------------------------------------------------------------
@@ -429,8 +452,8 @@ def rms_norm(x: Any, normalized_shape: Shape, weight: Any = None,
     jax.Array
         x's shape and dtype.
     """
-    return _rms_norm(jnp.asarray(x), _array(weight), _shape(normalized_shape),
-                     None if eps is None else float(eps))
+    return _rms_norm(jnp.asarray(x), _array(weight), _shape("rms_norm", normalized_shape),
+                     None if eps is None else _eps("rms_norm", eps))
 
 
 # ---- the residual add fused into layer norm and RMS norm ---------------------
@@ -532,7 +555,8 @@ def add_layer_norm(x: Any, residual: Any, normalized_shape: Shape, weight: Any =
         h = x + residual
         return layer_norm(h, normalized_shape, weight, bias, eps), h
     return _add_layer_norm(x, residual, _array(weight), _array(bias),
-                           _shape(normalized_shape), float(eps))
+                           _shape("add_layer_norm", normalized_shape),
+                           _eps("add_layer_norm", eps))
 
 
 @partial(jax.custom_jvp, nondiff_argnums=(3, 4))
@@ -595,8 +619,8 @@ def add_rms_norm(x: Any, residual: Any, normalized_shape: Shape, weight: Any = N
     if not _fused(x, residual):
         h = x + residual
         return rms_norm(h, normalized_shape, weight, eps), h
-    return _add_rms_norm(x, residual, _array(weight), _shape(normalized_shape),
-                         None if eps is None else float(eps))
+    return _add_rms_norm(x, residual, _array(weight), _shape("add_rms_norm", normalized_shape),
+                         None if eps is None else _eps("add_rms_norm", eps))
 
 
 # ---- batch norm --------------------------------------------------------------
@@ -784,9 +808,11 @@ def batch_norm(x: Any, weight: Any = None, bias: Any = None, running_mean: Any =
         In training, the updated running statistics; otherwise the ones
         given (None where none were given).
     """
+    op = "batch_norm"
     return _batch_norm(jnp.asarray(x), _array(weight), _array(bias), _array(running_mean),
-                       _array(running_var), bool(training), float(momentum), float(eps),
-                       int(axis))
+                       _array(running_var), _static(op, _v.check_bool, training, "training"),
+                       _static(op, _v.check_real, momentum, "momentum"), _eps(op, eps),
+                       _static(op, _v.check_int, axis, "axis"))
 
 
 # ---- group norm --------------------------------------------------------------
@@ -918,8 +944,10 @@ def group_norm(x: Any, num_groups: int, weight: Any = None, bias: Any = None,
     jax.Array
         x's shape and dtype.
     """
-    return _group_norm(jnp.asarray(x), _array(weight), _array(bias), int(num_groups),
-                       float(eps), int(axis))
+    op = "group_norm"
+    return _group_norm(jnp.asarray(x), _array(weight), _array(bias),
+                       _static(op, _v.check_int, num_groups, "num_groups"), _eps(op, eps),
+                       _static(op, _v.check_int, axis, "axis"))
 
 
 # ---- instance norm -----------------------------------------------------------
@@ -1092,9 +1120,12 @@ def instance_norm(x: Any, weight: Any = None, bias: Any = None, running_mean: An
         With use_input_stats, the updated running statistics; otherwise the
         ones given (None where none were given).
     """
+    op = "instance_norm"
     return _instance_norm(jnp.asarray(x), _array(weight), _array(bias), _array(running_mean),
-                          _array(running_var), bool(use_input_stats), float(momentum),
-                          float(eps), int(axis))
+                          _array(running_var),
+                          _static(op, _v.check_bool, use_input_stats, "use_input_stats"),
+                          _static(op, _v.check_real, momentum, "momentum"), _eps(op, eps),
+                          _static(op, _v.check_int, axis, "axis"))
 
 
 # ---- weight norm -------------------------------------------------------------
@@ -1224,7 +1255,9 @@ def weight_norm(v: Any, g: Any, dim: Optional[int] = 0) -> jax.Array:
         cynorm.weight_norm's.
     """
     v, g = jnp.asarray(v), jnp.asarray(g)
-    _, D, _, dim = _wn_dims(v, g, None if dim is None else int(dim))
+    if dim is not None:
+        dim = _static("weight_norm", _v.check_int, dim, "dim", "an int or None")
+    _, D, _, dim = _wn_dims(v, g, dim)
     # the kernels take g as D values of v's math type; JAX differentiates
     # the reshape and the conversion, so g's gradient comes back in g's form
     return _weight_norm(v, g.reshape(D).astype(_math_dtype(v.dtype)), dim)

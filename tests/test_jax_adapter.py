@@ -160,6 +160,17 @@ def test_ffi_float64_under_x64():
     assert host(inst[0]).dtype == np.float64 and np.array_equal(host(inst[0]), want)
     assert np.array_equal(host(inst[1]), rm) and np.array_equal(host(inst[2]), rv)
     assert np.array_equal(host(wn), cynorm.weight_norm(x, w, 1))
+    # the running statistics' batch averages summed in the same order (one
+    # channel, many instances: where a pairwise sum would round otherwise)
+    for shape in ((16, 1, 4), (1000, 1, 3), (9, 2, 5)):
+        x = np.random.default_rng(1).standard_normal(shape) * 3 + 10
+        C = shape[1]
+        rm, rv = np.full(C, 0.25), np.full(C, 1.5)
+        with enable_x64():
+            _, rm_j, rv_j = jax.jit(lambda x, a, b: cj.instance_norm(x, None, None, a, b, True,
+                                                                     0.37))(x, rm, rv)
+        cynorm.instance_norm(x, None, None, rm, rv, True, 0.37)
+        assert np.array_equal(host(rm_j), rm) and np.array_equal(host(rv_j), rv)
 
 
 def test_the_callback_route_gives_the_same_bits(monkeypatch):
@@ -712,3 +723,33 @@ def test_malformed_instance_and_weight_norm_calls_are_refused_by_the_handlers():
     with pytest.raises(Exception, match="cynorm.jax.weight_norm: g and norm: d values"):
         jax.block_until_ready(call(v, jnp.ones(4, jnp.float16), a=np.int64(1), d=np.int64(4),
                                    b=np.int64(3)))
+
+
+def test_static_arguments_are_checked_as_cynorm_checks_them():
+    x = data(2, 3, 4)
+    bad = [
+        (lambda: cj.layer_norm(x, 4, eps=-1.0), ValueError, "layer_norm: eps must be >= 0"),
+        (lambda: cj.layer_norm(x, 4.5), TypeError, "layer_norm: normalized_shape must be an int"),
+        (lambda: cj.rms_norm(x, (4,), eps=float("nan")), ValueError, "rms_norm: eps must be"),
+        (lambda: cj.add_rms_norm(x, x, 4, eps="a"), TypeError, "add_rms_norm: eps must be"),
+        (lambda: cj.add_layer_norm(x, x, None), TypeError, "add_layer_norm: normalized_shape"),
+        (lambda: cj.batch_norm(x, training=1), TypeError, "batch_norm: training must be a bool"),
+        (lambda: cj.batch_norm(x, momentum=float("inf")), ValueError,
+         "batch_norm: momentum must be finite"),
+        (lambda: cj.group_norm(x, 1.5), TypeError, "group_norm: num_groups must be an int"),
+        (lambda: cj.group_norm(x, 3, axis=1.0), TypeError, "group_norm: axis must be an int"),
+        (lambda: cj.instance_norm(x, eps=-1.0), ValueError, "instance_norm: eps must be >= 0"),
+        (lambda: cj.instance_norm(x, momentum=float("nan")), ValueError,
+         "instance_norm: momentum must be finite"),
+        (lambda: cj.instance_norm(x, use_input_stats="no"), TypeError,
+         "instance_norm: use_input_stats must be a bool"),
+        (lambda: cj.weight_norm(x, jnp.ones(3), 1.7), TypeError,
+         "weight_norm: dim must be an int or None"),
+        (lambda: cj.weight_norm(x, jnp.ones(3), True), TypeError, "weight_norm: dim must be"),
+    ]
+    for call, error, message in bad:
+        with pytest.raises(error, match=message):
+            call()
+    # NumPy integers and bools are taken, as by cynorm's NumPy API
+    cj.layer_norm(x, np.int64(4), eps=0)
+    cj.instance_norm(x, use_input_stats=np.bool_(True), axis=np.int32(1))

@@ -186,15 +186,15 @@ cdef void update_instance_running(void* rm, int rs, void* rv, int vs, const doub
                                   const double* v64, Py_ssize_t N, Py_ssize_t C, Py_ssize_t HW,
                                   double momentum) noexcept nogil:
     # instance_norm's running-statistics rule (_channels.update_running on
-    # the batch's average of the instances' mean and unbiased variance), in
-    # float64 and the same order, into rm and rv (already holding the old
-    # values); NaN stored as the canonical NaN
+    # the batch's average of the instances' mean and unbiased variance, each
+    # summed in order over n), in float64 and the same order, into rm and rv
+    # (already holding the old values; N > 0); NaN stored as the canonical NaN
     cdef Py_ssize_t n, c
     cdef double ms, vs_
     for c in range(C):
-        ms = 0.0
-        vs_ = 0.0
-        for n in range(N):
+        ms = m64[c]
+        vs_ = v64[c]
+        for n in range(1, N):
             ms = ms + m64[n * C + c]
             vs_ = vs_ + v64[n * C + c]
         store_value(rm, rs, c, canonical(momentum * (ms / N)
