@@ -8,7 +8,7 @@ in one process.
 For layer norm and RMS norm (with weight, and bias for layer norm) over
 float32 and bfloat16 rows, their residual-fused forms (against XLA's
 ``h = x + r`` then the formula; the gradient and the tangent in x and the
-parameters, through y), and batch norm in training (weight, bias and
+parameters, through y and h), and batch norm in training (weight, bias and
 running statistics; channels first and channels last), group norm (32
 groups, both layouts), instance norm (both layouts, and a 3-D volume) and
 weight norm (a linear and a convolution weight, dim 0), it times a jitted
@@ -169,9 +169,19 @@ def main():
         cases = [c for c in cases if c[0].split(" ")[0] in wanted]
 
     def first(f):
-        # the output the gradient is taken of: y (batch norm also returns its running
-        # statistics, the fused forms h)
+        # y (batch norm also returns its running statistics, the fused forms h)
         return lambda *a: (lambda r: r[0] if isinstance(r, tuple) else r)(f(*a))
+
+    def loss(name, f):
+        # the gradient's loss: of y, and for the fused forms of h too (the
+        # next block's residual), so that both gradients flow back
+        def of_y(*a):
+            return (first(f)(*a).astype(jnp.float32) ** 2).sum()
+
+        def of_y_and_h(*a):
+            y, h = f(*a)
+            return (y.astype(jnp.float32) ** 2).sum() + (h.astype(jnp.float32) ** 2).sum()
+        return of_y_and_h if name.startswith("add_") else of_y
 
     def jvp_of(f):
         # y and its tangent, with x and the parameters as their own tangents
@@ -196,8 +206,7 @@ def main():
                 params.append(jnp.asarray(rng.standard_normal(shape, np.float32)).astype(dtype))
             makers = {"fwd": ("fwd", jax.jit),
                       "grad": ("fwd+grad", lambda f: jax.jit(jax.value_and_grad(
-                          lambda x, *p: (first(f)(x, *p).astype(jnp.float32) ** 2).sum(),
-                          (0, 1, 2)))),
+                          loss(name, f), (0, 1, 2)))),
                       "jvp": ("jvp", jvp_of)}
             for label, make in (makers[p] for p in passes):
                 fa, fb = make(ours), make(theirs)

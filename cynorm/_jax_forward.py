@@ -54,6 +54,11 @@ class _Rule(NamedTuple):
     traced: Optional[Callable[[list, list, tuple], Any]]
     # how many tangents, each of x's shape and dtype: 1, or 2 (y and h)
     outputs: int
+    # the row norms' slots (primals, then tangents) that hold rows of x
+    # (x, its statistics, their tangents), the rest being parameters: under
+    # vmap with the parameters unbatched, one call over the batch's rows;
+    # None: once per batch element
+    rows: Optional[frozenset]
 
 
 _RULES: dict[str, _Rule] = {}
@@ -66,10 +71,12 @@ _tangents_p.multiple_results = True
 def register(op: str, host: Callable[[list, list, tuple], Any],
              backward: Callable[[list, Any, tuple], Sequence[Any]],
              traced: Optional[Callable[[list, list, tuple], Any]] = None,
-             outputs: int = 1) -> None:
+             outputs: int = 1, rows: Optional[Sequence[int]] = None) -> None:
     """op's halves: its JVP (on the host, and traced where given), and its
-    backward kernels; outputs: how many tangents the JVP gives."""
-    _RULES[op] = _Rule(host, backward, traced, outputs)
+    backward kernels; outputs: how many tangents the JVP gives; rows: for
+    the row norms, the slots (positions among primals then tangents) that
+    hold rows of x."""
+    _RULES[op] = _Rule(host, backward, traced, outputs, None if rows is None else frozenset(rows))
 
 
 def tangent(op: str, static: tuple, primals: Sequence[Any], tangents: Sequence[Any]) -> Any:
@@ -149,14 +156,25 @@ def _transpose(ct, *arrays, op, static, present, nprimal):
 
 
 def _batched(args, dims, *, op, static, present, nprimal):
-    # the primitive once per batch element (its host rule and backward
+    # a row norm whose parameters are unbatched: the primitive once over the
+    # batch's rows (its row slots batched, broadcast where they are not; the
+    # parameters' tangents transpose to sums over every row, as the batch's
+    # sum); otherwise once per batch element (the host rules and backward
     # kernels take no batch axis)
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
-    front = [batching.bdim_at_front(a, d, size) for a, d in zip(args, dims)]
-    n = _RULES[op].outputs
+    rule = _RULES[op]
+    n = rule.outputs
     prim = _tangent_p if n == 1 else _tangents_p
-    out = jax.lax.map(lambda xs: prim.bind(*xs, op=op, static=static, present=present,
-                                           nprimal=nprimal), front)
+    slots = [i for i, p in enumerate(present) if p]
+    if rule.rows is not None and all(d is None for d, i in zip(dims, slots)
+                                     if i not in rule.rows):
+        args = [batching.bdim_at_front(a, d, size) if i in rule.rows else a
+                for a, d, i in zip(args, dims, slots)]
+        out = prim.bind(*args, op=op, static=static, present=present, nprimal=nprimal)
+    else:
+        front = [batching.bdim_at_front(a, d, size) for a, d in zip(args, dims)]
+        out = jax.lax.map(lambda xs: prim.bind(*xs, op=op, static=static, present=present,
+                                               nprimal=nprimal), front)
     return (out, 0) if n == 1 else (list(out), [0] * n)
 
 

@@ -15,7 +15,9 @@ the CPU at import): XLA
 hands them its buffers, with no Python and no copy.  Elsewhere (older JAX,
 or a runtime whose FFI version the handlers cannot speak) they run through
 ``jax.pure_callback``; :data:`route` says which, and why.  Under
-``jax.vmap`` either route runs the kernel once per batch element.
+``jax.vmap`` the row norms' custom calls run once over the whole batch
+(a weight and bias per element where they are batched); the other ops, and
+the callback route, run the kernel once per batch element.
 """
 from __future__ import annotations
 
@@ -161,11 +163,15 @@ def _like(a: Any) -> Optional[jax.ShapeDtypeStruct]:
     return None if a is None else jax.ShapeDtypeStruct(a.shape, a.dtype)
 
 
-def _ffi(target: str, shapes, *args, **attrs):
+def _ffi(target: str, shapes, *args, batched: bool = False, **attrs):
     """The FFI custom call `target` on the arrays in args (None skipped),
-    attrs as float64 / int64 scalars; once per batch element under vmap."""
+    attrs as float64 / int64 scalars.  Under vmap, once per batch element;
+    batched: once for the whole batch, every argument broadcast to it (the
+    row norms' handlers take the batch's rows, with a parameter set per
+    element)."""
     attrs = {k: np.float64(v) if isinstance(v, float) else np.int64(v) for k, v in attrs.items()}
-    call = jax.ffi.ffi_call(target, shapes, vmap_method="sequential")
+    call = jax.ffi.ffi_call(target, shapes,
+                            vmap_method="broadcast_all" if batched else "sequential")
     return call(*[a for a in args if a is not None], **attrs)
 
 
@@ -245,8 +251,8 @@ def _ln_forward(x, residual, weight, bias, shape, eps):
     st = _stat(x, len(shape))
     shapes = tuple(s for s in (_like(x), _like(residual), st, st) if s is not None)
     if _FFI and n > 0:
-        return _ffi("cynorm_layer_norm", shapes, x, residual, weight, bias, eps=eps, n=n,
-                    residual=residual is not None, weight=weight is not None,
+        return _ffi("cynorm_layer_norm", shapes, x, residual, weight, bias, batched=True,
+                    eps=eps, n=n, residual=residual is not None, weight=weight is not None,
                     bias=bias is not None)
 
     def host(x, residual, weight, bias):
@@ -287,8 +293,9 @@ def _layer_norm_bwd(saved, gy, static, gh=None):
     n = int(np.prod(shape, dtype=np.int64))
     if _FFI and n > 0:
         grads = list(_ffi("cynorm_layer_norm_backward", shapes, gy, x, mean, rstd, weight, gh,
-                          n=n, weight=weight is not None, weight_grad=weight is not None,
-                          bias_grad=bias is not None, grad_h=gh is not None))
+                          batched=True, n=n, weight=weight is not None,
+                          weight_grad=weight is not None, bias_grad=bias is not None,
+                          grad_h=gh is not None))
     else:
         mask = (True, weight is not None, bias is not None)
 
@@ -316,8 +323,9 @@ def _layer_norm_traced(primals, tangents, static):
     return _y_tangent(t_xhat, weight, scaled, tb, shape, x)
 
 
+# rows: x, mean, rstd, tx (weight, bias and their tangents the parameters)
 _register_jvp("layer_norm", _layer_norm_host, _layer_norm_bwd,
-              _layer_norm_traced if _FFI else None)
+              _layer_norm_traced if _FFI else None, rows=(0, 3, 4, 5))
 
 
 def layer_norm(x: Any, normalized_shape: Shape, weight: Any = None, bias: Any = None,
@@ -358,7 +366,7 @@ def _rms_forward(x, residual, weight, shape, eps):
     if _FFI and n > 0:
         if eps is None:     # the math type's epsilon, as torch
             eps = float(np.finfo(np.float64 if x.dtype == jnp.float64 else np.float32).eps)
-        return _ffi("cynorm_rms_norm", shapes, x, residual, weight, eps=eps, n=n,
+        return _ffi("cynorm_rms_norm", shapes, x, residual, weight, batched=True, eps=eps, n=n,
                     residual=residual is not None, weight=weight is not None, bias=False)
 
     def host(x, residual, weight):
@@ -397,9 +405,9 @@ def _rms_norm_bwd(saved, gy, static, gh=None):
     shapes = _grad_shapes(x, weight)
     n = int(np.prod(shape, dtype=np.int64))
     if _FFI and n > 0:
-        grads = _ffi("cynorm_rms_norm_backward", shapes, gy, x, rstd, weight, gh, n=n,
-                     weight=weight is not None, weight_grad=weight is not None, bias_grad=False,
-                     grad_h=gh is not None)
+        grads = _ffi("cynorm_rms_norm_backward", shapes, gy, x, rstd, weight, gh, batched=True,
+                     n=n, weight=weight is not None, weight_grad=weight is not None,
+                     bias_grad=False, grad_h=gh is not None)
     else:
         mask = (True, weight is not None)
 
@@ -427,7 +435,9 @@ def _rms_norm_traced(primals, tangents, static):
     return _y_tangent(t_xhat, weight, scaled, None, shape, x)
 
 
-_register_jvp("rms_norm", _rms_norm_host, _rms_norm_bwd, _rms_norm_traced if _FFI else None)
+# rows: x, rstd, tx
+_register_jvp("rms_norm", _rms_norm_host, _rms_norm_bwd, _rms_norm_traced if _FFI else None,
+              rows=(0, 2, 3))
 
 
 def rms_norm(x: Any, normalized_shape: Shape, weight: Any = None,
@@ -474,12 +484,13 @@ _add_ln_forward_once = _first_order("add_layer_norm", _ln_forward, (4, 5))
 _add_rms_forward_once = _first_order("add_rms_norm", _rms_forward, (3, 4))
 
 
-def _register_fused(op, host, backward, traced, params):
+def _register_fused(op, host, backward, traced, params, rows):
     """The fused form's rules from the norm's at h (primals: h, then the
     norm's): two tangents, y's (the norm's at th) and h's, th = tx + tr
     (tangents: tx, tr, then the parameters'); the transpose runs the norm's
     backward kernel with h's own gradient added in it (None where y's
-    gradient is zero: h's alone); params: how many parameter tangents."""
+    gradient is zero: h's alone); params: how many parameter tangents;
+    rows: the slots holding rows of h (h, its statistics, tx, tr)."""
     def fused_host(primals, tangents, static):
         th = tangents[0] + tangents[1]
         return host(primals, [th] + list(tangents[2:]), static), th
@@ -494,11 +505,14 @@ def _register_fused(op, host, backward, traced, params):
     def fused_traced(primals, tangents, static):
         th = tangents[0] + tangents[1]
         return traced(primals, [th] + list(tangents[2:]), static), th
-    _register_jvp(op, fused_host, fused_backward, fused_traced if _FFI else None, outputs=2)
+    _register_jvp(op, fused_host, fused_backward, fused_traced if _FFI else None, outputs=2,
+                  rows=rows)
 
 
-_register_fused("add_layer_norm", _layer_norm_host, _layer_norm_bwd, _layer_norm_traced, 2)
-_register_fused("add_rms_norm", _rms_norm_host, _rms_norm_bwd, _rms_norm_traced, 1)
+_register_fused("add_layer_norm", _layer_norm_host, _layer_norm_bwd, _layer_norm_traced, 2,
+                (0, 3, 4, 5, 6))
+_register_fused("add_rms_norm", _rms_norm_host, _rms_norm_bwd, _rms_norm_traced, 1,
+                (0, 2, 3, 4))
 
 
 @partial(jax.custom_jvp, nondiff_argnums=(4, 5))

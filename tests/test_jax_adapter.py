@@ -198,6 +198,62 @@ def test_ffi_under_vmap_with_batched_parameters():
     assert gw.shape == (4, 16)
 
 
+@ffi
+def test_row_norms_under_vmap_run_once_over_the_batch():
+    # one custom call over every batch element's rows (a parameter set per
+    # element where the parameters are batched), with the bits of a cynorm
+    # call per element; gradients of a vmapped model and per-example ones
+    rng = np.random.default_rng(21)
+    xs = rng.standard_normal((6, 5, 16)).astype(np.float32)
+    w, b = (rng.standard_normal(16).astype(np.float32) for _ in range(2))
+    ws = rng.standard_normal((6, 16)).astype(np.float32)
+    per = [cynorm.layer_norm(xs[i], 16, w, b) for i in range(6)]
+    f = jax.jit(jax.vmap(lambda x: cj.layer_norm(x, 16, w, b)))
+    assert np.array_equal(host(f(xs)), np.stack([p[0] for p in per]))
+    assert str(jax.make_jaxpr(f)(xs)).count("ffi_call") == 1
+    got = jax.jit(jax.vmap(lambda x, w: cj.rms_norm(x, 16, w)))(xs, ws)
+    assert np.array_equal(host(got), np.stack([cynorm.rms_norm(xs[i], 16, ws[i])[0]
+                                               for i in range(6)]))
+    # nested vmaps, the parameters batched in the inner one only
+    got = jax.vmap(jax.vmap(lambda x, w: cj.layer_norm(x, 16, w, w), (0, 0)), (0, None))(
+        xs.reshape(2, 3, 5, 16), ws[:3])
+    want = [cynorm.layer_norm(xs[3 * i + j], 16, ws[j], ws[j])[0] for i in range(2)
+            for j in range(3)]
+    assert np.array_equal(host(got).reshape(6, 5, 16), np.stack(want))
+    # per-example gradients: each element's own sums
+    gx, gw = jax.jit(jax.vmap(jax.grad(lambda x, w: (cj.layer_norm(x, 16, w, b) ** 2).sum(),
+                                       (0, 1)), (0, None)))(xs, w)
+    for i in range(6):
+        want = cynorm.layer_norm_backward(2 * per[i][0], xs[i], 16, per[i][1], per[i][2], w, b)
+        assert np.array_equal(host(gx[i]), want[0]) and np.array_equal(host(gw[i]), want[1])
+    # the gradient of a vmapped model: the backward kernel once over all the
+    # rows, the parameters' sums over the batch
+    flat = xs.reshape(30, 16)
+    y, mean, rstd = cynorm.layer_norm(flat, 16, w, b)
+    loss = lambda w, b: (jax.vmap(lambda x: cj.layer_norm(x, 16, w, b))(xs) ** 2).sum()  # noqa
+    got = jax.jit(jax.grad(loss, (0, 1)))(w, b)
+    want = cynorm.layer_norm_backward(2 * y, flat, 16, mean, rstd, w, b)
+    assert np.array_equal(host(got[0]), want[1]) and np.array_equal(host(got[1]), want[2])
+    # the fused form with x shared and the residuals batched, and its gradient
+    y, h = jax.vmap(lambda r: cj.add_rms_norm(xs[0], r, 16, w))(xs)
+    assert np.array_equal(host(h), xs[0][None] + xs)
+    gw = jax.grad(lambda w: sum((a ** 2).sum() for a in jax.vmap(
+        lambda r: cj.add_rms_norm(xs[0], r, 16, w))(xs)))(w)
+    gw_ref = jax.grad(lambda w: sum((a ** 2).sum() for a in jax.vmap(
+        lambda r: add_rms_ref(xs[0], r, w))(xs)))(w)
+    close(gw, gw_ref, 1e-4)
+
+
+def test_row_norm_jacobians_match_the_formulas():
+    x, w, b = data(3, 8), data(8, seed=1), data(8, seed=2)
+    for jac in (jax.jacfwd, jax.jacrev):
+        close(jac(lambda x: cj.layer_norm(x, 8, w, b))(x), jac(lambda x: ln_ref(x, w, b))(x),
+              1e-4)
+        close(jac(lambda w: cj.rms_norm(x, 8, w))(w), jac(lambda w: rms_ref(x, w))(w), 1e-4)
+        close(jac(lambda x: cj.add_layer_norm(x, x, 8, w, b)[0])(x),
+              jac(lambda x: ln_ref(2 * x, w, b))(x), 1e-4)
+
+
 def test_empty_rows_and_empty_batches():
     assert cj.layer_norm(jnp.zeros((0, 8)), 8).shape == (0, 8)
     y = cj.rms_norm(jnp.ones((2, 0)), 0)

@@ -1,7 +1,9 @@
 # Included by layer_norm.pyx.
 # The row norms as XLA FFI handlers (cynorm.jax registers them for the CPU):
 # XLA hands them its buffers, and they run rows_forward / rows_backward on
-# them in place, with no Python and no copy.  Each checks what it is given
+# them in place, with no Python and no copy.  Under jax.vmap XLA calls them
+# once for the whole batch (its arguments broadcast to it): the rows of
+# every batch element, with a parameter set per element.  Each checks what it is given
 # (cynorm.jax built the call, so a failure means a mismatch, and the message
 # says which buffer) and reports errors through the runtime.
 
@@ -11,12 +13,25 @@ from libc.stdint cimport int64_t
 from cynorm._kernels.xla_ffi cimport *
 
 
-cdef const void* row_param(const cn_ffi_buffer* b, int storage, Py_ssize_t N,
+cdef Py_ssize_t param_sets(const cn_ffi_buffer* b, int storage, Py_ssize_t N,
+                           Py_ssize_t M) noexcept nogil:
+    """How many sets of N values b holds, of x's storage or of its math type:
+    1, or under jax.vmap (cynorm.jax broadcasts every argument to the
+    batch) one per batch element, each for an equal share of the M rows; 0
+    if b holds no whole number of sets that divides the rows."""
+    if b == NULL or not (ffi_storage(b) == storage or ffi_storage(b) == math_storage(storage)):
+        return 0
+    cdef int64_t count = cn_ffi_count(b)
+    if count <= 0 or count % N != 0 or M % (count // N) != 0:
+        return 0
+    return count // N
+
+
+cdef const void* row_param(const cn_ffi_buffer* b, int storage, Py_ssize_t N, Py_ssize_t g,
                            void* scratch, double fill) noexcept nogil:
-    """A weight or bias (N values of x's storage or of its math type) in the
-    math type: its data, or its values widened into scratch; with b NULL,
-    scratch filled with `fill` (layer norm's missing weight or bias, as
-    layernorm.py fills it); NULL if b is neither."""
+    """Set g of a weight or bias (param_sets) in the math type: its data, or
+    its values widened into scratch; with b NULL, scratch filled with `fill`
+    (layer norm's missing weight or bias, as layernorm.py fills it)."""
     cdef Py_ssize_t j
     if b == NULL:
         for j in range(N):
@@ -25,18 +40,23 @@ cdef const void* row_param(const cn_ffi_buffer* b, int storage, Py_ssize_t N,
             else:
                 (<float*>scratch)[j] = <float>fill
         return scratch
-    if not ffi_param(b, storage, N):
-        return NULL
+    cdef const char* values = <const char*>b.data + g * N * itemsize(ffi_storage(b))
     if ffi_storage(b) == math_storage(storage):
-        return b.data
-    return floats_from(b.data, storage, N, <float*>scratch)
+        return values
+    return floats_from(values, storage, N, <float*>scratch)
+
+
+cdef inline void* rows_at(void* p, int storage, Py_ssize_t row, Py_ssize_t N) noexcept nogil:
+    # row `row` of a buffer of N-value rows of `storage` (NULL stays NULL)
+    return NULL if p == NULL else <void*>(<char*>p + row * N * itemsize(storage))
 
 
 cdef void* rows_forward_ffi(cn_ffi_frame* f, bint centered) noexcept nogil:
     # args: x [, residual] [, weight] [, bias]; rets: y [, h] [, mean], rstd
     # (the math type); attrs: eps, n (the row length), residual, weight and
     # bias (whether each is passed; with residual, h = x + residual is
-    # written and normalized: the fused forms)
+    # written and normalized: the fused forms).  Weight and bias may hold a
+    # set per equal share of the rows (param_sets: jax.vmap's batch)
     cdef const char* op = "layer_norm" if centered else "rms_norm"
     if cn_ffi_metadata_call(f):
         return NULL
@@ -71,6 +91,12 @@ cdef void* rows_forward_ffi(cn_ffi_frame* f, bint centered) noexcept nogil:
         return NULL
     cdef cn_ffi_buffer* w = cn_ffi_arg(f, 1 + has_r) if has_w else NULL
     cdef cn_ffi_buffer* b = cn_ffi_arg(f, 1 + has_r + (has_w != 0)) if has_b else NULL
+    cdef Py_ssize_t k = param_sets(w, storage, N, M) if has_w else (
+        param_sets(b, storage, N, M) if has_b else 1)
+    if k == 0 or (has_b and param_sets(b, storage, N, M) != k) or (has_b and not centered):
+        return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
+                            "weight, bias: n values of x's dtype or of its math type expected "
+                            "(a set per equal share of the rows)")
     cdef bint affine = has_w or has_b
     # 16-bit parameters widened to float32, or layer norm's missing one filled
     cdef double* scratch = <double*>malloc(2 * N * sizeof(double)) if affine else NULL
@@ -79,17 +105,19 @@ cdef void* rows_forward_ffi(cn_ffi_frame* f, bint centered) noexcept nogil:
                             "could not allocate the parameters' float32 copy")
     cdef const void* pw = NULL
     cdef const void* pb = NULL
-    if has_w or (centered and has_b):
-        pw = row_param(w, storage, N, scratch, 1.0)
-    if has_b or (centered and has_w):
-        pb = row_param(b, storage, N, scratch + N, 0.0)
-    if (has_w and pw == NULL) or (has_b and pb == NULL) or (has_b and not centered):
-        free(scratch)
-        return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
-                            "weight, bias: n values of x's dtype or of its math type expected")
-    rows_forward(storage, x.data, pw, pb, y.data, mean.data if centered else NULL, rstd.data,
-                 M, N, eps, max_threads(), res.data if has_r else NULL,
-                 h.data if has_r else NULL)
+    cdef Py_ssize_t R = M // k, g, r
+    for g in range(k):
+        r = g * R
+        if has_w or (centered and has_b):
+            pw = row_param(w, storage, N, g, scratch, 1.0)
+        if has_b or (centered and has_w):
+            pb = row_param(b, storage, N, g, scratch + N, 0.0)
+        rows_forward(storage, rows_at(x.data, storage, r, N), pw, pb,
+                     rows_at(y.data, storage, r, N),
+                     rows_at(mean.data, math, r, 1) if centered else NULL,
+                     rows_at(rstd.data, math, r, 1), R, N, eps, max_threads(),
+                     rows_at(res.data, storage, r, N) if has_r else NULL,
+                     rows_at(h.data, storage, r, N) if has_r else NULL)
     free(scratch)
     return NULL
 
@@ -99,7 +127,10 @@ cdef void* rows_backward_ffi(cn_ffi_frame* f, bint centered) noexcept nogil:
     # [, grad_weight] [, grad_bias] (each in its parameter's dtype); attrs: n,
     # weight (whether it is passed), weight_grad, bias_grad (whether each is
     # returned), and optionally grad_h (whether h's own gradient is passed,
-    # the fused forms' backward: added to grad_x while its row is in cache)
+    # the fused forms' backward: added to grad_x while its row is in cache).
+    # The weight and the parameters' gradients may hold a set per equal
+    # share of the rows (param_sets: jax.vmap's batch), each gradient set
+    # summed over its own rows
     cdef const char* op = "layer_norm" if centered else "rms_norm"
     if cn_ffi_metadata_call(f):
         return NULL
@@ -125,38 +156,51 @@ cdef void* rows_backward_ffi(cn_ffi_frame* f, bint centered) noexcept nogil:
     cdef cn_ffi_buffer* gx = cn_ffi_ret(f, 0)
     cdef cn_ffi_buffer* gw = cn_ffi_ret(f, 1) if want_gw else NULL
     cdef cn_ffi_buffer* gb = cn_ffi_ret(f, 1 + (want_gw != 0)) if want_gb else NULL
+    # the parameter sets: the weight's, else the gradients'
+    cdef Py_ssize_t k = 1
+    if has_w:
+        k = param_sets(w, storage, N, M)
+    elif want_gw or want_gb:
+        k = max(<int64_t>1, cn_ffi_count(gw if want_gw else gb) // N)
     if not (ffi_array(dy, storage, M * N) and ffi_array(gx, storage, M * N)
             and (not has_gh or ffi_array(gh, storage, M * N))
             and ffi_array(rstd, math, M) and (not centered or ffi_array(mean, math, M))
-            and (not want_gw or (ffi_storage(gw) != NOT_PLAIN and cn_ffi_count(gw) == N))
-            and (not want_gb or (ffi_storage(gb) != NOT_PLAIN and cn_ffi_count(gb) == N))):
+            and k > 0 and M % k == 0
+            and (not want_gw or (ffi_storage(gw) != NOT_PLAIN and cn_ffi_count(gw) == k * N))
+            and (not want_gb or (ffi_storage(gb) != NOT_PLAIN and cn_ffi_count(gb) == k * N))):
         return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
                             "dy, grad_x (and grad_h) of x's shape and dtype, M statistics of the "
-                            "math type, n-value parameter gradients expected")
+                            "math type, n-value weight and parameter gradients (a set per equal "
+                            "share of the rows) expected")
     # the float64 column sums (grad_weight, grad_bias), then the weight widened
     cdef double* sums = <double*>malloc(3 * N * sizeof(double))
     if sums == NULL:
         return cn_ffi_error(f, CN_FFI_RESOURCE_EXHAUSTED, op, "could not allocate the column sums")
-    cdef const void* pw = row_param(w, storage, N, sums + 2 * N, 1.0) if has_w else NULL
-    if has_w and pw == NULL:
-        free(sums)
-        return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
-                            "weight: n values of x's dtype or of its math type expected")
+    cdef const void* pw = NULL
     cdef int status = 0
-    cdef Py_ssize_t j
-    if M > 0:
-        status = rows_backward(storage, dy.data, NULL, x.data, mean.data if centered else NULL,
-                               rstd.data, pw, gx.data, sums if want_gw else NULL,
-                               sums + N if want_gb else NULL, M, N, max_threads(),
-                               gh.data if has_gh else NULL)
-    else:
-        memset(sums, 0, 2 * N * sizeof(double))
-    # each sum rounded into its parameter's dtype as layer_norm_backward rounds it
-    for j in range(N):
-        if want_gw:
-            store_value(gw.data, ffi_storage(gw), j, sums[j])
-        if want_gb:
-            store_value(gb.data, ffi_storage(gb), j, sums[N + j])
+    cdef Py_ssize_t R = M // k, g, r, j
+    for g in range(k):
+        r = g * R
+        if has_w:
+            pw = row_param(w, storage, N, g, sums + 2 * N, 1.0)
+        if R > 0:
+            status = rows_backward(storage, rows_at(dy.data, storage, r, N), NULL,
+                                   rows_at(x.data, storage, r, N),
+                                   rows_at(mean.data, math, r, 1) if centered else NULL,
+                                   rows_at(rstd.data, math, r, 1), pw,
+                                   rows_at(gx.data, storage, r, N), sums if want_gw else NULL,
+                                   sums + N if want_gb else NULL, R, N, max_threads(),
+                                   rows_at(gh.data, storage, r, N) if has_gh else NULL)
+        else:
+            memset(sums, 0, 2 * N * sizeof(double))
+        if status < 0:
+            break
+        # each sum rounded into its parameter's dtype as layer_norm_backward rounds it
+        for j in range(N):
+            if want_gw:
+                store_value(gw.data, ffi_storage(gw), g * N + j, sums[j])
+            if want_gb:
+                store_value(gb.data, ffi_storage(gb), g * N + j, sums[N + j])
     free(sums)
     if status < 0:
         return cn_ffi_error(f, CN_FFI_RESOURCE_EXHAUSTED, op,
