@@ -12,13 +12,11 @@ given, the op's inputs and saved statistics being constants to it.
   cynorm JVP rule (``cynorm.jvp``) on the host through ``jax.pure_callback``.
 * Transposed (``jax.grad``, ``jax.vjp``: JAX differentiates in reverse by
   transposing the forward mode), it runs the op's backward kernels.
-* Under ``jax.vmap``, once per batch element.
+* Under ``jax.vmap``, once per batch element, or for the row norms with
+  unbatched parameters once over the batch's rows.
 * Its own derivative is refused (a derivative of a derivative).
 
-An op registers its two halves with :func:`register`.  The residual-fused
-norms register two outputs: y's tangent and h's (``cynorm_tangents``, the
-same rules with two results), so that their transpose takes the gradients of
-y and h together, to the backward kernel that adds them.
+An op registers its two halves with :func:`register`.
 """
 from __future__ import annotations
 
@@ -40,22 +38,17 @@ Primitive = _core.Primitive
 
 
 class _Rule(NamedTuple):
-    # host(primals, tangents, static) -> y's tangent (NumPy; with two
-    # outputs, a tuple of both), primals and tangents as lists of NumPy
-    # arrays or None
-    host: Callable[[list, list, tuple], Any]
+    # host(primals, tangents, static) -> y's tangent (NumPy), primals and
+    # tangents as lists of NumPy arrays or None
+    host: Callable[[list, list, tuple], np.ndarray]
     # backward(primals, ct, static) -> the gradients of the tangent slots
-    # (None where a slot is None), primals and ct as JAX values (with two
-    # outputs, ct a tuple of both, None for a zero one)
+    # (None where a slot is None), primals and ct as JAX values
     backward: Callable[[list, Any, tuple], Sequence[Any]]
     # traced(primals, tangents, static) -> y's tangent as JAX values (XLA
-    # custom calls and jax.numpy; with two outputs, a tuple); None: the host
-    # rule through a callback
+    # custom calls and jax.numpy); None: the host rule through a callback
     traced: Optional[Callable[[list, list, tuple], Any]]
-    # how many tangents, each of x's shape and dtype: 1, or 2 (y and h)
-    outputs: int
     # the row norms' slots (primals, then tangents) that hold rows of x
-    # (x, its statistics, their tangents), the rest being parameters: under
+    # (x, its statistics, its tangent), the rest being parameters: under
     # vmap with the parameters unbatched, one call over the batch's rows;
     # None: once per batch element
     rows: Optional[frozenset]
@@ -64,33 +57,27 @@ class _Rule(NamedTuple):
 _RULES: dict[str, _Rule] = {}
 
 _tangent_p = Primitive("cynorm_tangent")
-_tangents_p = Primitive("cynorm_tangents")      # the two-output form
-_tangents_p.multiple_results = True
 
 
-def register(op: str, host: Callable[[list, list, tuple], Any],
+def register(op: str, host: Callable[[list, list, tuple], np.ndarray],
              backward: Callable[[list, Any, tuple], Sequence[Any]],
              traced: Optional[Callable[[list, list, tuple], Any]] = None,
-             outputs: int = 1, rows: Optional[Sequence[int]] = None) -> None:
+             rows: Optional[Sequence[int]] = None) -> None:
     """op's halves: its JVP (on the host, and traced where given), and its
-    backward kernels; outputs: how many tangents the JVP gives; rows: for
-    the row norms, the slots (positions among primals then tangents) that
-    hold rows of x."""
-    _RULES[op] = _Rule(host, backward, traced, outputs, None if rows is None else frozenset(rows))
+    backward kernels; rows: for the row norms, the slots (positions among
+    primals then tangents) that hold rows of x."""
+    _RULES[op] = _Rule(host, backward, traced, None if rows is None else frozenset(rows))
 
 
 def tangent(op: str, static: tuple, primals: Sequence[Any], tangents: Sequence[Any]) -> Any:
     """The tangent of op's first output y (x's shape and dtype), linear in
-    `tangents`; for an op registered with two outputs, the tuple of both.
-    primals: op's differentiable inputs (x first), then what its backward
-    needs (saved statistics); tangents: one per input, None where the input
-    is None.  static: op's hashable non-array arguments."""
+    `tangents`.  primals: op's differentiable inputs (x first), then what
+    its backward needs (saved statistics); tangents: one per input, None
+    where the input is None.  static: op's hashable non-array arguments."""
     slots = list(primals) + list(tangents)
     present = tuple(a is not None for a in slots)
-    prim = _tangent_p if _RULES[op].outputs == 1 else _tangents_p
-    out = prim.bind(*[a for a in slots if a is not None], op=op, static=static,
-                    present=present, nprimal=len(primals))
-    return tuple(out) if prim.multiple_results else out
+    return _tangent_p.bind(*[a for a in slots if a is not None], op=op, static=static,
+                           present=present, nprimal=len(primals))
 
 
 def _unpack(arrays: Sequence[Any], present: tuple, nprimal: int) -> tuple[list, list]:
@@ -102,9 +89,7 @@ def _unpack(arrays: Sequence[Any], present: tuple, nprimal: int) -> tuple[list, 
 
 def _abstract(*arrays, op, static, present, nprimal):
     x = arrays[0]
-    if _RULES[op].outputs == 1:
-        return ShapedArray(x.shape, x.dtype)
-    return [ShapedArray(x.shape, x.dtype)] * _RULES[op].outputs
+    return ShapedArray(x.shape, x.dtype)
 
 
 @functools.lru_cache(maxsize=256)
@@ -123,11 +108,9 @@ def _impl(*arrays, op, static, present, nprimal):
 
     def host(*values):
         primals, tangents = _unpack([np.asarray(v) for v in values], present, nprimal)
-        out = rule.host(primals, tangents, static)
-        return np.asarray(out) if rule.outputs == 1 else tuple(np.asarray(o) for o in out)
-    shape = jax.ShapeDtypeStruct(x.shape, x.dtype)
-    return jax.pure_callback(host, shape if rule.outputs == 1 else (shape,) * rule.outputs,
-                             *arrays, vmap_method="sequential")
+        return np.asarray(rule.host(primals, tangents, static))
+    return jax.pure_callback(host, jax.ShapeDtypeStruct(x.shape, x.dtype), *arrays,
+                             vmap_method="sequential")
 
 
 def _transpose(ct, *arrays, op, static, present, nprimal):
@@ -137,12 +120,7 @@ def _transpose(ct, *arrays, op, static, present, nprimal):
         raise NotImplementedError(f"cynorm.jax.{op}: its tangent is linear in the tangents "
                                   "only, not in the op's inputs")
     primals, _ = _unpack(given, present[:nprimal], nprimal)
-    if _RULES[op].outputs > 1:      # a tuple of cotangents, None for a zero one
-        ct = tuple(None if type(c) is ad.Zero else c for c in ct)
-        zero = all(c is None for c in ct)
-    else:
-        zero = type(ct) is ad.Zero
-    grads = ([None] * (len(present) - nprimal) if zero
+    grads = ([None] * (len(present) - nprimal) if type(ct) is ad.Zero
              else _RULES[op].backward(primals, ct, static))
     out = [None] * nprim
     for t, g in zip(tangent_args, [g for g, p in zip(grads, present[nprimal:]) if p]):
@@ -162,20 +140,17 @@ def _batched(args, dims, *, op, static, present, nprimal):
     # sum); otherwise once per batch element (the host rules and backward
     # kernels take no batch axis)
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
-    rule = _RULES[op]
-    n = rule.outputs
-    prim = _tangent_p if n == 1 else _tangents_p
+    rows = _RULES[op].rows
     slots = [i for i, p in enumerate(present) if p]
-    if rule.rows is not None and all(d is None for d, i in zip(dims, slots)
-                                     if i not in rule.rows):
-        args = [batching.bdim_at_front(a, d, size) if i in rule.rows else a
+    if rows is not None and all(d is None for d, i in zip(dims, slots) if i not in rows):
+        args = [batching.bdim_at_front(a, d, size) if i in rows else a
                 for a, d, i in zip(args, dims, slots)]
-        out = prim.bind(*args, op=op, static=static, present=present, nprimal=nprimal)
-    else:
-        front = [batching.bdim_at_front(a, d, size) for a, d in zip(args, dims)]
-        out = jax.lax.map(lambda xs: prim.bind(*xs, op=op, static=static, present=present,
-                                               nprimal=nprimal), front)
-    return (out, 0) if n == 1 else (list(out), [0] * n)
+        return _tangent_p.bind(*args, op=op, static=static, present=present,
+                               nprimal=nprimal), 0
+    front = [batching.bdim_at_front(a, d, size) for a, d in zip(args, dims)]
+    out = jax.lax.map(lambda xs: _tangent_p.bind(*xs, op=op, static=static, present=present,
+                                                 nprimal=nprimal), front)
+    return out, 0
 
 
 def _refuse(op: str) -> NotImplementedError:
@@ -202,10 +177,9 @@ def first_order(op: str, fn: Callable[..., Any], nondiff_argnums: tuple[int, ...
     return wrapped
 
 
-for _p in (_tangent_p, _tangents_p):
-    _p.def_abstract_eval(_abstract)
-    _p.def_impl(_impl)
-    mlir.register_lowering(_p, mlir.lower_fun(_impl, multiple_results=_p.multiple_results))
-    ad.primitive_transposes[_p] = _transpose
-    ad.primitive_jvps[_p] = _second_order
-    batching.primitive_batchers[_p] = _batched
+_tangent_p.def_abstract_eval(_abstract)
+_tangent_p.def_impl(_impl)
+mlir.register_lowering(_tangent_p, mlir.lower_fun(_impl, multiple_results=False))
+ad.primitive_transposes[_tangent_p] = _transpose
+ad.primitive_jvps[_tangent_p] = _second_order
+batching.primitive_batchers[_tangent_p] = _batched

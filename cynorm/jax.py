@@ -284,30 +284,23 @@ def _layer_norm_host(primals, tangents, static):
     return _cn.jvp(_cn.layer_norm, (x, shape, weight, bias, eps), (tx, None, tw, tb, None))[1][0]
 
 
-def _layer_norm_bwd(saved, gy, static, gh=None):
-    """(grad_x, grad_weight, grad_bias); gh: the fused form's gradient of h
-    (x here), added to grad_x by the kernel."""
+def _layer_norm_bwd(saved, gy, static):
     shape, _ = static
     x, weight, bias, mean, rstd = saved
     shapes = _grad_shapes(x, weight, bias)
     n = int(np.prod(shape, dtype=np.int64))
     if _FFI and n > 0:
-        grads = list(_ffi("cynorm_layer_norm_backward", shapes, gy, x, mean, rstd, weight, gh,
+        grads = list(_ffi("cynorm_layer_norm_backward", shapes, gy, x, mean, rstd, weight,
                           batched=True, n=n, weight=weight is not None,
-                          weight_grad=weight is not None, bias_grad=bias is not None,
-                          grad_h=gh is not None))
+                          weight_grad=weight is not None, bias_grad=bias is not None))
     else:
         mask = (True, weight is not None, bias is not None)
 
-        def host(gy, gh, x, mean, rstd, weight, bias):
-            if gh is None:
-                gx, gw, gb = _cn.layer_norm_backward(*_arrays(gy, x), shape,
-                                                     *_arrays(mean, rstd, weight, bias), mask)
-            else:
-                gx, gw, gb = _cn.add_layer_norm_backward(*_arrays(gy, gh, x), shape,
-                                                         *_arrays(mean, rstd, weight, bias), mask)
+        def host(gy, x, mean, rstd, weight, bias):
+            gx, gw, gb = _cn.layer_norm_backward(*_arrays(gy, x), shape,
+                                                 *_arrays(mean, rstd, weight, bias), mask)
             return _given(gx, gw, gb)
-        grads = list(_call(host, shapes, gy, gh, x, mean, rstd, weight, bias))
+        grads = list(_call(host, shapes, gy, x, mean, rstd, weight, bias))
     return _spread(grads, weight, bias)
 
 
@@ -398,28 +391,21 @@ def _rms_norm_host(primals, tangents, static):
     return _cn.jvp(_cn.rms_norm, (x, shape, weight, eps), (tx, None, tw, None))[1][0]
 
 
-def _rms_norm_bwd(saved, gy, static, gh=None):
-    """(grad_x, grad_weight); gh as in _layer_norm_bwd."""
+def _rms_norm_bwd(saved, gy, static):
     shape, _ = static
     x, weight, rstd = saved
     shapes = _grad_shapes(x, weight)
     n = int(np.prod(shape, dtype=np.int64))
     if _FFI and n > 0:
-        grads = _ffi("cynorm_rms_norm_backward", shapes, gy, x, rstd, weight, gh, batched=True,
-                     n=n, weight=weight is not None, weight_grad=weight is not None,
-                     bias_grad=False, grad_h=gh is not None)
+        grads = _ffi("cynorm_rms_norm_backward", shapes, gy, x, rstd, weight, batched=True, n=n,
+                     weight=weight is not None, weight_grad=weight is not None, bias_grad=False)
     else:
         mask = (True, weight is not None)
 
-        def host(gy, gh, x, rstd, weight):
-            if gh is None:
-                grads = _cn.rms_norm_backward(*_arrays(gy, x), shape, *_arrays(rstd, weight),
-                                              mask)
-            else:
-                grads = _cn.add_rms_norm_backward(*_arrays(gy, gh, x), shape,
-                                                  *_arrays(rstd, weight), mask)
-            return _given(*grads)
-        grads = _call(host, shapes, gy, gh, x, rstd, weight)
+        def host(gy, x, rstd, weight):
+            return _given(*_cn.rms_norm_backward(*_arrays(gy, x), shape, *_arrays(rstd, weight),
+                                                 mask))
+        grads = _call(host, shapes, gy, x, rstd, weight)
     return _spread(grads, weight)[:2]
 
 
@@ -479,40 +465,13 @@ def _fused(x: Any, residual: Any) -> bool:
     return tuple(residual.shape) == tuple(x.shape) and residual.dtype == x.dtype
 
 
-# the norms' forwards under the fused forms' names (in their errors)
+# the norms' rules at h, under the fused forms' names (in their errors)
 _add_ln_forward_once = _first_order("add_layer_norm", _ln_forward, (4, 5))
 _add_rms_forward_once = _first_order("add_rms_norm", _rms_forward, (3, 4))
-
-
-def _register_fused(op, host, backward, traced, params, rows):
-    """The fused form's rules from the norm's at h (primals: h, then the
-    norm's): two tangents, y's (the norm's at th) and h's, th = tx + tr
-    (tangents: tx, tr, then the parameters'); the transpose runs the norm's
-    backward kernel with h's own gradient added in it (None where y's
-    gradient is zero: h's alone); params: how many parameter tangents;
-    rows: the slots holding rows of h (h, its statistics, tx, tr)."""
-    def fused_host(primals, tangents, static):
-        th = tangents[0] + tangents[1]
-        return host(primals, [th] + list(tangents[2:]), static), th
-
-    def fused_backward(primals, ct, static):
-        gy, gh = ct
-        if gy is None:
-            return (gh, gh) + (None,) * params
-        grads = backward(primals, gy, static, gh)
-        return (grads[0],) + tuple(grads)
-
-    def fused_traced(primals, tangents, static):
-        th = tangents[0] + tangents[1]
-        return traced(primals, [th] + list(tangents[2:]), static), th
-    _register_jvp(op, fused_host, fused_backward, fused_traced if _FFI else None, outputs=2,
-                  rows=rows)
-
-
-_register_fused("add_layer_norm", _layer_norm_host, _layer_norm_bwd, _layer_norm_traced, 2,
-                (0, 3, 4, 5, 6))
-_register_fused("add_rms_norm", _rms_norm_host, _rms_norm_bwd, _rms_norm_traced, 1,
-                (0, 2, 3, 4))
+_register_jvp("add_layer_norm", _layer_norm_host, _layer_norm_bwd,
+              _layer_norm_traced if _FFI else None, rows=(0, 3, 4, 5))
+_register_jvp("add_rms_norm", _rms_norm_host, _rms_norm_bwd,
+              _rms_norm_traced if _FFI else None, rows=(0, 2, 3))
 
 
 @partial(jax.custom_jvp, nondiff_argnums=(4, 5))
@@ -525,8 +484,9 @@ def _add_layer_norm_jvp(shape, eps, primals, tangents):
     x, residual, weight, bias = primals
     tx, tr, tw, tb = tangents
     y, h, mean, rstd = _add_ln_forward_once(x, residual, weight, bias, shape, eps)
-    return (y, h), _tangent("add_layer_norm", (shape, eps), (h, weight, bias, mean, rstd),
-                            (tx, tr, tw, tb))
+    th = tx + tr
+    ty = _tangent("add_layer_norm", (shape, eps), (h, weight, bias, mean, rstd), (th, tw, tb))
+    return (y, h), (ty, th)
 
 
 def add_layer_norm(x: Any, residual: Any, normalized_shape: Shape, weight: Any = None,
@@ -537,7 +497,7 @@ def add_layer_norm(x: Any, residual: Any, normalized_shape: Shape, weight: Any =
 
     The values of ``h = x + residual`` followed by :func:`layer_norm` (h
     rounded to x's dtype first) and their derivatives; the backward is layer
-    norm's kernel at h, which adds h's own gradient as it writes.
+    norm's kernel at h, to which XLA adds h's own gradient.
 
     Parameters
     ----------
@@ -583,7 +543,8 @@ def _add_rms_norm_jvp(shape, eps, primals, tangents):
     x, residual, weight = primals
     tx, tr, tw = tangents
     y, h, rstd = _add_rms_forward_once(x, residual, weight, shape, eps)
-    return (y, h), _tangent("add_rms_norm", (shape, eps), (h, weight, rstd), (tx, tr, tw))
+    th = tx + tr
+    return (y, h), (_tangent("add_rms_norm", (shape, eps), (h, weight, rstd), (th, tw)), th)
 
 
 def add_rms_norm(x: Any, residual: Any, normalized_shape: Shape, weight: Any = None,
@@ -594,7 +555,7 @@ def add_rms_norm(x: Any, residual: Any, normalized_shape: Shape, weight: Any = N
 
     The values of ``h = x + residual`` followed by :func:`rms_norm` (h
     rounded to x's dtype first) and their derivatives; the backward is RMS
-    norm's kernel at h, which adds h's own gradient as it writes.
+    norm's kernel at h, to which XLA adds h's own gradient.
 
     Parameters
     ----------

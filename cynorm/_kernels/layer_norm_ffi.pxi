@@ -123,19 +123,16 @@ cdef void* rows_forward_ffi(cn_ffi_frame* f, bint centered) noexcept nogil:
 
 
 cdef void* rows_backward_ffi(cn_ffi_frame* f, bint centered) noexcept nogil:
-    # args: dy, x [, mean], rstd [, weight] [, grad_h]; rets: grad_x
-    # [, grad_weight] [, grad_bias] (each in its parameter's dtype); attrs: n,
-    # weight (whether it is passed), weight_grad, bias_grad (whether each is
-    # returned), and optionally grad_h (whether h's own gradient is passed,
-    # the fused forms' backward: added to grad_x while its row is in cache).
-    # The weight and the parameters' gradients may hold a set per equal
-    # share of the rows (param_sets: jax.vmap's batch), each gradient set
-    # summed over its own rows
+    # args: dy, x [, mean], rstd [, weight]; rets: grad_x [, grad_weight]
+    # [, grad_bias] (each in its parameter's dtype); attrs: n, weight (whether
+    # it is passed), weight_grad, bias_grad (whether each is returned).  The
+    # weight and the parameters' gradients may hold a set per equal share of
+    # the rows (param_sets: jax.vmap's batch), each gradient set summed over
+    # its own rows
     cdef const char* op = "layer_norm" if centered else "rms_norm"
     if cn_ffi_metadata_call(f):
         return NULL
-    cdef int64_t N, has_w, want_gw, want_gb, has_gh = 0
-    cn_ffi_int_attr(f, "grad_h", &has_gh)       # absent: no grad_h
+    cdef int64_t N, has_w, want_gw, want_gb
     if not (cn_ffi_int_attr(f, "n", &N) and cn_ffi_int_attr(f, "weight", &has_w)
             and cn_ffi_int_attr(f, "weight_grad", &want_gw)
             and cn_ffi_int_attr(f, "bias_grad", &want_gb)):
@@ -152,7 +149,6 @@ cdef void* rows_backward_ffi(cn_ffi_frame* f, bint centered) noexcept nogil:
     cdef cn_ffi_buffer* mean = cn_ffi_arg(f, 2) if centered else NULL
     cdef cn_ffi_buffer* rstd = cn_ffi_arg(f, 2 + centered)
     cdef cn_ffi_buffer* w = cn_ffi_arg(f, 3 + centered) if has_w else NULL
-    cdef cn_ffi_buffer* gh = cn_ffi_arg(f, 3 + centered + (has_w != 0)) if has_gh else NULL
     cdef cn_ffi_buffer* gx = cn_ffi_ret(f, 0)
     cdef cn_ffi_buffer* gw = cn_ffi_ret(f, 1) if want_gw else NULL
     cdef cn_ffi_buffer* gb = cn_ffi_ret(f, 1 + (want_gw != 0)) if want_gb else NULL
@@ -163,15 +159,14 @@ cdef void* rows_backward_ffi(cn_ffi_frame* f, bint centered) noexcept nogil:
     elif want_gw or want_gb:
         k = max(<int64_t>1, cn_ffi_count(gw if want_gw else gb) // N)
     if not (ffi_array(dy, storage, M * N) and ffi_array(gx, storage, M * N)
-            and (not has_gh or ffi_array(gh, storage, M * N))
             and ffi_array(rstd, math, M) and (not centered or ffi_array(mean, math, M))
             and k > 0 and M % k == 0
             and (not want_gw or (ffi_storage(gw) != NOT_PLAIN and cn_ffi_count(gw) == k * N))
             and (not want_gb or (ffi_storage(gb) != NOT_PLAIN and cn_ffi_count(gb) == k * N))):
         return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
-                            "dy, grad_x (and grad_h) of x's shape and dtype, M statistics of the "
-                            "math type, n-value weight and parameter gradients (a set per equal "
-                            "share of the rows) expected")
+                            "dy, grad_x of x's shape and dtype, M statistics of the math type, "
+                            "n-value weight and parameter gradients (a set per equal share of "
+                            "the rows) expected")
     # the float64 column sums (grad_weight, grad_bias), then the weight widened
     cdef double* sums = <double*>malloc(3 * N * sizeof(double))
     if sums == NULL:
@@ -189,8 +184,7 @@ cdef void* rows_backward_ffi(cn_ffi_frame* f, bint centered) noexcept nogil:
                                    rows_at(mean.data, math, r, 1) if centered else NULL,
                                    rows_at(rstd.data, math, r, 1), pw,
                                    rows_at(gx.data, storage, r, N), sums if want_gw else NULL,
-                                   sums + N if want_gb else NULL, R, N, max_threads(),
-                                   rows_at(gh.data, storage, r, N) if has_gh else NULL)
+                                   sums + N if want_gb else NULL, R, N, max_threads(), NULL)
         else:
             memset(sums, 0, 2 * N * sizeof(double))
         if status < 0:
