@@ -15,9 +15,10 @@ the CPU at import): XLA
 hands them its buffers, with no Python and no copy.  Elsewhere (older JAX,
 or a runtime whose FFI version the handlers cannot speak) they run through
 ``jax.pure_callback``; :data:`route` says which, and why.  Under
-``jax.vmap`` the row norms' custom calls run once over the whole batch
-(a weight and bias per element where they are batched); the other ops, and
-the callback route, run the kernel once per batch element.
+``jax.vmap`` the row norms run once over the whole batch's rows (their
+derivative rules where the parameters are shared, cynorm._jax_forward); the
+other ops, and the row norms' forwards on the callback route, run the
+kernel once per batch element.
 """
 from __future__ import annotations
 
@@ -204,6 +205,16 @@ def _spread(grads, weight, bias=None):
     gx = grads.pop(0)
     gw = grads.pop(0) if weight is not None else None
     return gx, gw, grads.pop(0) if bias is not None else None
+
+
+def _sum(a: Any, b: Any) -> Any:
+    """a + b rounded to their dtype, under jit as eagerly (XLA may otherwise
+    keep a 16-bit sum in float32 where it feeds float32 arithmetic)."""
+    s = a + b
+    if s.dtype in (jnp.bfloat16, jnp.float16):
+        info = jnp.finfo(s.dtype)
+        s = jax.lax.reduce_precision(s, exponent_bits=info.nexp, mantissa_bits=info.nmant)
+    return s
 
 
 def _math(a: Any) -> Any:
@@ -484,7 +495,7 @@ def _add_layer_norm_jvp(shape, eps, primals, tangents):
     x, residual, weight, bias = primals
     tx, tr, tw, tb = tangents
     y, h, mean, rstd = _add_ln_forward_once(x, residual, weight, bias, shape, eps)
-    th = tx + tr
+    th = _sum(tx, tr)
     ty = _tangent("add_layer_norm", (shape, eps), (h, weight, bias, mean, rstd), (th, tw, tb))
     return (y, h), (ty, th)
 
@@ -543,7 +554,7 @@ def _add_rms_norm_jvp(shape, eps, primals, tangents):
     x, residual, weight = primals
     tx, tr, tw = tangents
     y, h, rstd = _add_rms_forward_once(x, residual, weight, shape, eps)
-    th = tx + tr
+    th = _sum(tx, tr)
     return (y, h), (_tangent("add_rms_norm", (shape, eps), (h, weight, rstd), (th, tw)), th)
 
 

@@ -809,3 +809,36 @@ def test_static_arguments_are_checked_as_cynorm_checks_them():
     # NumPy integers and bools are taken, as by cynorm's NumPy API
     cj.layer_norm(x, np.int64(4), eps=0)
     cj.instance_norm(x, use_input_stats=np.bool_(True), axis=np.int32(1))
+
+
+@pytest.mark.parametrize("name", ["add_rms_norm", "add_layer_norm"])
+def test_fused_16bit_tangents_are_the_same_eagerly_and_under_jit(name):
+    # h's tangent tx + tr rounded to x's dtype under jit too (XLA would keep
+    # a bfloat16 sum in float32 where it feeds y's float32 tangent)
+    rng = np.random.default_rng(5)
+    x, r, tx, tr = (jnp.asarray(rng.standard_normal((8, 8)).astype(np.float32)).astype(
+        jnp.bfloat16) for _ in range(4))
+    w = jnp.ones(8)
+
+    def f(x, r):
+        return getattr(cj, name)(x, r, 8, w)
+    eager = jax.jvp(f, (x, r), (tx, tr))[1]
+    jitted = jax.jit(lambda *a: jax.jvp(f, a[:2], a[2:])[1])(x, r, tx, tr)
+    for a, b in zip(eager, jitted):
+        assert np.array_equal(host(a), host(b))
+
+
+@ffi
+def test_a_shared_parameter_under_vmap_takes_one_kernel_call_over_the_rows():
+    # vmap broadcasts a shared weight to every element; the handler sees
+    # identical sets and runs one call: the bits of one call over all rows
+    xs = data(8, 4, 16)
+    w = data(16, seed=1)
+    got = jax.jit(jax.vmap(lambda x: cj.rms_norm(x, 16, w)))(xs)
+    flat = cynorm.rms_norm(host(xs).reshape(32, 16), 16, host(w))[0]
+    assert np.array_equal(host(got).reshape(32, 16), flat)
+    # sets that differ in one bit take a call each
+    ws = jnp.tile(w, (8, 1)).at[3, 5].set(w[5] * 2)
+    got = jax.vmap(lambda x, w: cj.rms_norm(x, 16, w))(xs, ws)
+    assert np.array_equal(host(got[3]), cynorm.rms_norm(host(xs[3]), 16, host(ws[3]))[0])
+    assert np.array_equal(host(got[2]), cynorm.rms_norm(host(xs[2]), 16, host(w))[0])

@@ -9,6 +9,7 @@
 
 from cpython.pycapsule cimport PyCapsule_New
 from libc.stdint cimport int64_t
+from libc.string cimport memcmp
 
 from cynorm._kernels.xla_ffi cimport *
 
@@ -25,6 +26,19 @@ cdef Py_ssize_t param_sets(const cn_ffi_buffer* b, int storage, Py_ssize_t N,
     if count <= 0 or count % N != 0 or M % (count // N) != 0:
         return 0
     return count // N
+
+
+cdef bint sets_equal(const cn_ffi_buffer* b, Py_ssize_t k, Py_ssize_t N) noexcept nogil:
+    """Whether b's k sets of N values (param_sets) are all the same bits:
+    jax.vmap's broadcast of a parameter shared by the batch (NULL: True)."""
+    if b == NULL:
+        return True
+    cdef size_t size = N * itemsize(ffi_storage(b))
+    cdef Py_ssize_t g
+    for g in range(1, k):
+        if memcmp(b.data, <const char*>b.data + g * size, size) != 0:
+            return False
+    return True
 
 
 cdef const void* row_param(const cn_ffi_buffer* b, int storage, Py_ssize_t N, Py_ssize_t g,
@@ -97,6 +111,8 @@ cdef void* rows_forward_ffi(cn_ffi_frame* f, bint centered) noexcept nogil:
         return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
                             "weight, bias: n values of x's dtype or of its math type expected "
                             "(a set per equal share of the rows)")
+    if k > 1 and sets_equal(w, k, N) and sets_equal(b, k, N):
+        k = 1       # a parameter the batch shares: one call over every row (the same bits)
     cdef bint affine = has_w or has_b
     # 16-bit parameters widened to float32, or layer norm's missing one filled
     cdef double* scratch = <double*>malloc(2 * N * sizeof(double)) if affine else NULL
@@ -167,14 +183,19 @@ cdef void* rows_backward_ffi(cn_ffi_frame* f, bint centered) noexcept nogil:
                             "dy, grad_x of x's shape and dtype, M statistics of the math type, "
                             "n-value weight and parameter gradients (a set per equal share of "
                             "the rows) expected")
+    # a shared weight whose gradient is not wanted: one call over every row
+    # (the gradients' sets are each summed over their own rows)
+    cdef Py_ssize_t sets = k
+    if k > 1 and not (want_gw or want_gb) and sets_equal(w, k, N):
+        sets = 1
     # the float64 column sums (grad_weight, grad_bias), then the weight widened
     cdef double* sums = <double*>malloc(3 * N * sizeof(double))
     if sums == NULL:
         return cn_ffi_error(f, CN_FFI_RESOURCE_EXHAUSTED, op, "could not allocate the column sums")
     cdef const void* pw = NULL
     cdef int status = 0
-    cdef Py_ssize_t R = M // k, g, r, j
-    for g in range(k):
+    cdef Py_ssize_t R = M // sets, g, r, j
+    for g in range(sets):
         r = g * R
         if has_w:
             pw = row_param(w, storage, N, g, sums + 2 * N, 1.0)
