@@ -859,24 +859,33 @@ def _group_norm_host(primals, tangents, static):
                    (tx, None, tw, tb, None, None))[1][0]
 
 
-def _group_norm_bwd(saved, gy, static):
-    num_groups, _, axis = static
-    x, weight, bias, mean, rstd = saved
-    N, C, HW, last = _gn_dims(x, num_groups, axis, weight, bias)
+def _groups_backward(target, saved, gy, groups, axis, host, **attrs):
+    """Group norm's and instance norm's backward: the FFI target on x as
+    (N, C, HW) in `groups` groups (0: a group per channel), or on the host
+    host(gy, x, mean, rstd, weight, output_mask); saved: x, weight, bias,
+    mean, rstd first."""
+    x, weight, bias, mean, rstd = saved[:5]
+    N, C, HW, last = _gn_dims(x, groups or 1, axis, weight, bias)
     shapes = _grad_shapes(x, weight, bias)
     if _FFI and x.size > 0:
-        grads = list(_ffi("cynorm_group_norm_backward", shapes, gy, x, mean, rstd, weight, n=N,
-                          c=C, hw=HW, groups=num_groups, last=last, weight=weight is not None,
-                          weight_grad=weight is not None, bias_grad=bias is not None))
+        grads = list(_ffi(target, shapes, gy, x, mean, rstd, weight, n=N, c=C, hw=HW,
+                          groups=groups or C, last=last, weight=weight is not None,
+                          weight_grad=weight is not None, bias_grad=bias is not None, **attrs))
     else:
         mask = (True, weight is not None, bias is not None)
 
-        def host(gy, x, mean, rstd, weight):
-            gx, gw, gb = _cn.group_norm_backward(*_arrays(gy, x, mean, rstd, weight),
-                                                 num_groups, mask, axis)
-            return _given(gx, gw, gb)
-        grads = list(_call(host, shapes, gy, x, mean, rstd, weight))
+        def run(gy, x, mean, rstd, weight):
+            return _given(*host(*_arrays(gy, x, mean, rstd, weight), mask))
+        grads = list(_call(run, shapes, gy, x, mean, rstd, weight))
     return _spread(grads, weight, bias)
+
+
+def _group_norm_bwd(saved, gy, static):
+    num_groups, _, axis = static
+    return _groups_backward(
+        "cynorm_group_norm_backward", saved, gy, num_groups, axis,
+        lambda gy, x, mean, rstd, w, mask: _cn.group_norm_backward(gy, x, mean, rstd, w,
+                                                                   num_groups, mask, axis))
 
 
 def _group_norm_traced(primals, tangents, static):
@@ -1024,23 +1033,11 @@ def _instance_norm_host(primals, tangents, static):
 
 def _instance_norm_bwd(saved, gy, static):
     use_input_stats, _, axis = static
-    x, weight, bias, mean, rstd = saved[:5]
-    N, C, HW, last = _gn_dims(x, 1, axis, None, None, op="instance_norm")
-    shapes = _grad_shapes(x, weight, bias)
-    if _FFI and x.size > 0:
-        grads = list(_ffi("cynorm_instance_norm_backward", shapes, gy, x, mean, rstd, weight,
-                          n=N, c=C, hw=HW, groups=C, last=last, use_input_stats=use_input_stats,
-                          weight=weight is not None, weight_grad=weight is not None,
-                          bias_grad=bias is not None))
-    else:
-        mask = (True, weight is not None, bias is not None)
-
-        def host(gy, x, mean, rstd, weight):
-            gx, gw, gb = _cn.instance_norm_backward(*_arrays(gy, x, mean, rstd, weight),
-                                                    use_input_stats, mask, axis)
-            return _given(gx, gw, gb)
-        grads = list(_call(host, shapes, gy, x, mean, rstd, weight))
-    return _spread(grads, weight, bias)
+    return _groups_backward(
+        "cynorm_instance_norm_backward", saved, gy, 0, axis,
+        lambda gy, x, mean, rstd, w, mask: _cn.instance_norm_backward(
+            gy, x, mean, rstd, w, use_input_stats, mask, axis),
+        use_input_stats=use_input_stats)
 
 
 def _instance_norm_traced(primals, tangents, static):
