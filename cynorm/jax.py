@@ -109,8 +109,8 @@ def _eps(op: str, eps: Any) -> float:
 def _shape(op: str, normalized_shape: Shape) -> tuple[int, ...]:
     """normalized_shape as a tuple of ints (an int: one axis)."""
     what = "an int or a sequence of ints"
-    if isinstance(normalized_shape, (int, np.integer)) and not isinstance(normalized_shape, bool):
-        return (int(normalized_shape),)
+    if isinstance(normalized_shape, (int, np.integer)):      # a bool is refused here
+        return (_static(op, _v.check_int, normalized_shape, "normalized_shape", what),)
     try:
         items = tuple(normalized_shape)
     except TypeError:
