@@ -114,10 +114,8 @@ def _shape(op: str, normalized_shape: Shape) -> tuple[int, ...]:
     try:
         items = tuple(normalized_shape)
     except TypeError:
-        items = None
-    if items is None:
         raise TypeError(f"cynorm.jax.{op}: normalized_shape must be {what}, got "
-                        f"{type(normalized_shape).__name__}")
+                        f"{type(normalized_shape).__name__}") from None
     return tuple(_static(op, _v.check_int, d, "normalized_shape", what) for d in items)
 
 
@@ -888,27 +886,36 @@ def _group_norm_bwd(saved, gy, static):
                                                                    num_groups, mask, axis))
 
 
-def _group_norm_traced(primals, tangents, static):
-    x, weight, bias, mean, rstd = primals
+def _groups_traced(target, primals, tangents, groups, axis, **attrs):
+    """Group norm's and instance norm's traced tangent: the backward FFI
+    target on x's tangent, in `groups` groups (0: a group per channel), then
+    XLA's arithmetic for the parameters' terms; primals: x, weight, bias,
+    mean, rstd first."""
+    x, weight, bias, mean, rstd = primals[:5]
     tx, tw, tb = tangents
-    num_groups, _, axis = static
     if x.size == 0:
         return jnp.zeros_like(x)
-    N, C, HW, last = _gn_dims(x, num_groups, axis, weight, bias)
-    t_xhat = _input_tangent("cynorm_group_norm_backward", x, tx, mean, rstd, n=N, c=C, hw=HW,
-                            groups=num_groups, last=last)
+    N, C, HW, last = _gn_dims(x, groups or 1, axis, weight, bias)
+    G = groups or C
+    t_xhat = _input_tangent(target, x, tx, mean, rstd, n=N, c=C, hw=HW, groups=G, last=last,
+                            **attrs)
     pshape = (C,) if last else (1, C) + (1,) * (x.ndim - 2)
     scaled = None
     if tw is not None:
         # each group's (x - mean) * rstd, the statistics seen along its channels
         if last:
-            g = _math(x).reshape(N, HW, num_groups, C // num_groups)
+            g = _math(x).reshape(N, HW, G, C // G)
             xhat = (g - mean[:, None, :, None]) * rstd[:, None, :, None]
         else:
-            g = _math(x).reshape(N, num_groups, -1)
+            g = _math(x).reshape(N, G, -1)
             xhat = (g - mean[..., None]) * rstd[..., None]
         scaled = xhat.reshape(x.shape) * _math(tw).reshape(pshape)
     return _y_tangent(t_xhat, weight, scaled, tb, pshape, x)
+
+
+def _group_norm_traced(primals, tangents, static):
+    num_groups, _, axis = static
+    return _groups_traced("cynorm_group_norm_backward", primals, tangents, num_groups, axis)
 
 
 _register_jvp("group_norm", _group_norm_host, _group_norm_bwd,
@@ -1041,22 +1048,9 @@ def _instance_norm_bwd(saved, gy, static):
 
 
 def _instance_norm_traced(primals, tangents, static):
-    x, weight, bias, mean, rstd = primals[:5]
-    tx, tw, tb = tangents
     use_input_stats, _, axis = static
-    if x.size == 0:
-        return jnp.zeros_like(x)
-    N, C, HW, last = _gn_dims(x, 1, axis, None, None, op="instance_norm")
-    t_xhat = _input_tangent("cynorm_instance_norm_backward", x, tx, mean, rstd, n=N, c=C,
-                            hw=HW, groups=C, last=last, use_input_stats=use_input_stats)
-    # the statistics seen along x: (N, 1, ..., C) channels last, (N, C, 1, ...) first
-    sshape = (N,) + (1,) * (x.ndim - 2) + (C,) if last else (N, C) + (1,) * (x.ndim - 2)
-    pshape = (C,) if last else (1, C) + (1,) * (x.ndim - 2)
-    scaled = None
-    if tw is not None:
-        xhat = (_math(x) - mean.reshape(sshape)) * rstd.reshape(sshape)
-        scaled = xhat * _math(tw).reshape(pshape)
-    return _y_tangent(t_xhat, weight, scaled, tb, pshape, x)
+    return _groups_traced("cynorm_instance_norm_backward", primals, tangents, 0, axis,
+                          use_input_stats=use_input_stats)
 
 
 _register_jvp("instance_norm", _instance_norm_host, _instance_norm_bwd,
