@@ -3,9 +3,10 @@
 # XLA hands them its buffers, and they run rows_forward / rows_backward on
 # them in place, with no Python and no copy.  Under jax.vmap XLA calls them
 # once for the whole batch (its arguments broadcast to it): the rows of
-# every batch element, with a parameter set per element.  Each checks what it is given
-# (cynorm.jax built the call, so a failure means a mismatch, and the message
-# says which buffer) and reports errors through the runtime.
+# every batch element, with a parameter set per element (identical sets: one
+# set).  Each checks what it is given (cynorm.jax built the call, so a
+# failure means a mismatch, and the message says which buffer) and reports
+# errors through the runtime.
 
 from cpython.pycapsule cimport PyCapsule_New
 from libc.stdint cimport int64_t
