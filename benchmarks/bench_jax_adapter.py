@@ -19,6 +19,15 @@ prints the medians and XLA's time / cynorm.jax's (> 1: cynorm.jax faster).
 The thread count is set for both (XLA: its intra-op pool, before JAX loads).
 cynorm.jax.route says whether the calls are XLA FFI custom calls or
 callbacks.
+
+    python benchmarks/bench_jax_adapter.py --vmap [--passes fwd,grad,pex] [--ops ...]
+
+times the same under jax.vmap, over batches of small elements (VMAPPED):
+the vmapped forward, the value and gradient of a vmapped model's loss (in x
+and the parameters, shared by the batch but for weight norm's) and
+per-example gradients (jax.vmap of jax.grad), each also as cynorm.jax once
+per element (jax.lax.map: a custom call per element, as a call that is not
+batched runs) and as XLA's formula under the same transform.
 """
 import argparse
 import os
@@ -34,22 +43,32 @@ CHANNELS = [((8, 64, 14, 14), 1), ((32, 64, 28, 28), 1), ((32, 28, 28, 64), -1)]
 GROUPS = [((2, 320, 32, 32), 1), ((2, 32, 32, 320), -1)]
 INSTANCES = [((8, 64, 64, 64), 1), ((8, 64, 64, 64), -1), ((1, 32, 32, 64, 64), 1)]
 WEIGHTS = [(4096, 1024), (256, 128, 3, 3)]
+# --vmap: (op, batch size, an element's shape, channel axis)
+VMAPPED = [("layer_norm", 64, (16, 768), -1), ("layer_norm", 16, (128, 768), -1),
+           ("batch_norm", 8, (8, 64, 14, 14), 1), ("group_norm", 16, (1, 64, 32, 32), 1),
+           ("group_norm", 16, (1, 32, 32, 64), -1), ("instance_norm", 16, (1, 32, 32, 32), 1),
+           ("weight_norm", 8, (256, 128, 3, 3), 0)]
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=41)
-    ap.add_argument("--passes", default="fwd,grad,jvp",
-                    help="comma-separated: fwd, grad (forward and gradient), jvp")
+    ap.add_argument("--passes", default=None,
+                    help="comma-separated: fwd, grad (forward and gradient), jvp; with --vmap "
+                         "fwd, grad (of a vmapped model), pex (per-example gradients) "
+                         "(default: all)")
+    ap.add_argument("--vmap", action="store_true",
+                    help="the ops under jax.vmap over batches of small elements")
     ap.add_argument("--ops", default="",
                     help="comma-separated op names (default: all); add_layer_norm, "
                          "add_rms_norm, batch_norm, group_norm, instance_norm, layer_norm, "
                          "rms_norm, weight_norm")
     args = ap.parse_args()
-    passes = args.passes.split(",")
-    if not set(passes) <= {"fwd", "grad", "jvp"}:
-        ap.error("--passes takes fwd, grad and jvp")
+    known = ["fwd", "grad", "pex"] if args.vmap else ["fwd", "grad", "jvp"]
+    passes = args.passes.split(",") if args.passes else known
+    if not set(passes) <= set(known):
+        ap.error(f"--passes takes {', '.join(known)}")
     if args.threads < 1:
         ap.error("--threads must be at least 1")
     # XLA reads its pool size once, when it loads
@@ -189,6 +208,10 @@ def main():
             return jax.jvp(lambda x, w, b: first(f)(x, w, b, *rest), (x, w, b), (x, w, b))
         return jax.jit(g)
 
+    if args.vmap:
+        by_op = {c[0]: c for c in cases}
+        vmapped(args, passes, by_op, loss, jax, jnp, np, cj, time_interleaved, median_ms)
+        return
     print(f"# cynorm.jax vs XLA's formula, {args.threads} thread(s), JAX {jax.__version__}, "
           f"medians of {args.repeats}")
     print(f"# route: {cj.route}")
@@ -217,6 +240,70 @@ def main():
                 a, c = median_ms(t["cynorm"]) * 1e3, median_ms(t["xla"]) * 1e3
                 print(f"| {name} | {jnp.dtype(dtype).name} | {shape} | {label} | {a:.1f} | "
                       f"{c:.1f} | {c / a:.2f} |", flush=True)
+
+
+
+def per_element(jax, f, axes):
+    """f once per batch element (jax.lax.map: a custom call each, as a call
+    that is not batched runs): the arguments with axis 0 sliced, the others
+    (axis None) shared."""
+    def run(*args):
+        def body(elements):
+            it = iter(elements)
+            return f(*[next(it) if d == 0 else a for a, d in zip(args, axes)])
+        return jax.lax.map(body, tuple(a for a, d in zip(args, axes) if d == 0))
+    return run
+
+
+def vmapped(args, passes, by_op, loss, jax, jnp, np, cj, time_interleaved, median_ms):
+    """--vmap: each VMAPPED case as cynorm.jax under jax.vmap, cynorm.jax
+    once per element (jax.lax.map) and XLA's formula under jax.vmap."""
+    print(f"# cynorm.jax under jax.vmap: one call over the batch, a call per element "
+          f"(lax.map), XLA's formula; {args.threads} thread(s), JAX {jax.__version__}, "
+          f"medians of {args.repeats}")
+    print(f"# route: {cj.route}")
+    print("| op | dtype | batch x element | pass | vmap µs | per element µs | XLA µs | "
+          "per element / vmap | XLA / vmap |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    rng = np.random.default_rng(0)
+    wanted = set(args.ops.split(",")) if args.ops else None
+    for dtype in (jnp.float32, jnp.bfloat16):
+        for op, B, shape, axis in VMAPPED:
+            if wanted is not None and op not in wanted:
+                continue
+            name = op + (" (channels last)" if axis == -1 and op != "layer_norm" else "")
+            _, ours, theirs, _, _ = by_op[name]
+            x = jnp.asarray(rng.standard_normal((B,) + shape, np.float32)).astype(dtype)
+            C = shape[axis]
+            # the parameters the batch shares; weight norm's g is each element's own
+            params = [jnp.asarray(rng.standard_normal((B, C) if op == "weight_norm" else C,
+                                                      np.float32)) for _ in range(2)]
+            if op == "batch_norm":
+                params += [jnp.zeros(C, jnp.float32), jnp.ones(C, jnp.float32)]
+            axes = (0,) + ((0,) if op == "weight_norm" else (None,)) * len(params)
+            argnums = (0, 1) if op == "weight_norm" else (0, 1, 2)
+
+            def over_batch(transform, f, axes=axes):
+                return jax.vmap(f, axes) if transform == "vmap" else per_element(jax, f, axes)
+
+            makers = {
+                "fwd": lambda t, f: jax.jit(over_batch(t, f)),
+                "grad": lambda t, f: jax.jit(jax.value_and_grad(loss(op, over_batch(t, f)),
+                                                                argnums)),
+                "pex": lambda t, f: jax.jit(over_batch(t, jax.grad(loss(op, f), argnums))),
+            }
+            for label in passes:
+                make = makers[label]
+                fv, fm, fx = make("vmap", ours), make("map", ours), make("vmap", theirs)
+                fns = {"vmap": lambda: jax.block_until_ready(fv(x, *params)),
+                       "map": lambda: jax.block_until_ready(fm(x, *params)),
+                       "xla": lambda: jax.block_until_ready(fx(x, *params))}
+                inner = max(1, int(2e5 // x.size))
+                t = time_interleaved(fns, args.repeats, inner=inner, warmup=3)
+                v, m, c = (median_ms(t[k]) * 1e3 for k in ("vmap", "map", "xla"))
+                print(f"| {name} | {jnp.dtype(dtype).name} | {B} x {shape} | {label} | "
+                      f"{v:.1f} | {m:.1f} | {c:.1f} | {m / v:.2f} | {c / v:.2f} |", flush=True)
+
 
 if __name__ == "__main__":
     main()

@@ -12,8 +12,9 @@ given, the op's inputs and saved statistics being constants to it.
   cynorm JVP rule (``cynorm.jvp``) on the host through ``jax.pure_callback``.
 * Transposed (``jax.grad``, ``jax.vjp``: JAX differentiates in reverse by
   transposing the forward mode), it runs the op's backward kernels.
-* Under ``jax.vmap``, once per batch element, or for the row norms with
-  unbatched parameters once over the batch's rows.
+* Under ``jax.vmap``, once per batch element, or with unbatched parameters
+  once over the whole batch: the row norms' rows, group and instance norm's
+  samples.
 * Its own derivative is refused (a derivative of a derivative).
 
 An op registers its two halves with :func:`register`.
@@ -47,11 +48,15 @@ class _Rule(NamedTuple):
     # traced(primals, tangents, static) -> y's tangent as JAX values (XLA
     # custom calls and jax.numpy); None: the host rule through a callback
     traced: Optional[Callable[[list, list, tuple], Any]]
-    # the row norms' slots (primals, then tangents) that hold rows of x
-    # (x, its statistics, its tangent), the rest being parameters: under
-    # vmap with the parameters unbatched, one call over the batch's rows;
-    # None: once per batch element
+    # the slots (primals, then tangents) that hold rows of x (x, its
+    # statistics, its tangent), the rest being parameters: under vmap with
+    # the parameters unbatched, one call over the batch's rows; None: once
+    # per batch element
     rows: Optional[frozenset]
+    # whether the batch joins the rows' first axis (group and instance
+    # norm's samples) rather than standing before them (the row norms, whose
+    # every leading axis is rows)
+    merge: bool
 
 
 _RULES: dict[str, _Rule] = {}
@@ -62,11 +67,13 @@ _tangent_p = Primitive("cynorm_tangent")
 def register(op: str, host: Callable[[list, list, tuple], np.ndarray],
              backward: Callable[[list, Any, tuple], Sequence[Any]],
              traced: Optional[Callable[[list, list, tuple], Any]] = None,
-             rows: Optional[Sequence[int]] = None) -> None:
+             rows: Optional[Sequence[int]] = None, merge: bool = False) -> None:
     """op's halves: its JVP (on the host, and traced where given), and its
-    backward kernels; rows: for the row norms, the slots (positions among
-    primals then tangents) that hold rows of x."""
-    _RULES[op] = _Rule(host, backward, traced, None if rows is None else frozenset(rows))
+    backward kernels; rows: the slots (positions among primals then
+    tangents) that hold rows of x, where a batch of them is more rows (for
+    the row norms, any leading axis; with merge, the first axis: group and
+    instance norm's samples)."""
+    _RULES[op] = _Rule(host, backward, traced, None if rows is None else frozenset(rows), merge)
 
 
 def tangent(op: str, static: tuple, primals: Sequence[Any], tangents: Sequence[Any]) -> Any:
@@ -134,19 +141,27 @@ def _transpose(ct, *arrays, op, static, present, nprimal):
 
 
 def _batched(args, dims, *, op, static, present, nprimal):
-    # a row norm whose parameters are unbatched: the primitive once over the
+    # an op whose parameters are unbatched: the primitive once over the
     # batch's rows (its row slots batched, broadcast where they are not; the
     # parameters' tangents transpose to sums over every row, as the batch's
     # sum); otherwise once per batch element (the host rules and backward
     # kernels take no batch axis)
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
-    rows = _RULES[op].rows
+    rule = _RULES[op]
     slots = [i for i, p in enumerate(present) if p]
-    if rows is not None and all(d is None for d, i in zip(dims, slots) if i not in rows):
-        args = [batching.bdim_at_front(a, d, size) if i in rows else a
+    if rule.rows is not None and all(d is None for d, i in zip(dims, slots)
+                                     if i not in rule.rows):
+        args = [batching.bdim_at_front(a, d, size) if i in rule.rows else a
                 for a, d, i in zip(args, dims, slots)]
-        return _tangent_p.bind(*args, op=op, static=static, present=present,
-                               nprimal=nprimal), 0
+        if not rule.merge:
+            return _tangent_p.bind(*args, op=op, static=static, present=present,
+                                   nprimal=nprimal), 0
+        # the batch joined to the first axis (x's, slot 0), and split from it again
+        shape = args[0].shape
+        args = [a.reshape((size * a.shape[1],) + a.shape[2:]) if i in rule.rows else a
+                for a, i in zip(args, slots)]
+        out = _tangent_p.bind(*args, op=op, static=static, present=present, nprimal=nprimal)
+        return out.reshape(shape), 0
     front = [batching.bdim_at_front(a, d, size) for a, d in zip(args, dims)]
     out = jax.lax.map(lambda xs: _tangent_p.bind(*xs, op=op, static=static, present=present,
                                                  nprimal=nprimal), front)

@@ -166,8 +166,7 @@ def _ffi(target: str, shapes, *args, batched: bool = False, **attrs):
     """The FFI custom call `target` on the arrays in args (None skipped),
     attrs as float64 / int64 scalars.  Under vmap, once per batch element;
     batched: once for the whole batch, every argument broadcast to it (the
-    row norms' handlers take the batch's rows, with a parameter set per
-    element)."""
+    handlers take a set of each buffer per element)."""
     attrs = {k: np.float64(v) if isinstance(v, float) else np.int64(v) for k, v in attrs.items()}
     call = jax.ffi.ffi_call(target, shapes,
                             vmap_method="broadcast_all" if batched else "sequential")
@@ -651,7 +650,7 @@ def _bn_forward(x, weight, bias, running_mean, running_var, training, momentum, 
         shapes += [stat, stat] + ([_like(running_mean), _like(running_var)] if running else [])
     if _FFI and x.size > 0:
         out = list(_ffi("cynorm_batch_norm", tuple(shapes), x, weight, bias, running_mean,
-                        running_var, a=A, c=C, b=B, eps=eps, momentum=momentum,
+                        running_var, batched=True, a=A, c=C, b=B, eps=eps, momentum=momentum,
                         training=training, weight=weight is not None, bias=bias is not None,
                         running=running))
     else:
@@ -709,7 +708,7 @@ def _batch_norm_bwd(saved, gy, static):
     shapes = _grad_shapes(x, weight, bias)
     if _FFI and x.size > 0:
         grads = list(_ffi("cynorm_batch_norm_backward", shapes, gy, x, weight, first, second,
-                          a=A, c=C, b=B, eps=eps, training=training, weight=weight is not None,
+                          batched=True, a=A, c=C, b=B, eps=eps, training=training, weight=weight is not None,
                           weight_grad=weight is not None, bias_grad=bias is not None))
     else:
         mask = (True, weight is not None, bias is not None)
@@ -824,7 +823,7 @@ def _gn_forward(x, weight, bias, num_groups, eps, axis):
     stat = jax.ShapeDtypeStruct((N, num_groups), _math_dtype(x.dtype))
     shapes = (_like(x), stat, stat)
     if _FFI and x.size > 0:
-        return _ffi("cynorm_group_norm", shapes, x, weight, bias, n=N, c=C, hw=HW,
+        return _ffi("cynorm_group_norm", shapes, x, weight, bias, batched=True, n=N, c=C, hw=HW,
                     groups=num_groups, last=last, eps=eps, weight=weight is not None,
                     bias=bias is not None)
 
@@ -866,7 +865,7 @@ def _groups_backward(target, saved, gy, groups, axis, host, **attrs):
     N, C, HW, last = _gn_dims(x, groups or 1, axis, weight, bias)
     shapes = _grad_shapes(x, weight, bias)
     if _FFI and x.size > 0:
-        grads = list(_ffi(target, shapes, gy, x, mean, rstd, weight, n=N, c=C, hw=HW,
+        grads = list(_ffi(target, shapes, gy, x, mean, rstd, weight, batched=True, n=N, c=C, hw=HW,
                           groups=groups or C, last=last, weight=weight is not None,
                           weight_grad=weight is not None, bias_grad=bias is not None, **attrs))
     else:
@@ -919,7 +918,7 @@ def _group_norm_traced(primals, tangents, static):
 
 
 _register_jvp("group_norm", _group_norm_host, _group_norm_bwd,
-              _group_norm_traced if _FFI else None)
+              _group_norm_traced if _FFI else None, rows=(0, 3, 4, 5), merge=True)
 
 
 def group_norm(x: Any, num_groups: int, weight: Any = None, bias: Any = None,
@@ -987,7 +986,7 @@ def _in_forward(x, weight, bias, running_mean, running_var, use_input_stats, mom
                                        else ())
     if _FFI and x.size > 0:
         out = list(_ffi("cynorm_instance_norm", shapes, x, weight, bias, running_mean,
-                        running_var, n=N, c=C, hw=HW, groups=C, last=last, eps=eps,
+                        running_var, batched=True, n=N, c=C, hw=HW, groups=C, last=last, eps=eps,
                         momentum=momentum, use_input_stats=use_input_stats, running=running,
                         weight=weight is not None, bias=bias is not None))
     else:
@@ -1054,7 +1053,7 @@ def _instance_norm_traced(primals, tangents, static):
 
 
 _register_jvp("instance_norm", _instance_norm_host, _instance_norm_bwd,
-              _instance_norm_traced if _FFI else None)
+              _instance_norm_traced if _FFI else None, rows=(0, 3, 4, 7), merge=True)
 
 
 def instance_norm(x: Any, weight: Any = None, bias: Any = None, running_mean: Any = None,
@@ -1139,7 +1138,7 @@ def _wn_forward(v, g, dim):
     A, D, B = _around(v, dim) if dim is not None else (1, 1, v.size)
     shapes = (_like(v), _like(g))
     if _FFI and v.size > 0:
-        return _ffi("cynorm_weight_norm", shapes, v, g, a=A, d=D, b=B)
+        return _ffi("cynorm_weight_norm", shapes, v, g, batched=True, a=A, d=D, b=B)
 
     def host(v, g):
         return _cn.weight_norm_interface(*_arrays(v, g), dim)
@@ -1174,7 +1173,7 @@ def _weight_norm_bwd(saved, gw, static):
     A, D, B = _around(v, dim) if dim is not None else (1, 1, v.size)
     if _FFI and v.size > 0:
         return tuple(_ffi("cynorm_weight_norm_backward", (_like(v), _like(g)), gw, v, g, norm,
-                          a=A, d=D, b=B))
+                          batched=True, a=A, d=D, b=B))
 
     def host(gw, v, g, norm):
         return _cn.weight_norm_backward(*_arrays(gw, v, g, norm), dim)

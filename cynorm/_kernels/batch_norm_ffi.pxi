@@ -19,7 +19,9 @@ cdef void* batch_norm_ffi(void* frame) noexcept nogil:
     # rets: y, then in training save_mean, save_invstd (the math type) and,
     # with running statistics, their updated values;
     # attrs: a, c, b (x's A x C x B), eps, momentum, training, and weight,
-    # bias, running (whether each is passed)
+    # bias, running (whether each is passed).  Under vmap every buffer holds
+    # a set per batch element (ffi_sets), each normalized by its own
+    # statistics: a call per set
     cdef cn_ffi_frame* f = <cn_ffi_frame*>frame
     if cn_ffi_metadata_call(f):
         return NULL
@@ -36,9 +38,11 @@ cdef void* batch_norm_ffi(void* frame) noexcept nogil:
                             "weight, bias, running)")
     cdef cn_ffi_buffer* x = cn_ffi_arg(f, 0)
     cdef int storage = ffi_storage(x)
-    if storage == NOT_PLAIN or A < 0 or C < 0 or B < 0 or cn_ffi_count(x) != A * C * B:
+    cdef int64_t k = ffi_sets(x, A * C * B) if A >= 0 and C >= 0 and B >= 0 else -1
+    if storage == NOT_PLAIN or k < 0:
         return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
-                            "x: a * c * b float64, float32, bfloat16 or float16 values expected")
+                            "x: a * c * b float64, float32, bfloat16 or float16 values "
+                            "(a set per batch element) expected")
     cdef int math = math_storage(storage)
     cdef int64_t i = 1
     cdef cn_ffi_buffer* w = NULL
@@ -54,8 +58,9 @@ cdef void* batch_norm_ffi(void* frame) noexcept nogil:
     if has_r:
         rm = cn_ffi_arg(f, i)
         rv = cn_ffi_arg(f, i + 1)
-    if ((has_w and not ffi_param(w, storage, C)) or (has_b and not ffi_param(b, storage, C))
-            or (has_r and not (ffi_param(rm, storage, C) and ffi_param(rv, storage, C)))
+    if ((has_w and not ffi_param(w, storage, k * C))
+            or (has_b and not ffi_param(b, storage, k * C))
+            or (has_r and not (ffi_param(rm, storage, k * C) and ffi_param(rv, storage, k * C)))
             or (not train and not has_r)):
         return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
                             "weight, bias, running_mean, running_var: c values of x's dtype "
@@ -65,28 +70,29 @@ cdef void* batch_norm_ffi(void* frame) noexcept nogil:
     cdef cn_ffi_buffer* save_invstd = cn_ffi_ret(f, 2) if train else NULL
     cdef cn_ffi_buffer* new_rm = cn_ffi_ret(f, 3) if train and has_r else NULL
     cdef cn_ffi_buffer* new_rv = cn_ffi_ret(f, 4) if train and has_r else NULL
-    if not (ffi_array(y, storage, A * C * B)
-            and (not train or (ffi_array(save_mean, math, C) and ffi_array(save_invstd, math, C)))
-            and (new_rm == NULL or ffi_array(new_rm, ffi_storage(rm), C))
-            and (new_rv == NULL or ffi_array(new_rv, ffi_storage(rv), C))):
+    if not (ffi_array(y, storage, k * A * C * B)
+            and (not train or (ffi_array(save_mean, math, k * C)
+                               and ffi_array(save_invstd, math, k * C)))
+            and (new_rm == NULL or ffi_array(new_rm, ffi_storage(rm), k * C))
+            and (new_rv == NULL or ffi_array(new_rv, ffi_storage(rv), k * C))):
         return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
                             "the results: y of x's shape and dtype, c statistics of the math "
                             "type, running statistics of their own dtype expected")
     # training updates copies of the running statistics: XLA's inputs stay as they are
-    cdef void* prm = NULL
-    cdef void* prv = NULL
-    if has_r:
-        prm, prv = rm.data, rv.data
-        if train:
-            memcpy(new_rm.data, rm.data, C * itemsize(ffi_storage(rm)))
-            memcpy(new_rv.data, rv.data, C * itemsize(ffi_storage(rv)))
-            prm, prv = new_rm.data, new_rv.data
-    if forward_any(storage, x.data, y.data, w.data if has_w else NULL, ffi_storage(w),
-                   b.data if has_b else NULL, ffi_storage(b), prm, ffi_storage(rm), prv,
-                   ffi_storage(rv), save_mean.data if train else NULL,
-                   save_invstd.data if train else NULL, A, C, B, train, momentum, eps,
-                   max_threads()) != 0:
-        return cn_ffi_error(f, CN_FFI_RESOURCE_EXHAUSTED, op, "could not allocate its workspace")
+    if has_r and train:
+        memcpy(new_rm.data, rm.data, k * C * itemsize(ffi_storage(rm)))
+        memcpy(new_rv.data, rv.data, k * C * itemsize(ffi_storage(rv)))
+    cdef const cn_ffi_buffer* prm = new_rm if has_r and train else rm
+    cdef const cn_ffi_buffer* prv = new_rv if has_r and train else rv
+    cdef Py_ssize_t s
+    for s in range(k):
+        if forward_any(storage, ffi_set(x, s, A * C * B), ffi_set(y, s, A * C * B),
+                       ffi_set(w, s, C), ffi_storage(w), ffi_set(b, s, C), ffi_storage(b),
+                       ffi_set(prm, s, C), ffi_storage(rm), ffi_set(prv, s, C), ffi_storage(rv),
+                       ffi_set(save_mean, s, C), ffi_set(save_invstd, s, C), A, C, B, train,
+                       momentum, eps, max_threads()) != 0:
+            return cn_ffi_error(f, CN_FFI_RESOURCE_EXHAUSTED, op,
+                                "could not allocate its workspace")
     return NULL
 
 
@@ -95,7 +101,8 @@ cdef void* batch_norm_backward_ffi(void* frame) noexcept nogil:
     # save_invstd; inference: the running mean and variance, any dtype);
     # rets: grad_x [, grad_weight] [, grad_bias] (each in its parameter's
     # dtype); attrs: a, c, b, eps, training, weight (whether it is passed),
-    # weight_grad, bias_grad (whether each is returned)
+    # weight_grad, bias_grad (whether each is returned).  Under vmap every
+    # buffer holds a set per batch element (ffi_sets): a call per set
     cdef cn_ffi_frame* f = <cn_ffi_frame*>frame
     if cn_ffi_metadata_call(f):
         return NULL
@@ -112,9 +119,11 @@ cdef void* batch_norm_backward_ffi(void* frame) noexcept nogil:
                             "weight, weight_grad, bias_grad)")
     cdef cn_ffi_buffer* x = cn_ffi_arg(f, 1)
     cdef int storage = ffi_storage(x)
-    if storage == NOT_PLAIN or A < 0 or C < 0 or B < 0 or cn_ffi_count(x) != A * C * B:
+    cdef int64_t k = ffi_sets(x, A * C * B) if A >= 0 and C >= 0 and B >= 0 else -1
+    if storage == NOT_PLAIN or k < 0:
         return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
-                            "x: a * c * b float64, float32, bfloat16 or float16 values expected")
+                            "x: a * c * b float64, float32, bfloat16 or float16 values "
+                            "(a set per batch element) expected")
     cdef cn_ffi_buffer* dy = cn_ffi_arg(f, 0)
     cdef cn_ffi_buffer* w = cn_ffi_arg(f, 2) if has_w else NULL
     cdef cn_ffi_buffer* first = cn_ffi_arg(f, 2 + (has_w != 0))
@@ -122,12 +131,12 @@ cdef void* batch_norm_backward_ffi(void* frame) noexcept nogil:
     cdef cn_ffi_buffer* gx = cn_ffi_ret(f, 0)
     cdef cn_ffi_buffer* gw = cn_ffi_ret(f, 1) if want_gw else NULL
     cdef cn_ffi_buffer* gb = cn_ffi_ret(f, 1 + (want_gw != 0)) if want_gb else NULL
-    if not (ffi_array(dy, storage, A * C * B) and ffi_array(gx, storage, A * C * B)
-            and (not has_w or ffi_param(w, storage, C))
-            and ffi_storage(first) != NOT_PLAIN and cn_ffi_count(first) == C
-            and ffi_storage(second) != NOT_PLAIN and cn_ffi_count(second) == C
-            and (not want_gw or (ffi_storage(gw) != NOT_PLAIN and cn_ffi_count(gw) == C))
-            and (not want_gb or (ffi_storage(gb) != NOT_PLAIN and cn_ffi_count(gb) == C))):
+    if not (ffi_array(dy, storage, k * A * C * B) and ffi_array(gx, storage, k * A * C * B)
+            and (not has_w or ffi_param(w, storage, k * C))
+            and ffi_storage(first) != NOT_PLAIN and cn_ffi_count(first) == k * C
+            and ffi_storage(second) != NOT_PLAIN and cn_ffi_count(second) == k * C
+            and (not want_gw or (ffi_storage(gw) != NOT_PLAIN and cn_ffi_count(gw) == k * C))
+            and (not want_gb or (ffi_storage(gb) != NOT_PLAIN and cn_ffi_count(gb) == k * C))):
         return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
                             "dy, grad_x of x's shape and dtype, c-value weight, statistics and "
                             "parameter gradients expected")
@@ -138,19 +147,24 @@ cdef void* batch_norm_backward_ffi(void* frame) noexcept nogil:
                             "could not allocate the per-channel workspace")
     cdef double* p1 = work + 8 * C
     cdef double* p2 = work + 9 * C
-    cdef Py_ssize_t c
-    for c in range(C):
-        p1[c] = value_at(first.data, ffi_storage(first), c)
-        p2[c] = value_at(second.data, ffi_storage(second), c)
-    cdef int rc = backward_any(storage, dy.data, x.data, gx.data, w.data if has_w else NULL,
-                               ffi_storage(w), p1, p2, work, <float*>(work + 10 * C), A, C, B,
-                               train, eps, want_gw or want_gb or train, max_threads())
-    # each sum rounded into its parameter's dtype as batch_norm_backward rounds it
-    for c in range(C):
-        if want_gw:
-            store_value(gw.data, ffi_storage(gw), c, work[3 * C + c])
-        if want_gb:
-            store_value(gb.data, ffi_storage(gb), c, work[c])
+    cdef Py_ssize_t c, s
+    cdef int rc = 0
+    for s in range(k):
+        for c in range(C):
+            p1[c] = value_at(first.data, ffi_storage(first), s * C + c)
+            p2[c] = value_at(second.data, ffi_storage(second), s * C + c)
+        rc = backward_any(storage, ffi_set(dy, s, A * C * B), ffi_set(x, s, A * C * B),
+                          ffi_set(gx, s, A * C * B), ffi_set(w, s, C), ffi_storage(w), p1, p2,
+                          work, <float*>(work + 10 * C), A, C, B, train, eps,
+                          want_gw or want_gb or train, max_threads())
+        if rc != 0:
+            break
+        # each sum rounded into its parameter's dtype as batch_norm_backward rounds it
+        for c in range(C):
+            if want_gw:
+                store_value(gw.data, ffi_storage(gw), s * C + c, work[3 * C + c])
+            if want_gb:
+                store_value(gb.data, ffi_storage(gb), s * C + c, work[c])
     free(work)
     if rc != 0:
         return cn_ffi_error(f, CN_FFI_RESOURCE_EXHAUSTED, op,
@@ -158,18 +172,15 @@ cdef void* batch_norm_backward_ffi(void* frame) noexcept nogil:
     return NULL
 
 
-cdef bint group_params(const cn_ffi_buffer* w, const cn_ffi_buffer* b, int storage,
-                       Py_ssize_t C, double* dst) noexcept nogil:
-    # weight and bias (NULL: none) as float64 into dst[:C], dst[C:2C] (1 and
-    # 0 for none), as gn_params reads them; False if one is not C values of
-    # x's dtype or its math type
-    if (w != NULL and not ffi_param(w, storage, C)) or (b != NULL and not ffi_param(b, storage, C)):
-        return False
+cdef void group_params(const cn_ffi_buffer* w, const cn_ffi_buffer* b, Py_ssize_t C,
+                       Py_ssize_t s, double* dst) noexcept nogil:
+    # set s of weight and bias (NULL: none; each checked to hold C values a
+    # set) as float64 into dst[:C], dst[C:2C] (1 and 0 for none), as
+    # gn_params reads them
     cdef Py_ssize_t i
     for i in range(C):
-        dst[i] = 1.0 if w == NULL else value_at(w.data, ffi_storage(w), i)
-        dst[C + i] = 0.0 if b == NULL else value_at(b.data, ffi_storage(b), i)
-    return True
+        dst[i] = 1.0 if w == NULL else value_at(w.data, ffi_storage(w), s * C + i)
+        dst[C + i] = 0.0 if b == NULL else value_at(b.data, ffi_storage(b), s * C + i)
 
 
 cdef bint group_attrs(cn_ffi_frame* f, int64_t* N, int64_t* C, int64_t* HW, int64_t* G,
@@ -210,7 +221,10 @@ cdef void* groups_forward_ffi(cn_ffi_frame* f, bint instance) noexcept nogil:
     # instance norm (groups == c) also takes attrs use_input_stats, running,
     # momentum, and args running_mean, running_var after bias when running:
     # with use_input_stats, their updated values are rets after rstd;
-    # without, they normalize (mean and rstd returned per instance)
+    # without, they normalize (mean and rstd returned per instance).
+    # Under vmap every buffer holds a set per batch element (ffi_sets); sets
+    # whose parameters are the same bits, with no running statistics to
+    # update, run as one call over all their samples (the same bits)
     if cn_ffi_metadata_call(f):
         return NULL
     cdef const char* op = "instance_norm" if instance else "group_norm"
@@ -231,9 +245,11 @@ cdef void* groups_forward_ffi(cn_ffi_frame* f, bint instance) noexcept nogil:
                             "missing (or cannot be updated from one position)")
     cdef cn_ffi_buffer* x = cn_ffi_arg(f, 0)
     cdef int storage = ffi_storage(x)
-    if storage == NOT_PLAIN or cn_ffi_count(x) != N * C * HW:
+    cdef int64_t k = ffi_sets(x, N * C * HW)
+    if storage == NOT_PLAIN or k < 0:
         return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
-                            "x: n * c * hw float64, float32, bfloat16 or float16 values expected")
+                            "x: n * c * hw float64, float32, bfloat16 or float16 values "
+                            "(a set per batch element) expected")
     cdef int math = math_storage(storage)
     cdef cn_ffi_buffer* w = cn_ffi_arg(f, 1) if has_w else NULL
     cdef cn_ffi_buffer* b = cn_ffi_arg(f, 1 + (has_w != 0)) if has_b else NULL
@@ -246,46 +262,55 @@ cdef void* groups_forward_ffi(cn_ffi_frame* f, bint instance) noexcept nogil:
     cdef bint update = has_r and use_stats
     cdef cn_ffi_buffer* new_rm = cn_ffi_ret(f, 3) if update else NULL
     cdef cn_ffi_buffer* new_rv = cn_ffi_ret(f, 4) if update else NULL
-    if not (ffi_array(y, storage, N * C * HW) and ffi_array(mean, math, N * G)
-            and ffi_array(rstd, math, N * G)
-            and (not has_r or (ffi_param(rm, storage, C) and ffi_param(rv, storage, C)))
-            and (not update or (ffi_array(new_rm, ffi_storage(rm), C)
-                                and ffi_array(new_rv, ffi_storage(rv), C)))):
+    if not (ffi_array(y, storage, k * N * C * HW) and ffi_array(mean, math, k * N * G)
+            and ffi_array(rstd, math, k * N * G)
+            and (not has_w or ffi_param(w, storage, k * C))
+            and (not has_b or ffi_param(b, storage, k * C))
+            and (not has_r or (ffi_param(rm, storage, k * C) and ffi_param(rv, storage, k * C)))
+            and (not update or (ffi_array(new_rm, ffi_storage(rm), k * C)
+                                and ffi_array(new_rv, ffi_storage(rv), k * C)))):
         return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
                             "y of x's shape and dtype, n * groups statistics of the math type, "
-                            "c running statistics of x's dtype or its math type expected")
+                            "c-value weight, bias and running statistics of x's dtype or its "
+                            "math type expected")
+    cdef int64_t sets = k, n = N
+    if (k > 1 and not update and sets_equal(w, k, C) and sets_equal(b, k, C)
+            and sets_equal(rm, k, C) and sets_equal(rv, k, C)):
+        sets, n = 1, k * N
     # the parameters as float64, then the statistics in float64 (mean, var, rstd)
-    cdef double* buf = <double*>malloc((2 * C + 3 * N * G + 1) * sizeof(double))
+    cdef double* buf = <double*>malloc((2 * C + 3 * n * G + 1) * sizeof(double))
     if buf == NULL:
         return cn_ffi_error(f, CN_FFI_RESOURCE_EXHAUSTED, op, "could not allocate the coefficients")
-    if not group_params(w, b, storage, C, buf):
-        free(buf)
-        return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
-                            "weight, bias: c values of x's dtype or of its math type expected")
     cdef double* m64 = buf + 2 * C
-    cdef double* v64 = m64 + N * G
-    cdef double* r64 = m64 + 2 * N * G
+    cdef double* v64 = m64 + n * G
+    cdef double* r64 = m64 + 2 * n * G
     cdef bint affine = has_w or has_b
     cdef int rc = 0
-    cdef Py_ssize_t i
-    if not use_stats:
-        # each instance normalized with the running statistics, as instance_norm
-        for i in range(N * C):
-            m64[i] = value_at(rm.data, ffi_storage(rm), i % C)
-            r64[i] = 1.0 / sqrt(value_at(rv.data, ffi_storage(rv), i % C) + eps)
-    if N > 0:
-        rc = group_forward_any(storage, x.data, y.data, buf if affine else NULL,
-                               buf + C if affine else NULL, m64, v64, r64, N, C, HW, G, eps,
-                               last, not use_stats, max_threads())
-    for i in range(N * G):
-        store_value(mean.data, math, i, m64[i])
-        store_value(rstd.data, math, i, r64[i])
-    if update:      # updated copies: XLA's inputs stay as they are
-        memcpy(new_rm.data, rm.data, C * itemsize(ffi_storage(rm)))
-        memcpy(new_rv.data, rv.data, C * itemsize(ffi_storage(rv)))
-        if N > 0 and rc == 0:
-            update_instance_running(new_rm.data, ffi_storage(rm), new_rv.data, ffi_storage(rv),
-                                    m64, v64, N, C, HW, momentum)
+    cdef Py_ssize_t i, s
+    for s in range(sets):
+        group_params(w, b, C, s, buf)
+        if not use_stats:
+            # each instance normalized with the running statistics, as instance_norm
+            for i in range(n * C):
+                m64[i] = value_at(rm.data, ffi_storage(rm), s * C + i % C)
+                r64[i] = 1.0 / sqrt(value_at(rv.data, ffi_storage(rv), s * C + i % C) + eps)
+        if n > 0:
+            rc = group_forward_any(storage, ffi_set(x, s, n * C * HW), ffi_set(y, s, n * C * HW),
+                                   buf if affine else NULL, buf + C if affine else NULL, m64,
+                                   v64, r64, n, C, HW, G, eps, last, not use_stats,
+                                   max_threads())
+        for i in range(n * G):
+            store_value(mean.data, math, s * n * G + i, m64[i])
+            store_value(rstd.data, math, s * n * G + i, r64[i])
+        if update:      # updated copies: XLA's inputs stay as they are
+            memcpy(ffi_set(new_rm, s, C), ffi_set(rm, s, C), C * itemsize(ffi_storage(rm)))
+            memcpy(ffi_set(new_rv, s, C), ffi_set(rv, s, C), C * itemsize(ffi_storage(rv)))
+            if n > 0 and rc == 0:
+                update_instance_running(ffi_set(new_rm, s, C), ffi_storage(rm),
+                                        ffi_set(new_rv, s, C), ffi_storage(rv), m64, v64, n, C,
+                                        HW, momentum)
+        if rc != 0:
+            break
     free(buf)
     if rc != 0:
         return cn_ffi_error(f, CN_FFI_RESOURCE_EXHAUSTED, op,
@@ -306,7 +331,10 @@ cdef void* groups_backward_ffi(cn_ffi_frame* f, bint instance) noexcept nogil:
     # [, grad_bias] (each in its parameter's dtype); attrs: n, c, hw, groups,
     # last, weight (whether it is passed), weight_grad, bias_grad; instance
     # norm (groups == c) also use_input_stats (without: statistics that do
-    # not depend on x, grad_x = dy * weight * rstd)
+    # not depend on x, grad_x = dy * weight * rstd).  Under vmap every buffer
+    # holds a set per batch element (ffi_sets), each parameter gradient set
+    # summed over its own samples; sets with the same weight and no
+    # parameter gradient wanted run as one call
     if cn_ffi_metadata_call(f):
         return NULL
     cdef const char* op = "instance_norm" if instance else "group_norm"
@@ -321,9 +349,11 @@ cdef void* groups_backward_ffi(cn_ffi_frame* f, bint instance) noexcept nogil:
                             "use_input_stats), or its groups do not divide c")
     cdef cn_ffi_buffer* x = cn_ffi_arg(f, 1)
     cdef int storage = ffi_storage(x)
-    if storage == NOT_PLAIN or cn_ffi_count(x) != N * C * HW:
+    cdef int64_t k = ffi_sets(x, N * C * HW)
+    if storage == NOT_PLAIN or k < 0:
         return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
-                            "x: n * c * hw float64, float32, bfloat16 or float16 values expected")
+                            "x: n * c * hw float64, float32, bfloat16 or float16 values "
+                            "(a set per batch element) expected")
     cdef int math = math_storage(storage)
     cdef cn_ffi_buffer* dy = cn_ffi_arg(f, 0)
     cdef cn_ffi_buffer* mean = cn_ffi_arg(f, 2)
@@ -332,39 +362,44 @@ cdef void* groups_backward_ffi(cn_ffi_frame* f, bint instance) noexcept nogil:
     cdef cn_ffi_buffer* gx = cn_ffi_ret(f, 0)
     cdef cn_ffi_buffer* gw = cn_ffi_ret(f, 1) if want_gw else NULL
     cdef cn_ffi_buffer* gb = cn_ffi_ret(f, 1 + (want_gw != 0)) if want_gb else NULL
-    if not (ffi_array(dy, storage, N * C * HW) and ffi_array(gx, storage, N * C * HW)
-            and ffi_array(mean, math, N * G) and ffi_array(rstd, math, N * G)
-            and (not want_gw or (ffi_storage(gw) != NOT_PLAIN and cn_ffi_count(gw) == C))
-            and (not want_gb or (ffi_storage(gb) != NOT_PLAIN and cn_ffi_count(gb) == C))):
+    if not (ffi_array(dy, storage, k * N * C * HW) and ffi_array(gx, storage, k * N * C * HW)
+            and ffi_array(mean, math, k * N * G) and ffi_array(rstd, math, k * N * G)
+            and (not has_w or ffi_param(w, storage, k * C))
+            and (not want_gw or (ffi_storage(gw) != NOT_PLAIN and cn_ffi_count(gw) == k * C))
+            and (not want_gb or (ffi_storage(gb) != NOT_PLAIN and cn_ffi_count(gb) == k * C))):
         return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
                             "dy, grad_x of x's shape and dtype, n * groups statistics of the "
-                            "math type, c-value parameter gradients expected")
+                            "math type, c-value weight and parameter gradients expected")
+    cdef int64_t sets = k, n = N
+    if k > 1 and not (want_gw or want_gb) and sets_equal(w, k, C):
+        sets, n = 1, k * N
     # the weight as float64 (and an unused bias slot), the sums, the statistics as float64
-    cdef double* buf = <double*>malloc((4 * C + 2 * N * G + 1) * sizeof(double))
+    cdef double* buf = <double*>malloc((4 * C + 2 * n * G + 1) * sizeof(double))
     if buf == NULL:
         return cn_ffi_error(f, CN_FFI_RESOURCE_EXHAUSTED, op, "could not allocate the coefficients")
-    if not group_params(w, NULL, storage, C, buf):
-        free(buf)
-        return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
-                            "weight: c values of x's dtype or of its math type expected")
     cdef double* sums = buf + 2 * C
     cdef double* st = buf + 4 * C
-    cdef Py_ssize_t i
+    cdef Py_ssize_t i, s
     cdef int rc = 0
-    for i in range(N * G):
-        st[i] = value_at(mean.data, math, i)
-        st[N * G + i] = value_at(rstd.data, math, i)
-    if N > 0:
-        rc = group_backward_any(storage, dy.data, x.data, gx.data, st, st + N * G,
-                                buf if has_w else NULL, sums, sums + C, N, C, HW, G, last,
-                                not use_stats, max_threads())
-    else:
-        memset(sums, 0, 2 * C * sizeof(double))
-    for i in range(C):
-        if want_gw:
-            store_value(gw.data, ffi_storage(gw), i, sums[i])
-        if want_gb:
-            store_value(gb.data, ffi_storage(gb), i, sums[C + i])
+    for s in range(sets):
+        group_params(w, NULL, C, s, buf)
+        for i in range(n * G):
+            st[i] = value_at(mean.data, math, s * n * G + i)
+            st[n * G + i] = value_at(rstd.data, math, s * n * G + i)
+        if n > 0:
+            rc = group_backward_any(storage, ffi_set(dy, s, n * C * HW),
+                                    ffi_set(x, s, n * C * HW), ffi_set(gx, s, n * C * HW), st,
+                                    st + n * G, buf if has_w else NULL, sums, sums + C, n, C,
+                                    HW, G, last, not use_stats, max_threads())
+        else:
+            memset(sums, 0, 2 * C * sizeof(double))
+        if rc != 0:
+            break
+        for i in range(C):
+            if want_gw:
+                store_value(gw.data, ffi_storage(gw), s * C + i, sums[i])
+            if want_gb:
+                store_value(gb.data, ffi_storage(gb), s * C + i, sums[C + i])
     free(buf)
     if rc != 0:
         return cn_ffi_error(f, CN_FFI_RESOURCE_EXHAUSTED, op,

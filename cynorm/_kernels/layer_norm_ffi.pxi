@@ -10,7 +10,6 @@
 
 from cpython.pycapsule cimport PyCapsule_New
 from libc.stdint cimport int64_t
-from libc.string cimport memcmp
 
 from cynorm._kernels.xla_ffi cimport *
 
@@ -27,19 +26,6 @@ cdef Py_ssize_t param_sets(const cn_ffi_buffer* b, int storage, Py_ssize_t N,
     if count <= 0 or count % N != 0 or M % (count // N) != 0:
         return 0
     return count // N
-
-
-cdef bint sets_equal(const cn_ffi_buffer* b, Py_ssize_t k, Py_ssize_t N) noexcept nogil:
-    """Whether b's k sets of N values (param_sets) are all the same bits:
-    jax.vmap's broadcast of a parameter shared by the batch (NULL: True)."""
-    if b == NULL:
-        return True
-    cdef size_t size = N * itemsize(ffi_storage(b))
-    cdef Py_ssize_t g
-    for g in range(1, k):
-        if memcmp(b.data, <const char*>b.data + g * size, size) != 0:
-            return False
-    return True
 
 
 cdef const void* row_param(const cn_ffi_buffer* b, int storage, Py_ssize_t N, Py_ssize_t g,
