@@ -12,9 +12,11 @@ given, the op's inputs and saved statistics being constants to it.
   cynorm JVP rule (``cynorm.jvp``) on the host through ``jax.pure_callback``.
 * Transposed (``jax.grad``, ``jax.vjp``: JAX differentiates in reverse by
   transposing the forward mode), it runs the op's backward kernels.
-* Under ``jax.vmap``, once per batch element, or with unbatched parameters
-  once over the whole batch: the row norms' rows, group and instance norm's
-  samples.
+* Under ``jax.vmap``, its evaluation and transposition are themselves
+  vmapped, so the op's custom calls each run once over the batch (a set of
+  each argument per element); where the parameters are unbatched, the row
+  norms' rows and group and instance norm's samples take the batch as more
+  rows or samples instead.
 * Its own derivative is refused (a derivative of a derivative).
 
 An op registers its two halves with :func:`register`.
@@ -84,7 +86,14 @@ def tangent(op: str, static: tuple, primals: Sequence[Any], tangents: Sequence[A
     slots = list(primals) + list(tangents)
     present = tuple(a is not None for a in slots)
     return _tangent_p.bind(*[a for a in slots if a is not None], op=op, static=static,
-                           present=present, nprimal=len(primals))
+                           present=present, nprimal=len(primals), levels=())
+
+
+# The primitive's parameters: op, static; present (which slots, primals then
+# tangents, hold an array: the bound arrays are those); nprimal (how many
+# slots are primals); levels: the vmaps it runs under that it does not fold,
+# innermost first, each (batch size, which bound arrays carry its axis), the
+# axes in front of an array's own, outermost first.
 
 
 def _unpack(arrays: Sequence[Any], present: tuple, nprimal: int) -> tuple[list, list]:
@@ -94,43 +103,69 @@ def _unpack(arrays: Sequence[Any], present: tuple, nprimal: int) -> tuple[list, 
     return slots[:nprimal], slots[nprimal:]
 
 
-def _abstract(*arrays, op, static, present, nprimal):
+def _abstract(*arrays, op, static, present, nprimal, levels):
+    # x's tangent, with every level's batch axis in front
     x = arrays[0]
-    return ShapedArray(x.shape, x.dtype)
+    own = x.shape[sum(flags[0] for _, flags in levels):]
+    return ShapedArray(tuple(size for size, _ in reversed(levels)) + own, x.dtype)
+
+
+def _over_levels(fn: Callable[..., Any], levels: tuple) -> Callable[..., Any]:
+    # fn, on one element's arrays, over the batch levels: a jax.vmap each,
+    # innermost first (the op's custom calls then run once over each level)
+    for size, flags in levels:
+        fn = jax.vmap(fn, in_axes=tuple(0 if f else None for f in flags), axis_size=size)
+    return fn
 
 
 @functools.lru_cache(maxsize=256)
-def _jitted(op, static, present, nprimal):
+def _jitted(op, static, present, nprimal, levels):
     # the op's traced rule as one jitted function: evaluated eagerly it is
     # compiled (and fused) as it is inside a jit, so both give the same bits
     traced = _RULES[op].traced
-    return jax.jit(lambda *arrays: traced(*_unpack(arrays, present, nprimal), static))
+    return jax.jit(_over_levels(
+        lambda *arrays: traced(*_unpack(arrays, present, nprimal), static), levels))
 
 
-def _impl(*arrays, op, static, present, nprimal):
-    x = arrays[0]
+def _impl(*arrays, op, static, present, nprimal, levels):
     rule = _RULES[op]
     if rule.traced is not None:
-        return _jitted(op, static, present, nprimal)(*arrays)
+        return _jitted(op, static, present, nprimal, levels)(*arrays)
 
-    def host(*values):
-        primals, tangents = _unpack([np.asarray(v) for v in values], present, nprimal)
-        return np.asarray(rule.host(primals, tangents, static))
-    return jax.pure_callback(host, jax.ShapeDtypeStruct(x.shape, x.dtype), *arrays,
-                             vmap_method="sequential")
+    def call(*arrays):
+        x = arrays[0]
+
+        def host(*values):
+            primals, tangents = _unpack([np.asarray(v) for v in values], present, nprimal)
+            return np.asarray(rule.host(primals, tangents, static))
+        return jax.pure_callback(host, jax.ShapeDtypeStruct(x.shape, x.dtype), *arrays,
+                                 vmap_method="sequential")
+    return _over_levels(call, levels)(*arrays)
 
 
-def _transpose(ct, *arrays, op, static, present, nprimal):
+def _transpose(ct, *arrays, op, static, present, nprimal, levels):
     nprim = sum(present[:nprimal])
     given, tangent_args = arrays[:nprim], arrays[nprim:]
     if any(ad.is_undefined_primal(a) for a in given):
         raise NotImplementedError(f"cynorm.jax.{op}: its tangent is linear in the tangents "
                                   "only, not in the op's inputs")
-    primals, _ = _unpack(given, present[:nprimal], nprimal)
-    grads = ([None] * (len(present) - nprimal) if type(ct) is ad.Zero
-             else _RULES[op].backward(primals, ct, static))
+    if type(ct) is ad.Zero:
+        grads = [None] * len(tangent_args)
+    else:
+        def backward(*args):
+            # the gradients of the tangents present, for one element
+            primals, _ = _unpack(args[:nprim], present[:nprimal], nprimal)
+            grads = _RULES[op].backward(primals, args[nprim], static)
+            return [g for g, p in zip(grads, present[nprimal:]) if p]
+        for size, flags in levels:
+            # each level's gradients summed over its axis for a tangent it
+            # does not batch (shared by the level's elements)
+            backward = functools.partial(_summed, jax.vmap(
+                backward, in_axes=tuple(0 if f else None for f in flags[:nprim]) + (0,),
+                axis_size=size), flags[nprim:])
+        grads = backward(*given, ct)
     out = [None] * nprim
-    for t, g in zip(tangent_args, [g for g, p in zip(grads, present[nprimal:]) if p]):
+    for t, g in zip(tangent_args, grads):
         if not ad.is_undefined_primal(t):
             out.append(None)            # a constant (a zero tangent made concrete)
         elif g is None:
@@ -140,32 +175,34 @@ def _transpose(ct, *arrays, op, static, present, nprimal):
     return out
 
 
-def _batched(args, dims, *, op, static, present, nprimal):
-    # an op whose parameters are unbatched: the primitive once over the
-    # batch's rows (its row slots batched, broadcast where they are not; the
-    # parameters' tangents transpose to sums over every row, as the batch's
-    # sum); otherwise once per batch element (the host rules and backward
-    # kernels take no batch axis)
+def _summed(backward, batched, *args):
+    return [g if g is None or b else g.sum(0) for g, b in zip(backward(*args), batched)]
+
+
+def _batched(args, dims, *, op, static, present, nprimal, levels):
+    # an op with row slots whose parameters are unbatched: the primitive
+    # once over the batch's rows (its row slots batched, broadcast where
+    # they are not; the parameters' tangents transpose to sums over every
+    # row, as the batch's sum); otherwise a level more (_over_levels: the
+    # op's custom calls each run once over the batch, a set per element)
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
     rule = _RULES[op]
     slots = [i for i, p in enumerate(present) if p]
-    if rule.rows is not None and all(d is None for d, i in zip(dims, slots)
-                                     if i not in rule.rows):
+    params = dict(op=op, static=static, present=present, nprimal=nprimal)
+    if not levels and rule.rows is not None and all(d is None for d, i in zip(dims, slots)
+                                                    if i not in rule.rows):
         args = [batching.bdim_at_front(a, d, size) if i in rule.rows else a
                 for a, d, i in zip(args, dims, slots)]
         if not rule.merge:
-            return _tangent_p.bind(*args, op=op, static=static, present=present,
-                                   nprimal=nprimal), 0
+            return _tangent_p.bind(*args, levels=(), **params), 0
         # the batch joined to the first axis (x's, slot 0), and split from it again
         shape = args[0].shape
         args = [a.reshape((size * a.shape[1],) + a.shape[2:]) if i in rule.rows else a
                 for a, i in zip(args, slots)]
-        out = _tangent_p.bind(*args, op=op, static=static, present=present, nprimal=nprimal)
-        return out.reshape(shape), 0
-    front = [batching.bdim_at_front(a, d, size) for a, d in zip(args, dims)]
-    out = jax.lax.map(lambda xs: _tangent_p.bind(*xs, op=op, static=static, present=present,
-                                                 nprimal=nprimal), front)
-    return out, 0
+        return _tangent_p.bind(*args, levels=(), **params).reshape(shape), 0
+    front = [a if d is None else batching.bdim_at_front(a, d, size) for a, d in zip(args, dims)]
+    level = (size, tuple(d is not None for d in dims))
+    return _tangent_p.bind(*front, levels=levels + (level,), **params), 0
 
 
 def _refuse(op: str) -> NotImplementedError:

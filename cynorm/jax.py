@@ -15,10 +15,10 @@ the CPU at import): XLA
 hands them its buffers, with no Python and no copy.  Elsewhere (older JAX,
 or a runtime whose FFI version the handlers cannot speak) they run through
 ``jax.pure_callback``; :data:`route` says which, and why.  Under
-``jax.vmap`` the row norms run once over the whole batch's rows (their
-derivative rules where the parameters are shared, cynorm._jax_forward); the
-other ops, and the row norms' forwards on the callback route, run the
-kernel once per batch element.
+``jax.vmap`` each custom call runs once for the whole batch, its handler
+given a set of every argument per element (cynorm._jax_forward batches the
+derivative rules the same way); the callback route runs the kernels once
+per batch element.
 """
 from __future__ import annotations
 
@@ -162,14 +162,13 @@ def _like(a: Any) -> Optional[jax.ShapeDtypeStruct]:
     return None if a is None else jax.ShapeDtypeStruct(a.shape, a.dtype)
 
 
-def _ffi(target: str, shapes, *args, batched: bool = False, **attrs):
+def _ffi(target: str, shapes, *args, **attrs):
     """The FFI custom call `target` on the arrays in args (None skipped),
-    attrs as float64 / int64 scalars.  Under vmap, once per batch element;
-    batched: once for the whole batch, every argument broadcast to it (the
-    handlers take a set of each buffer per element)."""
+    attrs as float64 / int64 scalars.  Under vmap, once for the whole batch,
+    every argument broadcast to it (the handlers take a set of each buffer
+    per element)."""
     attrs = {k: np.float64(v) if isinstance(v, float) else np.int64(v) for k, v in attrs.items()}
-    call = jax.ffi.ffi_call(target, shapes,
-                            vmap_method="broadcast_all" if batched else "sequential")
+    call = jax.ffi.ffi_call(target, shapes, vmap_method="broadcast_all")
     return call(*[a for a in args if a is not None], **attrs)
 
 
@@ -259,8 +258,8 @@ def _ln_forward(x, residual, weight, bias, shape, eps):
     st = _stat(x, len(shape))
     shapes = tuple(s for s in (_like(x), _like(residual), st, st) if s is not None)
     if _FFI and n > 0:
-        return _ffi("cynorm_layer_norm", shapes, x, residual, weight, bias, batched=True,
-                    eps=eps, n=n, residual=residual is not None, weight=weight is not None,
+        return _ffi("cynorm_layer_norm", shapes, x, residual, weight, bias, eps=eps, n=n,
+                    residual=residual is not None, weight=weight is not None,
                     bias=bias is not None)
 
     def host(x, residual, weight, bias):
@@ -299,7 +298,7 @@ def _layer_norm_bwd(saved, gy, static):
     n = int(np.prod(shape, dtype=np.int64))
     if _FFI and n > 0:
         grads = list(_ffi("cynorm_layer_norm_backward", shapes, gy, x, mean, rstd, weight,
-                          batched=True, n=n, weight=weight is not None,
+                          n=n, weight=weight is not None,
                           weight_grad=weight is not None, bias_grad=bias is not None))
     else:
         mask = (True, weight is not None, bias is not None)
@@ -367,7 +366,7 @@ def _rms_forward(x, residual, weight, shape, eps):
     if _FFI and n > 0:
         if eps is None:     # the math type's epsilon, as torch
             eps = float(np.finfo(np.float64 if x.dtype == jnp.float64 else np.float32).eps)
-        return _ffi("cynorm_rms_norm", shapes, x, residual, weight, batched=True, eps=eps, n=n,
+        return _ffi("cynorm_rms_norm", shapes, x, residual, weight, eps=eps, n=n,
                     residual=residual is not None, weight=weight is not None, bias=False)
 
     def host(x, residual, weight):
@@ -405,7 +404,7 @@ def _rms_norm_bwd(saved, gy, static):
     shapes = _grad_shapes(x, weight)
     n = int(np.prod(shape, dtype=np.int64))
     if _FFI and n > 0:
-        grads = _ffi("cynorm_rms_norm_backward", shapes, gy, x, rstd, weight, batched=True, n=n,
+        grads = _ffi("cynorm_rms_norm_backward", shapes, gy, x, rstd, weight, n=n,
                      weight=weight is not None, weight_grad=weight is not None, bias_grad=False)
     else:
         mask = (True, weight is not None)
@@ -650,7 +649,7 @@ def _bn_forward(x, weight, bias, running_mean, running_var, training, momentum, 
         shapes += [stat, stat] + ([_like(running_mean), _like(running_var)] if running else [])
     if _FFI and x.size > 0:
         out = list(_ffi("cynorm_batch_norm", tuple(shapes), x, weight, bias, running_mean,
-                        running_var, batched=True, a=A, c=C, b=B, eps=eps, momentum=momentum,
+                        running_var, a=A, c=C, b=B, eps=eps, momentum=momentum,
                         training=training, weight=weight is not None, bias=bias is not None,
                         running=running))
     else:
@@ -708,7 +707,7 @@ def _batch_norm_bwd(saved, gy, static):
     shapes = _grad_shapes(x, weight, bias)
     if _FFI and x.size > 0:
         grads = list(_ffi("cynorm_batch_norm_backward", shapes, gy, x, weight, first, second,
-                          batched=True, a=A, c=C, b=B, eps=eps, training=training, weight=weight is not None,
+                          a=A, c=C, b=B, eps=eps, training=training, weight=weight is not None,
                           weight_grad=weight is not None, bias_grad=bias is not None))
     else:
         mask = (True, weight is not None, bias is not None)
@@ -823,7 +822,7 @@ def _gn_forward(x, weight, bias, num_groups, eps, axis):
     stat = jax.ShapeDtypeStruct((N, num_groups), _math_dtype(x.dtype))
     shapes = (_like(x), stat, stat)
     if _FFI and x.size > 0:
-        return _ffi("cynorm_group_norm", shapes, x, weight, bias, batched=True, n=N, c=C, hw=HW,
+        return _ffi("cynorm_group_norm", shapes, x, weight, bias, n=N, c=C, hw=HW,
                     groups=num_groups, last=last, eps=eps, weight=weight is not None,
                     bias=bias is not None)
 
@@ -865,7 +864,7 @@ def _groups_backward(target, saved, gy, groups, axis, host, **attrs):
     N, C, HW, last = _gn_dims(x, groups or 1, axis, weight, bias)
     shapes = _grad_shapes(x, weight, bias)
     if _FFI and x.size > 0:
-        grads = list(_ffi(target, shapes, gy, x, mean, rstd, weight, batched=True, n=N, c=C, hw=HW,
+        grads = list(_ffi(target, shapes, gy, x, mean, rstd, weight, n=N, c=C, hw=HW,
                           groups=groups or C, last=last, weight=weight is not None,
                           weight_grad=weight is not None, bias_grad=bias is not None, **attrs))
     else:
@@ -986,7 +985,7 @@ def _in_forward(x, weight, bias, running_mean, running_var, use_input_stats, mom
                                        else ())
     if _FFI and x.size > 0:
         out = list(_ffi("cynorm_instance_norm", shapes, x, weight, bias, running_mean,
-                        running_var, batched=True, n=N, c=C, hw=HW, groups=C, last=last, eps=eps,
+                        running_var, n=N, c=C, hw=HW, groups=C, last=last, eps=eps,
                         momentum=momentum, use_input_stats=use_input_stats, running=running,
                         weight=weight is not None, bias=bias is not None))
     else:
@@ -1138,7 +1137,7 @@ def _wn_forward(v, g, dim):
     A, D, B = _around(v, dim) if dim is not None else (1, 1, v.size)
     shapes = (_like(v), _like(g))
     if _FFI and v.size > 0:
-        return _ffi("cynorm_weight_norm", shapes, v, g, batched=True, a=A, d=D, b=B)
+        return _ffi("cynorm_weight_norm", shapes, v, g, a=A, d=D, b=B)
 
     def host(v, g):
         return _cn.weight_norm_interface(*_arrays(v, g), dim)
@@ -1173,7 +1172,7 @@ def _weight_norm_bwd(saved, gw, static):
     A, D, B = _around(v, dim) if dim is not None else (1, 1, v.size)
     if _FFI and v.size > 0:
         return tuple(_ffi("cynorm_weight_norm_backward", (_like(v), _like(g)), gw, v, g, norm,
-                          batched=True, a=A, d=D, b=B))
+                          a=A, d=D, b=B))
 
     def host(gw, v, g, norm):
         return _cn.weight_norm_backward(*_arrays(gw, v, g, norm), dim)

@@ -1,10 +1,11 @@
-"""cynorm.jax's channel norms (batch, group, instance and weight norm) under
-jax.vmap: one custom call for the whole batch, with each element's bits.
+"""cynorm.jax under jax.vmap: one custom call for the whole batch, with each
+element's bits.
 
 The handlers take a set of every buffer per batch element; group and instance
 norm with parameters the batch shares run one kernel call over all the
 batch's samples, and their derivative rules fold the batch into the samples
-too.  (The row norms' vmap tests are in test_jax_adapter.py.)"""
+too; the other derivative rules run vmapped (cynorm._jax_forward's levels).
+(More of the row norms' vmap tests are in test_jax_adapter.py.)"""
 import numpy as np
 import pytest
 
@@ -71,7 +72,8 @@ def test_group_norm_under_vmap_is_one_call_over_the_batch(axis, dtype):
     same(np.moveaxis(np.asarray(got), 1, 0), np.stack([per(xs[i], w)[0] for i in range(B)]))
 
     # per-example gradients: each element's own parameter sums
-    loss = lambda x, w: (cj.group_norm(x, 3, w, b, axis=axis).astype(jnp.float32) ** 2).sum()  # noqa
+    def loss(x, w):
+        return (cj.group_norm(x, 3, w, b, axis=axis).astype(jnp.float32) ** 2).sum()
     grads = jax.jit(jax.vmap(jax.grad(loss, (0, 1)), (0, None)))
     one_call(grads, xs, w)
     gx, gw = grads(xs, w)
@@ -221,3 +223,53 @@ def test_a_call_holding_no_whole_number_of_sets_is_refused():
     call = jax.ffi.ffi_call("cynorm_weight_norm", (s(x.shape, x.dtype), s((3,), x.dtype)))
     with pytest.raises(Exception, match=r"weight_norm: v: a \* d \* b .*a set per batch"):
         jax.block_until_ready(call(x, jnp.ones(3), a=np.int64(1), d=np.int64(3), b=np.int64(7)))
+
+
+def test_derivative_rules_under_vmap_run_each_call_once_over_the_batch():
+    # where nothing folds (batch norm's batch statistics, parameters batched
+    # per element), the tangent's evaluation and transposition run vmapped:
+    # one custom call per kernel for the whole batch
+    B = 4
+    xs = rand(B, 6, 3, 5, seed=11)
+    w, b = rand(3, seed=1), rand(3, seed=2)
+
+    def bn_model(w, b):
+        return (jax.vmap(lambda x: cj.batch_norm(x, w, b)[0])(xs) ** 2).sum()
+    grad = jax.jit(jax.grad(bn_model, (0, 1)))
+    one_call(grad, w, b)
+    gw, gb = grad(w, b)
+    want = [0, 0]
+    for i in range(B):
+        y, sm, si = cynorm.batch_norm(xs[i], w, b)
+        back = cynorm.batch_norm_backward(2 * y, xs[i], w, None, None, sm, si, True)
+        want = [want[0] + back[1].astype(np.float64), want[1] + back[2].astype(np.float64)]
+    np.testing.assert_allclose(np.asarray(gw), want[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(gb), want[1], rtol=1e-5, atol=1e-5)
+
+    # an ensemble of weight-normed weights: its model's gradient per element
+    vs, gs = rand(3, 4, 5, seed=12), rand(3, 4, seed=13)
+
+    def wn_model(vs, gs):
+        return (jax.vmap(lambda v, g: cj.weight_norm(v, g, 0))(vs, gs) ** 2).sum()
+    grad = jax.jit(jax.grad(wn_model, (0, 1)))
+    one_call(grad, vs, gs)
+    gv, gg = grad(vs, gs)
+    for i in range(3):
+        wv, norm = cynorm.weight_norm_interface(vs[i], gs[i], 0)
+        back = cynorm.weight_norm_backward(2 * wv, vs[i], gs[i], norm, 0)
+        same(gv[i], back[0])
+        same(gg[i], back[1])
+
+    # jvp with the layer norm's weight batched per element, and nested
+    xs, ws, t = rand(2, 3, 5, 8, seed=14), rand(2, 3, 8, seed=15), rand(2, 3, 5, 8, seed=16)
+
+    def jvp(x, w, tx, tw):
+        return jax.jvp(lambda x, w: cj.layer_norm(x, 8, w, w), (x, w), (tx, tw))[1]
+    fn = jax.jit(jax.vmap(jax.vmap(jvp, (0, 0, 0, 0)), (0, None, 0, None)))
+    one_call(fn, xs, ws[0], t, ws[1])
+    got = fn(xs, ws[0], t, ws[1])
+    for i in range(2):
+        for j in range(3):
+            np.testing.assert_allclose(np.asarray(got[i, j]),
+                                       np.asarray(jvp(xs[i, j], ws[0, j], t[i, j], ws[1, j])),
+                                       rtol=1e-5, atol=1e-5)
