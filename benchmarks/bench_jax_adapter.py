@@ -242,7 +242,6 @@ def main():
                       f"{c:.1f} | {c / a:.2f} |", flush=True)
 
 
-
 def per_element(jax, f, axes):
     """f once per batch element (jax.lax.map: a custom call each, as a call
     that is not batched runs): the arguments with axis 0 sliced, the others

@@ -17,7 +17,7 @@ or a runtime whose FFI version the handlers cannot speak) they run through
 ``jax.pure_callback``; :data:`route` says which, and why.  Under
 ``jax.vmap`` each custom call runs once for the whole batch, its handler
 given a set of every argument per element (cynorm._jax_forward batches the
-derivative rules the same way); the callback route runs the kernels once
+derivative rules the same way); the callback route runs each callback once
 per batch element.
 """
 from __future__ import annotations
