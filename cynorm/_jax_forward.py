@@ -52,8 +52,8 @@ class _Rule(NamedTuple):
     traced: Optional[Callable[[list, list, tuple], Any]]
     # the slots (primals, then tangents) that hold rows of x (x, its
     # statistics, its tangent), the rest being parameters: under vmap with
-    # the parameters unbatched, one call over the batch's rows; None: once
-    # per batch element
+    # the parameters unbatched, one call over the batch's rows; otherwise
+    # (and None) the vmap is a level of the primitive (_over_levels)
     rows: Optional[frozenset]
     # whether the batch joins the rows' first axis (group and instance
     # norm's samples) rather than standing before them (the row norms, whose
