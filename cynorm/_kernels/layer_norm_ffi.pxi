@@ -41,15 +41,10 @@ cdef const void* row_param(const cn_ffi_buffer* b, int storage, Py_ssize_t N, Py
             else:
                 (<float*>scratch)[j] = <float>fill
         return scratch
-    cdef const char* values = <const char*>b.data + g * N * itemsize(ffi_storage(b))
+    cdef const char* values = <const char*>ffi_set(b, g, N)
     if ffi_storage(b) == math_storage(storage):
         return values
     return floats_from(values, storage, N, <float*>scratch)
-
-
-cdef inline void* rows_at(void* p, int storage, Py_ssize_t row, Py_ssize_t N) noexcept nogil:
-    # row `row` of a buffer of N-value rows of `storage` (NULL stays NULL)
-    return NULL if p == NULL else <void*>(<char*>p + row * N * itemsize(storage))
 
 
 cdef void* rows_forward_ffi(cn_ffi_frame* f, bint centered) noexcept nogil:
@@ -115,12 +110,10 @@ cdef void* rows_forward_ffi(cn_ffi_frame* f, bint centered) noexcept nogil:
             pw = row_param(w, storage, N, g, scratch, 1.0)
         if has_b or (centered and has_w):
             pb = row_param(b, storage, N, g, scratch + N, 0.0)
-        rows_forward(storage, rows_at(x.data, storage, r, N), pw, pb,
-                     rows_at(y.data, storage, r, N),
-                     rows_at(mean.data, math, r, 1) if centered else NULL,
-                     rows_at(rstd.data, math, r, 1), R, N, eps, max_threads(),
-                     rows_at(res.data, storage, r, N) if has_r else NULL,
-                     rows_at(h.data, storage, r, N) if has_r else NULL)
+        # (a buffer not passed, NULL, stays NULL)
+        rows_forward(storage, ffi_set(x, r, N), pw, pb, ffi_set(y, r, N), ffi_set(mean, r, 1),
+                     ffi_set(rstd, r, 1), R, N, eps, max_threads(), ffi_set(res, r, N),
+                     ffi_set(h, r, N))
     free(scratch)
     return NULL
 
@@ -187,11 +180,9 @@ cdef void* rows_backward_ffi(cn_ffi_frame* f, bint centered) noexcept nogil:
         if has_w:
             pw = row_param(w, storage, N, g, sums + 2 * N, 1.0)
         if R > 0:
-            status = rows_backward(storage, rows_at(dy.data, storage, r, N), NULL,
-                                   rows_at(x.data, storage, r, N),
-                                   rows_at(mean.data, math, r, 1) if centered else NULL,
-                                   rows_at(rstd.data, math, r, 1), pw,
-                                   rows_at(gx.data, storage, r, N), sums if want_gw else NULL,
+            status = rows_backward(storage, ffi_set(dy, r, N), NULL, ffi_set(x, r, N),
+                                   ffi_set(mean, r, 1), ffi_set(rstd, r, 1), pw,
+                                   ffi_set(gx, r, N), sums if want_gw else NULL,
                                    sums + N if want_gb else NULL, R, N, max_threads(), NULL)
         else:
             memset(sums, 0, 2 * N * sizeof(double))
