@@ -236,8 +236,13 @@ def leak_cases():
     cases["layer_norm_backward"] = lambda: cynorm.layer_norm_backward(dy, x, 16, mean, rstd, w, b)
     cases["layer_norm_backward mask"] = lambda: cynorm.layer_norm_backward(
         dy, x, 16, mean, rstd, None, None, (False, True, True))
+    cases["layer_norm_backward list mask"] = lambda: cynorm.layer_norm_backward(
+        dy, x, [16], mean, rstd, w, b, [True, False, True])
     xb, dyb = x.astype(BF16), dy.astype(BF16)
     cases["layer_norm bfloat16"] = lambda: cynorm.layer_norm(xb, 16, w, b)
+    # one parameter: the other made as ones or zeros (a scratch buffer)
+    cases["layer_norm weight only"] = lambda: cynorm.layer_norm(x, 16, w)
+    cases["layer_norm bfloat16 bias only"] = lambda: cynorm.layer_norm(xb, 16, None, b)
 
     # batch norm: x (4, 256, 3), 256 channels: statistics 1 KiB each
     C = 256
@@ -249,6 +254,11 @@ def leak_cases():
     cases["batch_norm train"] = lambda: cynorm.batch_norm(xn, bw, bb, rm, rv, True)
     cases["batch_norm train channels-last"] = lambda: cynorm.batch_norm(xcl, bw, bb, None, None, True, axis=-1)
     cases["batch_norm inference"] = lambda: cynorm.batch_norm(xn, bw, bb, rm, rv, False)
+    # (N, C, L) axes over (N, L, C) memory: a channels_last tensor's view
+    xmv, dymv = np.moveaxis(xcl, -1, 1), np.moveaxis(dycl, -1, 1)
+    cases["batch_norm train other order"] = lambda: cynorm.batch_norm(xmv, bw, bb, None, None, True)
+    cases["batch_norm_backward other order"] = lambda: cynorm.batch_norm_backward(
+        dymv, xmv, bw, rm, rv, sm, si, True)
     cases["batch_norm_backward train"] = lambda: cynorm.batch_norm_backward(
         dyn, xn, bw, rm, rv, sm, si, True)
     cases["batch_norm_backward inference"] = lambda: cynorm.batch_norm_backward(

@@ -136,17 +136,21 @@ def test_row_norm_backward_reads_grad_out_rows_where_they_lie(dtype, how, thread
 @pytest.mark.parametrize("call", [
     lambda x, w: layernorm._k.forward_plain(x, (4,), w, w, 1),         # eps an int
     lambda x, w: layernorm._k.forward_plain(x, (4,), w, w, float("nan")),
-    lambda x, w: layernorm._k.forward_plain(x, (4,), w, None, 1e-5),   # weight without bias
     lambda x, w: layernorm._k.forward_plain(x, (True,), w, w, 1e-5),   # a bool in the shape
-    lambda x, w: layernorm._k.forward_plain(x, [4], w, w, 1e-5),       # a list
     lambda x, w: layernorm._k.forward_plain(x, (3,), w, w, 1e-5),      # not x's trailing axes
     lambda x, w: layernorm._k.forward_plain(x[:, ::2], (2,), None, None, 1e-5),
     lambda x, w: layernorm._k.forward_plain(x.astype(">f4"), (4,), w, w, 1e-5),
     lambda x, w: layernorm._k.forward_plain(x, (4,), w.astype(np.float64), w, 1e-5),
     lambda x, w: layernorm._k.forward_plain(x[:0], (4,), w, w, 1e-5),  # no rows
     lambda x, w: layernorm._k.forward_plain(x.tolist(), (4,), w, w, 1e-5),
-    lambda x, w: layernorm._k.backward_plain(x, x, (4,), x[:, :1], x[:, :1], w, w, [True] * 3),
     lambda x, w: layernorm._k.backward_plain(x, x, (4,), x[:1, :1], x[:, :1], w, w, None),
+    lambda x, w: layernorm._k.backward_plain(x, x, (4,), x[:, :1], x[:, :1], w, w, [True] * 2),
+    lambda x, w: layernorm._k.backward_plain(x, x, (4,), x[:, :1], x[:, :1], w, w,
+                                             [True, 1, True]),          # an int in the mask
+    lambda x, w: layernorm._k.backward_plain(x, x, (4,), x[:, :1], x[:, :1], w, w,
+                                             np.ones(3, bool)),         # an array mask
+    lambda x, w: layernorm._k.forward_plain(x, [4.0], w, w, 1e-5),     # a float in the shape
+    lambda x, w: layernorm._k.forward_plain(x, (4,), w, w, np.float32(1e-5)),   # not a float
     # grad_out's rows not contiguous (the in-place reading takes contiguous rows)
     lambda x, w: layernorm._k.backward_plain(np.repeat(x, 2, 1)[:, ::2], x, (4,), x[:, :1],
                                              x[:, :1], w, w, (True,) * 3),
@@ -157,6 +161,69 @@ def test_layer_norm_leaves_the_rest_to_python(call):
     x = data((2, 4), np.float32)
     w = data(4, np.float32, 1)
     assert call(x, w) is None
+
+
+@pytest.mark.parametrize("shape,ns", LN_SHAPES[:3])
+@pytest.mark.parametrize("dtype,form", DTYPE_PARAMS)
+@pytest.mark.parametrize("given", ["weight", "bias"])
+def test_layer_norm_with_one_parameter(dtype, form, shape, ns, given, threads):
+    """A weight without a bias (torch's LayerNorm(bias=False)), or a bias
+    without a weight: the plain entries give the missing one as ones or
+    zeros, as the Python layer does."""
+    from cynorm import rmsnorm
+    x = data(shape, dtype, mean=1e4 if dtype == np.float32 else 0.5)
+    r = data(shape, dtype, 4)
+    nsh = (ns,) if isinstance(ns, int) else ns
+    p = data(nsh, param_dtype(dtype, form, given == "weight"), 1)
+    w, b = (p, None) if given == "weight" else (None, p)
+    assert layernorm._k.forward_plain(x, ns, w, b, 1e-5) is not None
+    same_bits(cynorm.layer_norm(x, ns, w, b, 1e-5),
+              cynorm.layer_norm(via_python(x), ns, w, b, 1e-5))
+    assert rmsnorm._k.rows_plain(x, r, ns, w, b, 1e-5, None, True) is not None
+    same_bits(cynorm.add_layer_norm(x, r, ns, w, b, 1e-5),
+              cynorm.add_layer_norm(via_python(x), r, ns, w, b, 1e-5))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_torch_style_arguments_take_the_plain_entries(dtype):
+    """Lists where torch's signatures take them (output masks, the
+    normalized shape) and NumPy float64 scalars as eps run the plain
+    entries, with the bits of the tuple forms."""
+    from cynorm import groupnorm, rmsnorm
+    x, dy, r = data((6, 8), dtype), data((6, 8), dtype, 3), data((6, 8), dtype, 4)
+    w, b = data(8, np.float32, 1), data(8, np.float32, 2)
+    assert layernorm._k.forward_plain(x, [8], w, b, np.float64(1e-5)) is not None
+    y, mean, rstd = cynorm.layer_norm(x, (8,), w, b, 1e-5)
+    same_bits(cynorm.layer_norm(x, [8], w, b, np.float64(1e-5)), (y, mean, rstd))
+    for mask in ([True, True, True], [True, False, True], [False, False, False]):
+        args = (dy, x, [8], mean, rstd, w, b, mask)
+        assert layernorm._k.backward_plain(*args) is not None
+        same_bits(cynorm.layer_norm_backward(*args),
+                  cynorm.layer_norm_backward(dy, x, (8,), mean, rstd, w, b, tuple(mask)))
+    _, rr = cynorm.rms_norm(x, [8], w)
+    assert rmsnorm._k.row_grads_plain(dy, None, x, [8], None, rr, w, None, [True, False],
+                                      False) is not None
+    same_bits(cynorm.rms_norm_backward(dy, x, [8], rr, w, [True, False]),
+              cynorm.rms_norm_backward(dy, x, (8,), rr, w, (True, False)))
+    _, h, m2, r2 = cynorm.add_layer_norm(x, r, [8], w, b)
+    same_bits(cynorm.add_layer_norm_backward(dy, dy, h, [8], m2, r2, w, b, [True, True, False]),
+              cynorm.add_layer_norm_backward(dy, dy, h, (8,), m2, r2, w, b,
+                                             (True, True, False)))
+    xg, dyg = data((2, 4, 3, 3), dtype), data((2, 4, 3, 3), dtype, 3)
+    wg = data(4, np.float32, 1)
+    _, gm, gr = cynorm.group_norm(xg, 2, wg)
+    assert groupnorm._k.group_backward_plain(dyg, xg, gm, gr, wg, 2, [True] * 3, 1) is not None
+    same_bits(cynorm.group_norm_backward(dyg, xg, gm, gr, wg, 2, [True, False, True]),
+              cynorm.group_norm_backward(dyg, xg, gm, gr, wg, 2, (True, False, True)))
+    _, im, ir = cynorm.instance_norm(xg, wg)
+    assert groupnorm._k.instance_backward_plain(dyg, xg, im, ir, wg, True, [True] * 3,
+                                                1) is not None
+    _, sm, si = cynorm.batch_norm(xg, wg)
+    args = (dyg, xg, wg, None, None, sm, si, True, 1e-5)
+    assert __import__("cynorm._channels")._channels.plain_batch_norm_backward(
+        *args, [True] * 3, 1) is not None
+    same_bits(cynorm.batch_norm_backward(*args, [False, True, True]),
+              cynorm.batch_norm_backward(*args, (False, True, True)))
 
 
 @pytest.mark.parametrize("shape,ns", LN_SHAPES)
@@ -214,11 +281,8 @@ def test_add_norms(dtype, form, shape, ns, affine, centered, threads):
     lambda x, w, k: k.rows_plain(x, x[:1], (4,), w, None, None, None, False),   # residual's shape
     lambda x, w, k: k.rows_plain(x, x.astype(np.float64), (4,), w, None, None, None, False),
     lambda x, w, k: k.rows_plain(x, x, (4,), w, w, 1e-5, (x, None, None, None), True),  # y is x
-    lambda x, w, k: k.rows_plain(x, x, (4,), w, None, 1e-5, None, True),    # weight, no bias
     lambda x, w, k: k.row_grads_plain(x, None, x, (4,), None, x[:, :1], w, None,
                                       (True, True, True), False),
-    lambda x, w, k: k.row_grads_plain(x, None, x, (4,), None, x[:, :1], w, None, [True, True],
-                                      False),
     lambda x, w, k: k.row_grads_plain(x, x[:1], x, (4,), None, x[:, :1], w, None, (True, True),
                                       False),                                # grad_h's shape
 ])
@@ -348,6 +412,58 @@ def test_batch_norm_backward(dtype, form, shape, axis, training, weighted, threa
         assert _channels.plain_batch_norm_backward(*args) is not None
         same_bits(cynorm.batch_norm_backward(*args),
                   cynorm.batch_norm_backward(via_python(dy), *args[1:]))
+
+
+# (channels-first shape, axis) of data held in the other channel order: a torch
+# channels_last tensor's view (axis 1), or channels-last axes over
+# channels-first memory (axis -1)
+BN_MOVED = [((2, 16, 8, 8), 1), ((3, 5, 20), 1), ((2, 3, 4, 5, 6), 1), ((4, 3, 6, 7), -1),
+            ((3, 5, 20), -1)]
+
+
+@pytest.mark.parametrize("dtype,form", DTYPE_PARAMS)
+@pytest.mark.parametrize("shape,axis", BN_MOVED)
+@pytest.mark.parametrize("training", [True, False])
+def test_batch_norm_in_the_other_channel_order(dtype, form, shape, axis, training, threads):
+    """Read in place by the plain entries, as the Python layer reads it:
+    the same bits, and results in x's memory order."""
+    from cynorm import _channels
+    x = gn_layout(data(shape, dtype, mean=1e4 if dtype == np.float32 else 0.5), axis, True)
+    dy = gn_layout(data(shape, dtype, 5), axis, True)
+    assert not x.flags.c_contiguous and not dy.flags.c_contiguous
+    C = shape[1]
+    pw, pd = param_dtype(dtype, form), param_dtype(dtype, form, False)
+    w, b = data(C, pw, 1), data(C, pd, 2)
+    rm = (data(C, np.float32, 3) * 0.1).astype(pd)
+    rv = (np.abs(data(C, np.float32, 4)) + 0.5).astype(pd)
+
+    def forward(xx):
+        rm2, rv2 = rm.copy(), rv.copy()
+        return cynorm.batch_norm(xx, w, b, rm2, rv2, training, 0.1, 1e-5, axis) + (rm2, rv2)
+
+    assert _channels.plain_batch_norm(x, w, b, rm.copy(), rv.copy(), training, 0.1, 1e-5,
+                                      axis) is not None
+    got, want = forward(x), forward(via_python(x))
+    assert got[0].strides == want[0].strides
+    same_bits(tuple(np.ascontiguousarray(a) for a in got),
+              tuple(np.ascontiguousarray(a) for a in want))
+    _, sm, si = got[:3]
+    for mask in [(True, True, True), (True, False, False), (False, True, True)]:
+        args = (dy, x, w, rm, rv, sm, si, training, 1e-5, mask, axis)
+        assert _channels.plain_batch_norm_backward(*args) is not None
+        g1 = cynorm.batch_norm_backward(*args)
+        g2 = cynorm.batch_norm_backward(via_python(dy), *args[1:])
+        if mask[0]:
+            assert g1[0].strides == g2[0].strides
+        same_bits(tuple(None if a is None else np.ascontiguousarray(a) for a in g1),
+                  tuple(None if a is None else np.ascontiguousarray(a) for a in g2))
+    # grad_out in another order than x's: left to the Python layer
+    dyc = np.ascontiguousarray(dy)
+    args = (dyc, x, w, rm, rv, sm, si, training, 1e-5, (True,) * 3, axis)
+    assert _channels.plain_batch_norm_backward(*args) is None
+    same_bits(tuple(np.ascontiguousarray(a) for a in cynorm.batch_norm_backward(*args)),
+              tuple(np.ascontiguousarray(a) for a in cynorm.batch_norm_backward(
+                  via_python(dyc), *args[1:])))
 
 
 @pytest.mark.parametrize("call", [

@@ -118,8 +118,9 @@ cdef Py_ssize_t itemsize(int storage) noexcept nogil:
 
 
 cdef bint plain_eps(object eps) noexcept:
-    """eps is a Python float >= 0 (not NaN)."""
-    return type(eps) is float and <double>eps >= 0.0
+    """eps is a float >= 0 (not NaN): a Python float or a subclass of it,
+    such as NumPy's float64."""
+    return isinstance(eps, float) and <double>eps >= 0.0
 
 
 cdef bint disjoint(object a, object b) noexcept:
@@ -259,20 +260,20 @@ cdef void* math_values(object a, float* scratch) noexcept:
 
 
 cdef int trailing_axes(cnp.ndarray x, object shape) noexcept:
-    """How many trailing axes of x `shape` (an int or a tuple of ints) names
-    and matches; 0 when it is anything else."""
+    """How many trailing axes of x `shape` (an int, or a tuple or list of
+    ints) names and matches; 0 when it is anything else."""
     cdef int nd = cnp.PyArray_NDIM(x)
     cdef const cnp.npy_intp* dims = cnp.PyArray_DIMS(x)
     cdef int k, i
     if type(shape) is int:
         return 1 if nd >= 1 and shape == dims[nd - 1] else 0
-    if type(shape) is not tuple:
+    if not isinstance(shape, (tuple, list)):
         return 0
-    k = len(<tuple>shape)
+    k = len(shape)
     if k == 0 or k > nd:
         return 0
     for i in range(k):
-        item = (<tuple>shape)[i]
+        item = shape[i]
         if type(item) is not int or item != dims[nd - k + i]:
             return 0
     return k
@@ -366,10 +367,20 @@ cdef void floats_into(void* p, int storage, Py_ssize_t n, const float* src) noex
             (<cn_f16*>p)[i] = cn_f32_to_f16(src[i])
 
 
-cdef bint plain_mask(object mask) noexcept:
-    """mask is a tuple of three bools (an output_mask)."""
-    return (type(mask) is tuple and len(<tuple>mask) == 3 and type((<tuple>mask)[0]) is bool
-            and type((<tuple>mask)[1]) is bool and type((<tuple>mask)[2]) is bool)
+cdef object plain_mask(object mask, Py_ssize_t n):
+    """An output_mask of n bools, a tuple or a list (torch's ops take
+    either), as a tuple; None when it is anything else."""
+    cdef Py_ssize_t i
+    if type(mask) is list:
+        mask = tuple(<list>mask)
+    elif type(mask) is not tuple:
+        return None
+    if len(<tuple>mask) != n:
+        return None
+    for i in range(n):
+        if type((<tuple>mask)[i]) is not bool:
+            return None
+    return mask
 
 
 cdef bint split_at(cnp.ndarray a, object axis, Py_ssize_t* dims3) noexcept:

@@ -207,7 +207,7 @@ cdef object plain_group_backward(object grad_out, object x, object mean, object 
     cdef bint last, moved, last_dy, moved_dy
     cdef int ax
     if (storage == NOT_PLAIN or storage_of_any_layout(grad_out) != storage
-            or not plain_mask(output_mask) or not gn_layout(x, axis, sizes, &last, &moved, &ax)
+            or not gn_layout(x, axis, sizes, &last, &moved, &ax)
             or not gn_layout(grad_out, axis, sizes_dy, &last_dy, &moved_dy, &ax)
             or last_dy != last or moved_dy != moved
             or cnp.PyArray_NDIM(<cnp.ndarray>grad_out) != cnp.PyArray_NDIM(<cnp.ndarray>x)):
@@ -230,7 +230,9 @@ cdef object plain_group_backward(object grad_out, object x, object mean, object 
     for a in (mean, rstd):
         if not (plain_with_shape(a, stat, 2, s_dims) or plain_with_shape(a, stat, 1, f_dims)):
             return None
-    cdef tuple mask = <tuple>output_mask
+    mask = plain_mask(output_mask, 3)
+    if mask is None:
+        return None
     cdef double* buf = <double*>malloc((4 * C + 2 * N * G) * sizeof(double))
     if buf == NULL:
         raise MemoryError(op + ": could not allocate the coefficients")

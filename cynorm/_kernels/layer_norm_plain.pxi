@@ -26,7 +26,7 @@ def forward_plain(x, normalized_shape, weight, bias, eps, out=None):
     arguments are plain (_plain.pyx; out= arrays overlapping nothing) and no
     row is empty: (y, mean, rstd); otherwise None, and the Python layer takes
     the call."""
-    if not plain_eps(eps) or (weight is None) != (bias is None):
+    if not plain_eps(eps):
         return None
     return plain_rows(x, None, normalized_shape, weight, bias, eps, out, True)
 
@@ -38,7 +38,7 @@ def rows_plain(x, residual, normalized_shape, weight, bias, eps, out, bint cente
     cdef int storage = storage_of(x)
     if eps is None and not centered and storage != NOT_PLAIN:
         eps = DBL_EPSILON if math_storage(storage) == STORAGE_F64 else <double>FLT_EPSILON
-    if not plain_eps(eps) or (centered and (weight is None) != (bias is None)):
+    if not plain_eps(eps):
         return None
     return plain_rows(x, residual, normalized_shape, weight, bias, eps, out, centered)
 
@@ -84,18 +84,33 @@ cdef object plain_rows(object x, object residual, object normalized_shape, objec
     if rstd is None:
         rstd = new_array(nd, stat_dims, typenum(stat), 0)
     cdef int nt = max_threads()
-    # 16-bit weight and bias are widened to float32 here (2 * N floats)
-    cdef float* scratch = NULL
-    if weight is not None and itemsize(storage) == 2:
-        scratch = <float*>malloc(2 * N * sizeof(float))
+    # 16-bit weight and bias are widened to float32 here (2 * N floats); layer
+    # norm's kernel takes weight and bias both or neither, so one given alone
+    # gets the other as ones or zeros of the math type (the last N values)
+    cdef bint alone = centered and (weight is None) != (bias is None)
+    cdef double fill = 1.0 if weight is None else 0.0
+    cdef Py_ssize_t i, msz = 8 if stat == STORAGE_F64 else 4
+    cdef char* scratch = NULL
+    if (weight is not None or bias is not None) and (itemsize(storage) == 2 or alone):
+        scratch = <char*>malloc(3 * N * msz)
         if scratch == NULL:
             raise MemoryError(("layer_norm" if centered else "rms_norm")
-                              + ": could not allocate the weight's float32 copy")
+                              + ": could not allocate the parameters' math-type copies")
     cdef void* pres = data(residual)
     cdef void* ph = data(h)
     cdef void* px = data(x)
-    cdef void* pw = math_values(weight, scratch)
-    cdef void* pb = math_values(bias, scratch + N if scratch != NULL else NULL)
+    cdef void* pw = math_values(weight, <float*>scratch)
+    cdef void* pb = math_values(bias, <float*>(scratch + N * msz) if scratch != NULL else NULL)
+    if alone:
+        for i in range(N):
+            if stat == STORAGE_F64:
+                (<double*>(scratch + 2 * N * msz))[i] = fill
+            else:
+                (<float*>(scratch + 2 * N * msz))[i] = <float>fill
+        if weight is None:
+            pw = scratch + 2 * N * msz
+        else:
+            pb = scratch + 2 * N * msz
     cdef void* py = data(y)
     cdef void* pm = data(mean) if centered else NULL
     cdef void* pr = data(rstd)
@@ -112,10 +127,11 @@ def backward_plain(grad_out, x, normalized_shape, mean, rstd, weight, bias, outp
     grad_out's rows may also lie in another order, each contiguous: read in
     place) and no row is empty: (grad_x, grad_weight, grad_bias); otherwise
     None, and the Python layer takes the call."""
-    if not plain_mask(output_mask):
+    mask = plain_mask(output_mask, 3)
+    if mask is None:
         return None
-    return plain_row_grads(grad_out, None, x, normalized_shape, mean, rstd, weight, bias,
-                           <tuple>output_mask, True)
+    return plain_row_grads(grad_out, None, x, normalized_shape, mean, rstd, weight, bias, mask,
+                           True)
 
 
 def row_grads_plain(grad_out, grad_h, x, normalized_shape, mean, rstd, weight, bias, output_mask,
@@ -123,15 +139,11 @@ def row_grads_plain(grad_out, grad_h, x, normalized_shape, mean, rstd, weight, b
     """rms_norm_backward (not centered; grad_h, mean and bias None),
     add_layer_norm_backward (centered) or add_rms_norm_backward in the plain
     case, as backward_plain: their results, or None."""
-    if centered:
-        if not plain_mask(output_mask):
-            return None
-        mask = <tuple>output_mask
-    elif (type(output_mask) is tuple and len(<tuple>output_mask) == 2
-            and type((<tuple>output_mask)[0]) is bool and type((<tuple>output_mask)[1]) is bool):
-        mask = <tuple>output_mask + (False,)
-    else:
+    mask = plain_mask(output_mask, 3 if centered else 2)
+    if mask is None:
         return None
+    if not centered:
+        mask = <tuple>mask + (False,)
     return plain_row_grads(grad_out, grad_h, x, normalized_shape, mean, rstd, weight, bias, mask,
                            centered)
 
