@@ -99,6 +99,8 @@ CACHE_CASES = [
     ("add_layer_norm", (512, 768), "last axis"),
     ("group_norm", (2, 320, 16, 16), "NCHW"),
     ("group_norm", (2, 320, 16, 16), "NHWC"),
+    ("group_norm", (2, 1280, 8, 8), "NCHW"),      # the UNet's lowest resolution: short rows
+    ("group_norm", (2, 1280, 8, 8), "NHWC"),
     ("instance_norm", (8, 64, 16, 16), "NCHW"),
     ("instance_norm", (8, 64, 16, 16), "NHWC"),
     ("batch_norm", (8, 64, 14, 14), "NCHW"),
