@@ -466,6 +466,32 @@ def test_batch_norm_in_the_other_channel_order(dtype, form, shape, axis, trainin
                   via_python(dyc), *args[1:])))
 
 
+@pytest.mark.parametrize("shape,axis", [((2, 3, 1, 5), -1), ((2, 3, 1, 5), 1), ((1, 3, 4, 5), 1),
+                                        ((2, 16, 64, 1), 1)])
+def test_batch_norm_other_order_with_an_axis_of_one(shape, axis):
+    """An axis of length 1 leaves the memory order to its stride, which
+    the Python layer reads: the plain entries leave such data to it (the
+    same strides and bits either way)."""
+    from cynorm import _channels
+    x = gn_layout(data(shape, np.float32), axis, True)
+    dy = gn_layout(data(shape, np.float32, 5), axis, True)
+    if dy.ndim == 4 and dy.shape[-1] == 1:     # a stride NumPy leaves at 0
+        dy = np.lib.stride_tricks.as_strided(dy, strides=dy.strides[:-1] + (0,))
+    w = data(shape[1], np.float32, 1)
+    assert _channels.plain_batch_norm(x, w, None, None, None, True, 0.1, 1e-5, axis) is None
+    got, want = (cynorm.batch_norm(a, w, None, None, None, True, 0.1, 1e-5, axis)
+                 for a in (x, via_python(x)))
+    assert got[0].strides == want[0].strides
+    same_bits(tuple(np.ascontiguousarray(a) for a in got),
+              tuple(np.ascontiguousarray(a) for a in want))
+    args = (x, w, None, None, got[1], got[2], True, 1e-5, (True,) * 3, axis)
+    g1, g2 = cynorm.batch_norm_backward(dy, *args), cynorm.batch_norm_backward(via_python(dy),
+                                                                                *args)
+    assert g1[0].strides == g2[0].strides
+    same_bits(tuple(np.ascontiguousarray(a) for a in g1),
+              tuple(np.ascontiguousarray(a) for a in g2))
+
+
 @pytest.mark.parametrize("call", [
     lambda x, v: __import__("cynorm._channels")._channels.plain_batch_norm(
         x, v, v, v, v, 1, 0.1, 1e-5, 1),                       # training an int
