@@ -33,14 +33,8 @@ cdef const void* row_param(const cn_ffi_buffer* b, int storage, Py_ssize_t N, Py
     """Set g of a weight or bias (param_sets) in the math type: its data, or
     its values widened into scratch; with b NULL, scratch filled with `fill`
     (layer norm's missing weight or bias, as layernorm.py fills it)."""
-    cdef Py_ssize_t j
     if b == NULL:
-        for j in range(N):
-            if math_storage(storage) == STORAGE_F64:
-                (<double*>scratch)[j] = fill
-            else:
-                (<float*>scratch)[j] = <float>fill
-        return scratch
+        return math_fill(scratch, storage, N, fill)
     cdef const char* values = <const char*>ffi_set(b, g, N)
     if ffi_storage(b) == math_storage(storage):
         return values

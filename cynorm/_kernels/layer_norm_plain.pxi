@@ -43,6 +43,18 @@ def rows_plain(x, residual, normalized_shape, weight, bias, eps, out, bint cente
     return plain_rows(x, residual, normalized_shape, weight, bias, eps, out, centered)
 
 
+cdef void* math_fill(void* dst, int storage, Py_ssize_t N, double fill) noexcept nogil:
+    # dst[:N] = fill in the math type of `storage` data (layer norm's missing
+    # weight or bias, as layernorm.py makes it); returns dst
+    cdef Py_ssize_t j
+    for j in range(N):
+        if math_storage(storage) == STORAGE_F64:
+            (<double*>dst)[j] = fill
+        else:
+            (<float*>dst)[j] = <float>fill
+    return dst
+
+
 cdef object plain_rows(object x, object residual, object normalized_shape, object weight,
                        object bias, double eps, object out, bint centered):
     # the plain case of the row norms: layer norm (centered) or RMS norm, of
@@ -88,8 +100,7 @@ cdef object plain_rows(object x, object residual, object normalized_shape, objec
     # norm's kernel takes weight and bias both or neither, so one given alone
     # gets the other as ones or zeros of the math type (the last N values)
     cdef bint alone = centered and (weight is None) != (bias is None)
-    cdef double fill = 1.0 if weight is None else 0.0
-    cdef Py_ssize_t i, msz = 8 if stat == STORAGE_F64 else 4
+    cdef Py_ssize_t msz = 8 if stat == STORAGE_F64 else 4
     cdef char* scratch = NULL
     if (weight is not None or bias is not None) and (itemsize(storage) == 2 or alone):
         scratch = <char*>malloc(3 * N * msz)
@@ -101,16 +112,10 @@ cdef object plain_rows(object x, object residual, object normalized_shape, objec
     cdef void* px = data(x)
     cdef void* pw = math_values(weight, <float*>scratch)
     cdef void* pb = math_values(bias, <float*>(scratch + N * msz) if scratch != NULL else NULL)
-    if alone:
-        for i in range(N):
-            if stat == STORAGE_F64:
-                (<double*>(scratch + 2 * N * msz))[i] = fill
-            else:
-                (<float*>(scratch + 2 * N * msz))[i] = <float>fill
-        if weight is None:
-            pw = scratch + 2 * N * msz
-        else:
-            pb = scratch + 2 * N * msz
+    if alone and weight is None:
+        pw = math_fill(scratch + 2 * N * msz, storage, N, 1.0)
+    elif alone:
+        pb = math_fill(scratch + 2 * N * msz, storage, N, 0.0)
     cdef void* py = data(y)
     cdef void* pm = data(mean) if centered else NULL
     cdef void* pr = data(rstd)
