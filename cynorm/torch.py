@@ -34,10 +34,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-import cynorm as _cn
+import cynorm
 from cynorm import _dtypes
 from cynorm._channels import channel_input as _channel_input, prepare as _prepare
 from cynorm._channels import moments as _channel_moments
+from cynorm._kernels._alloc import OutsideCache
 from cynorm._kernels._dlpack import to_dlpack
 from cynorm._kernels._views import tensor_view
 from torch._C import _functorch
@@ -54,6 +55,24 @@ _from_dlpack = getattr(torch._C, "_from_dlpack", torch.utils.dlpack.from_dlpack)
 _NUMPY: dict[Any, np.dtype[Any]] = {torch.float64: np.dtype(np.float64),
                                     torch.float32: np.dtype(np.float32),
                                     torch.float16: np.dtype(np.float16)}
+
+
+class _Kernels:
+    """cynorm's functions as this module calls them: each an OutsideCache, so
+    that their outputs, which become tensors, come from the allocator
+    PyTorch's own operators free into (memory they just used), not from
+    cynorm's block cache (blocks kept since the last backward, cold, and
+    memory PyTorch cannot reuse: docs/torch.rst, "Memory")."""
+
+    def __getattr__(self, name: str) -> Any:
+        f = getattr(cynorm, name)
+        if callable(f):
+            f = OutsideCache(f)
+        setattr(self, name, f)      # looked up once
+        return f
+
+
+_cn: Any = _Kernels()
 
 
 def _tensor(a: np.ndarray) -> Tensor:
@@ -178,7 +197,8 @@ def _tangents(fn, inputs, input_tangents, running=(), outputs=1):
             a, t = (tuple(a) if isinstance(a, list) else a), None
         primals.append(a)
         tangents.append(t)
-    _, out = _cn.jvp(fn, primals, tangents)
+    # (cynorm.jvp finds the rule by the function itself)
+    _, out = _cn.jvp(fn.__wrapped__ if isinstance(fn, OutsideCache) else fn, primals, tangents)
     return (tuple(_like(o, inputs[0], primals[0]) for o in out[:outputs])
             + tuple(None if o is None else _tensor(o) for o in out[outputs:]))
 

@@ -106,3 +106,58 @@ def test_env_switch_turns_the_cache_off():
     assert run("1048576").stdout.strip() == "1048576"
     bad = run("lots")
     assert bad.returncode != 0 and "CYNORM_ALLOC_CACHE must be a byte count" in bad.stderr
+
+
+# ---- OutsideCache: calls whose outputs skip the cache (cynorm.torch's) -----
+
+def _counts():
+    info = cynorm.alloc_cache_info()
+    return info["hits"], info["misses"]
+
+
+def test_outside_cache_calls_take_numpys_allocator(cache):
+    v, g = np.ones((1024, 1024), np.float32), np.ones(1024, np.float32)
+    outside = _alloc.OutsideCache(cynorm.weight_norm)
+    assert outside.__wrapped__ is cynorm.weight_norm
+    before = _counts()
+    for _ in range(3):
+        w = outside(v, g, 0)
+        np.testing.assert_allclose(w, 1 / 32, rtol=1e-6)
+        del w
+    assert _counts() == before and cynorm.alloc_cache_info()["blocks"] == 0
+    # a call outside it uses the cache again (a miss, then a hit)
+    cynorm.weight_norm(v, g, 0)         # (freed at once, into the cache)
+    cynorm.weight_norm(v, g, 0)
+    assert _counts() == (before[0] + 1, before[1] + 1)
+
+
+def test_outside_cache_restores_the_cache_after_an_error(cache):
+    v, g = np.ones((1024, 1024), np.float32), np.ones(1024, np.float32)
+    outside = _alloc.OutsideCache(cynorm.weight_norm)
+    with pytest.raises(ValueError):
+        outside(v, g, 5)            # dim out of range
+    before = _counts()
+    cynorm.weight_norm(v, g, 0)
+    assert _counts() == (before[0], before[1] + 1)
+
+
+def test_outside_cache_is_per_thread(cache):
+    # while one thread is inside an OutsideCache call, another thread's
+    # outputs still go through the cache
+    import threading
+    entered, release = threading.Event(), threading.Event()
+
+    def hold():
+        entered.set()
+        assert release.wait(30)
+        return np.empty(1 << 20, np.float32)     # NumPy's own: not counted
+
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(_alloc.OutsideCache(hold))
+        assert entered.wait(30)
+        before = _counts()
+        a = _alloc.empty((1 << 20,), np.float32, 4 << 20)
+        assert _counts() == (before[0], before[1] + 1)
+        release.set()
+        held.result()
+    del a

@@ -52,6 +52,27 @@ def test_batch_norm_gradcheck_training_and_eval():
                                     (x, w, b))
 
 
+# ---- outputs from PyTorch's side of the allocator, not cynorm's cache --------
+
+def test_adapter_outputs_stay_out_of_the_block_cache():
+    import cynorm
+    x = torch.randn(2048, 512, requires_grad=True)
+    xc = torch.randn(16, 64, 32, 32, requires_grad=True)
+    mods = [(ct.LayerNorm(512), x), (ct.RMSNorm(512), x), (ct.GroupNorm(8, 64), xc),
+            (ct.BatchNorm2d(64), xc), (ct.InstanceNorm2d(64, affine=True), xc)]
+    info = cynorm.alloc_cache_info()
+    assert info["limit"] > 0
+    for m, t in mods:
+        for _ in range(2):
+            m(t).sum().backward()
+    after = cynorm.alloc_cache_info()
+    assert (after["hits"], after["misses"]) == (info["hits"], info["misses"])
+    # (the same sizes through cynorm's NumPy API do go through it)
+    cynorm.layer_norm(x.detach().numpy(), (512,))
+    assert cynorm.alloc_cache_info()["misses"] + cynorm.alloc_cache_info()["hits"] > (
+        after["hits"] + after["misses"])
+
+
 # ---- forward mode (dual tensors, torch.func) ---------------------------------
 
 _G = torch.Generator().manual_seed(5)

@@ -28,6 +28,7 @@ cdef extern from "cn_alloc.h":
     void cn_cache_trim(size_t limit) nogil
     int cn_cache_blocks() nogil
     int CN_CACHE_SLOTS
+    int cn_outside_cache
 
 DEFAULT_LIMIT = 512 << 20
 MIN_SIZE = 1 << 20
@@ -56,8 +57,33 @@ cdef object _capsule = PyCapsule_New(<void*>&cn_handler, b"mem_handler", NULL)
 
 
 cdef inline bint cached(Py_ssize_t nbytes) noexcept:
-    # an output of nbytes goes through the block cache: it is on, and the output large
-    return nbytes >= <Py_ssize_t>cn_cache.min_size and cn_cache.limit != 0
+    # an output of nbytes goes through the block cache: it is on, the output
+    # large, and no OutsideCache call is under way on this thread
+    return (nbytes >= <Py_ssize_t>cn_cache.min_size and cn_cache.limit != 0
+            and cn_outside_cache == 0)
+
+
+cdef class OutsideCache:
+    """A function whose calls take their outputs from NumPy's own allocator,
+    not the block cache (on the calling thread, while the call runs).
+
+    For cynorm.torch, whose outputs become PyTorch tensors: in a PyTorch
+    model a block kept since the last step's backward is cold, where the
+    allocator PyTorch's operators free into hands out memory they just used
+    (and the cache's blocks are memory PyTorch's allocations cannot reuse).
+    """
+    cdef readonly object __wrapped__
+
+    def __init__(self, fn):
+        self.__wrapped__ = fn
+
+    def __call__(self, *args, **kwargs):
+        global cn_outside_cache
+        cn_outside_cache += 1
+        try:
+            return self.__wrapped__(*args, **kwargs)
+        finally:
+            cn_outside_cache -= 1
 
 
 def empty(shape, dtype, Py_ssize_t nbytes):

@@ -107,6 +107,15 @@ typedef struct {
 
 static cn_cache_t cn_cache = {NULL, {{NULL, 0}}, 0, 0, 1u << 20, 0, 0};
 
+/* Calls under way on this thread whose outputs stay out of the cache
+ * (_alloc.OutsideCache: cynorm.torch's, whose outputs become PyTorch
+ * tensors).  Per thread: another thread's calls keep the cache meanwhile. */
+#if defined(_MSC_VER)
+static __declspec(thread) int cn_outside_cache = 0;
+#else
+static _Thread_local int cn_outside_cache = 0;
+#endif
+
 static int cn_cache_init(size_t limit, size_t min_size) {
     cn_cache.lock = PyThread_allocate_lock();
     if (cn_cache.lock == NULL) return -1;
