@@ -405,6 +405,23 @@ def test_extreme_magnitudes(scale, dtype, shape, axis, rng):
     assert np.isfinite(np.asarray(gx, np.float64)).all()
 
 
+@pytest.mark.parametrize("dtype", [F64, F32, BF16], ids=str)
+@pytest.mark.parametrize("shape", [(2, 8, 8, 8), (2, 6, 30, 30)])
+@pytest.mark.parametrize("axis", [1, -1])
+def test_channels_far_apart_within_a_group(dtype, shape, axis, rng):
+    # a group's sums are shifted by its first value: channels whose means sit
+    # far from it and from each other, and a first value far out in its
+    # channel, keep the statistics' and y's precision
+    G = 2
+    C = shape[1]
+    x = rng.standard_normal(shape) + 1e4 * (1 + np.arange(C) % 3).reshape(C, 1, 1)
+    x[:, ::C // G, 0, 0] += 40.0                # each group's first value
+    if axis == -1:
+        x = np.ascontiguousarray(np.moveaxis(x, 1, -1))
+    w, b = make_affine(rng, C, dtype)
+    check_forward(x.astype(dtype), G, w, b, axis, what=f"axis {axis}")
+
+
 @pytest.mark.parametrize("shape,axis", [((3, 8, 5, 6), 1), ((3, 5, 6, 8), -1),
                                         ((2, 8, 300, 300), 1), ((2, 300, 300, 8), -1)])
 def test_a_nan_stays_in_its_group(shape, axis, rng):
