@@ -309,20 +309,16 @@ cdef bint doubles_from(object a, Py_ssize_t n, double* dst) noexcept:
         return False
     cdef const void* p = cnp.PyArray_DATA(<cnp.ndarray>a)
     cdef Py_ssize_t i
-    # a loop per storage type (value_at's conversions): a parameter's
-    # thousands of channels in a loop that vectorizes, not a call per value
+    # float64 and float32 (the usual parameters) in loops that vectorize,
+    # not a value_at call per value
     if storage == STORAGE_F64:
-        for i in range(n):
-            dst[i] = (<const double*>p)[i]
+        memcpy(dst, p, n * sizeof(double))
     elif storage == STORAGE_F32:
         for i in range(n):
             dst[i] = (<const float*>p)[i]
-    elif storage == STORAGE_BF16:
-        for i in range(n):
-            dst[i] = cn_bf16_to_f32((<const cn_bf16*>p)[i])
     else:
         for i in range(n):
-            dst[i] = cn_f16_to_f32((<const cn_f16*>p)[i])
+            dst[i] = value_at(p, storage, i)
     return True
 
 
