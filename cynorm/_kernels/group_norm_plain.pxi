@@ -112,13 +112,16 @@ cdef bint gn_params(object weight, object bias, int storage, Py_ssize_t C,
     c_dims[0] = C
     if not (plain_param(weight, storage, 1, c_dims) and plain_param(bias, storage, 1, c_dims)):
         return False
-    cdef const void* pw = data(weight)
-    cdef const void* pb = data(bias)
-    cdef int sw = NOT_PLAIN if weight is None else kernel_storage(weight)
-    cdef int sb = NOT_PLAIN if bias is None else kernel_storage(bias)
-    for i in range(C):
-        dst[i] = 1.0 if pw == NULL else value_at(pw, sw, i)
-        dst[C + i] = 0.0 if pb == NULL else value_at(pb, sb, i)
+    if weight is None:
+        for i in range(C):
+            dst[i] = 1.0
+    elif not doubles_from(weight, C, dst):
+        return False
+    if bias is None:
+        for i in range(C):
+            dst[C + i] = 0.0
+    elif not doubles_from(bias, C, dst + C):
+        return False
     return True
 
 
