@@ -405,6 +405,25 @@ def test_extreme_magnitudes(scale, dtype, shape, axis, rng):
     assert np.isfinite(np.asarray(gx, np.float64)).all()
 
 
+@pytest.mark.parametrize("shape", [(2, 8, 8, 8), (2, 12, 5, 5), (2, 8, 30, 30)])
+@pytest.mark.parametrize("axis", [1, -1])
+def test_one_channels_gradient_below_float32s_normal_range(shape, axis, rng):
+    # float32 gradient terms of one channel under float32's normal range
+    # (subnormal products lose bits): that channel's sums are taken again in
+    # float64, its neighbours' in the same group and call are not
+    G = 2
+    C = shape[1]
+    x = rng.standard_normal(shape).astype(F32)
+    dy = rng.standard_normal(shape)
+    dy[:, 1] *= 1e-41                           # the group's second channel
+    dy = dy.astype(F32)
+    if axis == -1:
+        x, dy = (np.ascontiguousarray(np.moveaxis(a, 1, -1)) for a in (x, dy))
+    w, b = make_affine(rng, C, F32)
+    _, m, r = check_forward(x, G, w, b, axis)
+    check_backward(dy, x, m, r, w, G, axis, what="a subnormal channel")
+
+
 @pytest.mark.parametrize("dtype", [F64, F32, BF16], ids=str)
 @pytest.mark.parametrize("shape", [(2, 8, 8, 8), (2, 6, 30, 30)])
 @pytest.mark.parametrize("axis", [1, -1])
