@@ -36,10 +36,14 @@ KiB, MiB = 1 << 10, 1 << 20
 # ---- probes
 
 def rss_bytes():
-    """The resident set size of this process (Linux), else None."""
+    """The anonymous resident memory of this process (Linux), else None:
+    statm's resident pages less its shared ones (file-backed and shmem).  A
+    leak is anonymous memory; the libraries' file pages are mapped in and
+    out by the kernel on its own schedule, whatever the calls do."""
     try:
         with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            fields = f.read().split()
+        return (int(fields[1]) - int(fields[2])) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return None
 

@@ -68,8 +68,13 @@ TRACED_PER_CALL = 8             # bytes; the smallest Python object is 16 bytes
 # reproducible with NumPy alone; a pool in nested layer_norm_backward fills
 # with ~480 pymalloc blocks over its first ~10**4 calls, then stays flat.
 SETTLED_TOTAL = {"blocks": 2000, "c_heap": 1 * MiB, "traced": 2 * MiB}
-RSS_TOTAL_FAST = 1 * MiB        # 1600 settled calls: a leaked 1.1 KiB output is 1.7 MiB
-RSS_TOTAL_SLOW = 2 * MiB        # 8000 settled calls: the same leak is 8.6 MiB
+# RSS (anonymous pages), like the other probes, may take one jump in one
+# settled window: a one-time event outside the calls' allocations (seen: a
+# whole suite's run grew 5.2 MiB in the last window of one case, C heap and
+# blocks flat).  The other settled windows together get the total bound.
+RSS_TOTAL_FAST = 1 * MiB        # 3 windows, 1200 calls: a leaked 1 KiB output measured 1.4 MiB
+RSS_TOTAL_SLOW = 2 * MiB        # 3 windows, 6000 calls: the same leak measured 8.4 MiB
+RSS_ONE_TIME = 32 * MiB         # the jump one window may take
 
 FAST_CALLS, SLOW_CALLS, WINDOWS = 2000, 10 ** 4, 5
 
@@ -81,7 +86,9 @@ def check_growth(g, rss_total, what=""):
     blocks refill there).  Of the settled windows, at most one may grow a
     probe beyond RATE * window calls (a one-time allocation lands in one
     window; a leak grows every window), and their total must stay under
-    SETTLED_TOTAL.  RSS, page-granular, gets only a total bound."""
+    SETTLED_TOTAL.  RSS, page-granular, gets no per-window rate: one
+    settled window may jump by up to RSS_ONE_TIME, the others together by
+    up to rss_total."""
     assert g.calls == WINDOWS * g.window_calls, f"{what}: stopped early, RSS ran away: {g}"
     rates = {"blocks": BLOCKS_PER_CALL, "c_heap": C_HEAP_PER_CALL, "traced": TRACED_PER_CALL}
     for probe, rate in rates.items():
@@ -94,9 +101,14 @@ def check_growth(g, rss_total, what=""):
         assert g.settled_total(probe) <= SETTLED_TOTAL[probe], (
             f"{what}: {probe} grew by {g.settled_total(probe)} in all: {g}")
     if g.settled("rss") is not None:
-        assert g.settled_total("rss") <= rss_total, (
-            f"{what}: RSS grew by {g.settled_total('rss') / MiB:.2f} MiB "
-            f"(bound {rss_total / MiB:g} MiB): {g}")
+        jump = max(g.settled("rss"))
+        assert jump <= RSS_ONE_TIME, (
+            f"{what}: RSS grew by {jump / MiB:.2f} MiB in one window "
+            f"(bound {RSS_ONE_TIME / MiB:g} MiB): {g}")
+        rest = g.settled_total("rss") - jump
+        assert rest <= rss_total, (
+            f"{what}: RSS grew by {rest / MiB:.2f} MiB over the settled windows but "
+            f"the largest (bound {rss_total / MiB:g} MiB): {g}")
 
 
 _CASES = None
@@ -133,8 +145,8 @@ def test_no_leak(name):
     Bounds (check_growth), per settled window of 400 calls: pymalloc blocks
     <= 100 (a leaked object per call: >= 400), C heap <= 6.4 KiB (a leaked
     1 KiB output per call: >= 400 KiB; a leaked malloc(1) per call: 12.8 KiB),
-    and over the last 1600 calls RSS <= 1 MiB (a leaked output per call:
-    3.5 MiB, measured).  Measured over all cases without a leak: blocks
+    and RSS <= 1 MiB over the settled windows but the largest, 1200 calls (a
+    leaked 1 KiB output per call: 1.4 MiB, measured), the largest <= 32 MiB.  Measured over all cases without a leak: blocks
     <= 31 in all settled windows but one (64 at most: nested
     layer_norm_backward's pool filling), C heap <= 80 bytes a window, RSS
     <= 8 KiB in all (532 KiB in a run where NumPy's one-time allocation
@@ -152,8 +164,8 @@ def test_no_leak_10k_calls_traced(name):
     Bounds per settled window of 2000 calls: traced memory <= 16 KiB
     (8 B/call; a leaked output per call: >= 2.2 MiB), pymalloc blocks <= 500,
     C heap <= 32 KiB; settled totals: traced <= 2 MiB, C heap <= 1 MiB,
-    RSS <= 2 MiB over the last 8000 calls (a leaked output per call:
-    >= 8.6 MiB; measured 14.1 MiB).  Measured over all cases without a leak,
+    RSS <= 2 MiB over the settled windows but the largest, 6000 calls (a
+    leaked 1 KiB output per call: 8.4 MiB, measured), the largest <= 32 MiB.  Measured over all cases without a leak,
     in all settled windows but one (and at most): traced <= 1.1 KiB (2.2),
     blocks <= 14 (33), C heap <= 4.0 KiB (5.3: tracemalloc's own tables),
     RSS <= 32 KiB in all (NumPy's one-time allocation: 939 KiB traced,
@@ -182,7 +194,7 @@ def test_no_leak_through_the_block_cache(name, limit, alloc_cache, restore_threa
     off) malloc'd and freed for real.  500 calls (20 warm-up) in 5 windows;
     the cache is emptied before each reading, so the C heap counts only
     blocks nobody holds.  Bounds as in test_no_leak (per settled window of
-    100 calls: C heap <= 1.6 KiB, blocks <= 25; RSS over 400 calls <= 4 MiB,
+    100 calls: C heap <= 1.6 KiB, blocks <= 25; RSS over 300 calls <= 4 MiB,
     glibc may keep freed 1 MiB chunks mapped): one leaked block per call
     would be >= 100 MiB a window.  Also: the cache never holds more than its
     limit or its slots; at the default limit the single-size cases are
