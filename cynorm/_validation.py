@@ -31,17 +31,23 @@ def dlpack_array(x: Any, name: str, writable: bool = False) -> Array:
     return a
 
 
-def as_float_array(x: ArrayLike, name: str) -> tuple[Array, Policy]:
+def as_float_array(x: ArrayLike, name: str, untyped: Any = None) -> tuple[Array, Policy]:
     """x as an ndarray of a supported floating dtype; returns (array, policy).
 
     Tensors of other libraries that export ``__dlpack__`` (torch, JAX) are
     read in place (is_dlpack); other array-likes (lists, objects with
     __array__) are converted as np.asarray does; non-native byte order is
-    converted to native (a copy).  Masked arrays are refused: their mask
-    would be silently ignored."""
+    converted to native (a copy).  untyped: the dtype that a list, tuple or
+    Python number, which has no dtype of its own, is converted to (a
+    parameter's: x's math type); None: NumPy's choice.  Masked arrays are
+    refused: their mask would be silently ignored."""
     if type(x) is not np.ndarray:
         if is_dlpack(x):
             x = dlpack_array(x, name)
+        elif untyped is not None and isinstance(x, (list, tuple, float, int)):
+            x = as_array(x, name)
+            if x.dtype.kind in "biuf":      # not a list of strings, objects, ...
+                x = x.astype(untyped)
         elif isinstance(x, np.ndarray) or hasattr(x, "__array__") or isinstance(
                 x, (list, tuple, float, int, np.generic)):
             x = as_array(x, name)
@@ -321,10 +327,11 @@ def check_mask(mask: Any, name: str = "output_mask", n: int = 3) -> tuple[bool, 
     return tuple(bool(m) for m in items)
 
 
-def check_vector(a: ArrayLike, name: str, length: int, dtypes: Collection[Any], what: str) -> Array:
-    """A 1-D array of `length` values (one per channel) with a dtype in dtypes;
-    returns the array."""
-    a, _ = as_float_array(a, name)
+def check_vector(a: ArrayLike, name: str, length: int, dtypes: Sequence[Any], what: str) -> Array:
+    """A 1-D array of `length` values (one per channel) with a dtype in
+    dtypes (a Policy's coefficients: the math type last, which a list is
+    converted to); returns the array."""
+    a, _ = as_float_array(a, name, untyped=dtypes[-1])
     if a.shape != (length,):
         raise ValueError(f"{name} must have shape ({length},) (one value per {what}), "
                          f"got {a.shape}")

@@ -804,15 +804,17 @@ def _gn_dims(x, num_groups, axis, weight, bias, op="group_norm"):
     if x.ndim < 2:
         raise ValueError(f"cynorm.jax.{op}: x must have at least 2 dimensions, "
                          f"got shape {tuple(x.shape)}")
-    if axis not in (1, -1, x.ndim - 1):
+    if not -x.ndim <= axis < x.ndim or axis % x.ndim not in (1, x.ndim - 1):
         raise ValueError(f"cynorm.jax.{op}: axis must be 1 (channels first) or -1 "
                          f"(channels last), got {axis} for {x.ndim} dimensions")
-    last = axis != 1 and x.ndim > 2
+    last = axis % x.ndim != 1 and x.ndim > 2
     C = int(x.shape[-1] if last else x.shape[1])
     _check_params(op, x, (C,), dict(weight=weight, bias=bias))
-    if not 0 < num_groups or C % num_groups:
-        raise ValueError(f"cynorm.jax.group_norm: num_groups {num_groups} must divide the "
-                         f"{C} channels")
+    if num_groups < 1:
+        raise ValueError(f"cynorm.jax.group_norm: num_groups must be >= 1, got {num_groups}")
+    if C % num_groups:
+        raise ValueError(f"cynorm.jax.group_norm: the channel count {C} must be divisible by "
+                         f"num_groups ({num_groups})")
     N = int(x.shape[0])
     return N, C, int(np.prod(x.shape, dtype=np.int64)) // max(1, N * C), last
 

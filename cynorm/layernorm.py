@@ -81,7 +81,7 @@ def _affine(a, name, ns, policy):
     (array, flat contiguous math-type copy)."""
     if a is None:
         return None, None
-    a, _ = as_float_array(a, name)
+    a, _ = as_float_array(a, name, untyped=policy.math)
     if a.shape != ns:
         raise ValueError(f"{name} must have shape {ns} (normalized_shape), got {a.shape}")
     check_dtype(a, name, policy.coefficients)

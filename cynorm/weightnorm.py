@@ -62,7 +62,7 @@ _kernel = _kernels.by_storage(_k, ("norm_except_dim", "weight_norm_forward",
 
 def _prepare_g(g, v, dim, policy, name="g"):
     """g checked, and its values as a contiguous math-type array for the kernel."""
-    g, _ = as_float_array(g, name)
+    g, _ = as_float_array(g, name, untyped=policy.math)
     check_per_channel(g, name, v.shape, dim, policy.coefficients)
     return g, np.ascontiguousarray(g, dtype=policy.math)
 

@@ -326,6 +326,54 @@ def test_layer_norm_of_tiny_data_is_as_precise_as_of_normal_data(shape, dtype, s
             f"affine {wb[0] is not None}")
 
 
+ROW_NORMS = {
+    "layer_norm": lambda x, N, w, eps: cynorm.layer_norm(x, N, w, None, eps)[::2],
+    "rms_norm": lambda x, N, w, eps: cynorm.rms_norm(x, N, w, eps),
+    "add_layer_norm": lambda x, N, w, eps: cynorm.add_layer_norm(
+        x, np.zeros_like(x), N, w, None, eps)[::3],
+    "add_rms_norm": lambda x, N, w, eps: cynorm.add_rms_norm(x, np.zeros_like(x), N, w, eps)[::2],
+}
+
+
+def row_norm_reference(op, x, N, w, eps):
+    """(y, rstd) of the float64 reference for a ROW_NORMS op."""
+    if "layer" in op:
+        y, _, rstd = R.layer_norm(x, N, w, None, eps)
+    else:
+        y, rstd = R.rms_norm(x, N, w, eps)
+    return y, rstd
+
+
+@pytest.mark.parametrize("op", sorted(ROW_NORMS))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rstd_beyond_float32_leaves_y_exact(op, dtype):
+    # eps 0 and data near or under float32's smallest normal: the row's rstd
+    # is beyond float32's range.  y is still formed with the float64 rstd
+    # (within a few roundings of the reference); the returned rstd is inf,
+    # as it rounds.  The ordinary row beside them keeps its bits.
+    N = 37
+    rng = np.random.default_rng(21)
+    # (scale, mean / scale) of each row; bfloat16's subnormals stop at 9e-41
+    tiny = [(1e-39, 0.3), (1e-42, 0.0), (3e-44, 2.0)] if dtype == np.float32 else [
+        (1.5e-39, 0.3), (1e-39, 0.0), (3e-40, 2.0)]
+    rows = [rng.standard_normal(N) * s + m * s for s, m in tiny]
+    rows.append(np.r_[2e-40, -2e-40, np.zeros(N - 2)])      # mean exactly 0
+    rows.append(np.r_[2e-40, 3e-40, np.zeros(N - 2)])
+    rows.append(rng.standard_normal(N) + 0.5)                # an ordinary row, last
+    x = np.array(rows).astype(dtype)
+    w = rng.uniform(0.5, 1.5, N).astype(np.float32)
+    for wt in [None, w]:
+        y, rstd = ROW_NORMS[op](x, N, wt, 0.0)
+        want, rstd_want = row_norm_reference(op, x, N, wt, 0.0)
+        assert np.all(np.isfinite(y)), f"{op}: y not finite"
+        close_to_output(y, want, f"{op} y, weight {wt is not None}", rows=(-1, N))
+        over = rstd_want.reshape(-1) > 3.4028235677973366e38
+        assert over[:-1].all() and not over[-1], "the case, as meant"
+        assert np.all(np.isinf(rstd.reshape(-1)[over]))
+        ordinary, _ = ROW_NORMS[op](x[-1:], N, wt, 0.0)
+        np.testing.assert_array_equal(y[-1:].view(np.uint8), ordinary.view(np.uint8))
+
+
 def close_to_output(got, want, what, rows=None):
     """got within a few roundings of its storage type of want, relative to
     the scale of its row or channel (rows: an axis layout (-1, n) to take

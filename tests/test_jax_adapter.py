@@ -570,12 +570,25 @@ def test_group_norm_matches_the_formula_on_both_routes(monkeypatch):
         assert np.array_equal(a, b)
 
 
+@pytest.mark.parametrize("axis", [-2, 2, -1])
+def test_group_norm_axis_counts_from_either_end_as_numpys(axis):
+    # (2, 5, 6): axis -2 is axis 1 (channels first); 2 and -1 are channels last
+    x = data(2, 5, 6)
+    want = cynorm.group_norm(np.asarray(x), 1, axis=axis)[0]
+    got = jax.jit(lambda x: cj.group_norm(x, 1, axis=axis))(x)
+    assert np.array_equal(host(got), want)
+
+
 def test_group_norm_bad_arguments_raise_when_traced():
     x = data(2, 6, 5)
-    with pytest.raises(ValueError, match="num_groups 4 must divide the 6 channels"):
+    # the messages of the NumPy op's checks
+    with pytest.raises(ValueError, match=r"the channel count 6 must be divisible by num_groups \(4\)"):
         cj.group_norm(x, 4)
-    with pytest.raises(ValueError, match="axis must be 1 .channels first. or -1"):
-        cj.group_norm(x, 2, axis=0)
+    with pytest.raises(ValueError, match="num_groups must be >= 1, got 0"):
+        cj.group_norm(x, 0)
+    for axis in (0, 3, -4):
+        with pytest.raises(ValueError, match="axis must be 1 .channels first. or -1"):
+            cj.group_norm(x, 2, axis=axis)
     with pytest.raises(ValueError, match=r"weight: shape \(6,\) expected, got \(5,\)"):
         cj.group_norm(x, 2, jnp.ones(5))
 

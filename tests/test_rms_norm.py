@@ -308,6 +308,34 @@ def test_nan_poisons_only_its_row(dtype, rng):
     np.testing.assert_array_equal(bits(gd[0][others]), bits(gc[0][others]))
 
 
+@pytest.mark.parametrize("dtype", [F64, F32, BF16, F16], ids=str)
+def test_rows_holding_inf_as_the_reference(dtype):
+    # mean(x^2) is inf: rstd = 0, y = x * 0 (NaN where x is inf, 0 elsewhere),
+    # as the float64 reference and torch.  A float32 sum of squares that
+    # overflows takes the row's float64 path, which must keep this too
+    x = np.array([[np.inf, 1, 2, -3], [-np.inf, 1, 2, 0], [np.inf, np.inf, 1, -1],
+                  [1, 2, 3, 4]], dtype)
+    w = np.array([0.5, 1, 2, 3], F64 if dtype == F64 else F32)
+
+    class Sub(np.ndarray):
+        pass
+    for wt in [None, w]:
+        with np.errstate(invalid="ignore"):
+            want_y, want_rstd = ref.rms_norm(x, 4, wt)
+        got = [cynorm.rms_norm(x, 4, wt), cynorm.rms_norm(x.view(Sub), 4, wt),
+               cynorm.add_rms_norm(x, np.zeros_like(x), 4, wt)[::2]]
+        for y, rstd in got:
+            np.testing.assert_array_equal(f64(rstd)[:3], want_rstd[:3])
+            np.testing.assert_array_equal(f64(y)[:3], want_y[:3])      # NaN where x is inf
+            assert_close(y[3:], want_y[3:], dtype, what="the ordinary row")
+    try:
+        import torch
+    except ImportError:
+        return
+    torch_y = torch.nn.functional.rms_norm(torch.from_numpy(x.astype(F64)), (4,)).numpy()
+    np.testing.assert_array_equal(f64(cynorm.rms_norm(x, 4)[0])[:3], torch_y[:3])
+
+
 DET_CASES = [((8, 1024), 1024, "C"), ((2, 200000), 200000, "C"), ((5000, 7), 7, "C"),
              ((64, 3, 300), (3, 300), "strided"), ((300, 3), 3, "F"), ((512, 4096), 4096, "C")]
 

@@ -2921,7 +2921,7 @@ def gen_sync_batch_norm_backward(g):
         empty = (cnt == 0) if reduced else nn == 0
         with O.at(O.P64):
             gw = dotp * I if not empty else O.EB(np.zeros((CC, 1), O.LD))
-        gdt = O.data_dtype(s["weight"]) if s["weight"] is not None else STAT[O.data_dtype(xx)]
+        gdt = O.param_dtype(s["weight"], O.data_dtype(xx)) if s["weight"] is not None else STAT[O.data_dtype(xx)]
         exp = [O.Out("grad_x", gx, O.data_dtype(xx), xx.shape) if mask[0] else None,
                O.Out("grad_weight", gw.reshape(CC), gdt, (CC,)) if mask[1] else None,
                O.Out("grad_bias", sum_dy.reshape(CC) if not (nn == 0 and not reduced) else

@@ -506,6 +506,15 @@ def data_dtype(x):
     return dt.newbyteorder("=") if dt.byteorder not in ("=", "|") else dt
 
 
+def param_dtype(p, dt):
+    """The dtype cynorm reads parameter p (a weight, bias or g) as, next to
+    data of dtype dt: a list, tuple or Python number, which has no dtype of
+    its own, as dt's math type; anything else as data_dtype reads it."""
+    if isinstance(p, (list, tuple, float, int)):
+        return STAT[dt]
+    return data_dtype(p)
+
+
 def _axis(d, ndim):
     return None if d is None else int(d) % max(ndim, 1)
 
@@ -597,7 +606,7 @@ def ref_weight_norm_backward(grad_w, saved_v, saved_g, saved_norm, dim=0):
         grad_v = GW * a.rounded() - V * b.rounded()
     g = np.asarray(saved_g)
     return [Out("grad_v", grad_v, dt, v.shape, skip),
-            Out("grad_g", grad_g.reshape(g.shape), data_dtype(g), g.shape,
+            Out("grad_g", grad_g.reshape(g.shape), param_dtype(saved_g, dt), g.shape,
                 skip.reshape(g.shape) if skip.size else None)]
 
 
@@ -695,7 +704,7 @@ def _ref_row_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight, bi
         if not output_mask[i]:
             out.append(None)
             continue
-        odt = data_dtype(p) if p is not None else dt
+        odt = param_dtype(p, dt) if p is not None else dt
         v = val.reshape(ns) if M and N else EB(np.zeros(ns, LD))
         out.append(Out(name, v, odt, ns, None if np.all(~skip) else True))
     return out
@@ -964,7 +973,7 @@ def ref_batch_norm_backward(grad_out, x, weight, running_mean, running_var, save
     Iv = inv if isinstance(inv, EB) else EB.of(np.asarray(inv, np.float64).reshape(C, 1))
     with at(P64):
         gw = dotp * Iv if n else EB(np.zeros((C, 1), LD))
-    gdt = data_dtype(weight) if weight is not None else sd
+    gdt = param_dtype(weight, dt) if weight is not None else sd
     X, _ = channels(x, axis)
     big = np.max(np.abs(X.v), axis=1, initial=0) if X.v.size else np.zeros(C, LD)
     skip = ~f64_range_ok(big * big, n, dt)
@@ -1014,7 +1023,7 @@ def ref_batch_norm_backward_reduce(grad_out, x, mean, invstd, weight, input_g=Tr
     I = EB.of(np.asarray(invstd).reshape(C, 1))
     with at(P64):
         gw = dotp * I
-    gdt = data_dtype(weight) if weight is not None else sd
+    gdt = param_dtype(weight, dt) if weight is not None else sd
     return [Out("sum_dy", sum_dy.reshape(C), sd, (C,)) if input_g else None,
             Out("sum_dy_xmu", dotp.reshape(C), sd, (C,)) if input_g else None,
             Out("grad_weight", gw.reshape(C), gdt, (C,)) if weight_g else None,
@@ -1111,7 +1120,7 @@ def ref_group_norm_backward(grad_out, x, mean, rstd, weight, num_groups,
     dt = data_dtype(x)
     pm, sd = math_prec(dt), STAT[dt]
     ax, N, C, G, D, HW = _group_dims(x, num_groups, axis)
-    gdt = data_dtype(weight) if weight is not None else dt
+    gdt = param_dtype(weight, dt) if weight is not None else dt
     if N * C == 0 or HW == 0:
         gx = EB(np.zeros(x.shape, LD))
         gw = gb = EB(np.zeros(C, LD))
