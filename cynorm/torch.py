@@ -83,6 +83,15 @@ def _tensor(a: np.ndarray) -> Tensor:
     return _from_dlpack(to_dlpack(a))
 
 
+# a batched tensor (torch.func.vmap's) that reaches an operator's eager
+# formula: in a backward, where vmap's own "does not have vmap support"
+# check does not run
+_NO_VMAP = ("cynorm.torch's operators do not support vmap: a batched tensor reached one "
+            "(torch.func.vmap, jacrev, jacfwd or hessian, or torch.autograd.grad with "
+            "is_grads_batched=True); compute the derivatives one at a time, or use "
+            "PyTorch's norms there")
+
+
 def _array(t: Optional[Tensor]) -> Optional[np.ndarray]:
     """An operator's tensor as a NumPy array over its memory: detached
     (autograd is the operators' registered formulas), bfloat16 through its
@@ -96,6 +105,8 @@ def _array(t: Optional[Tensor]) -> Optional[np.ndarray]:
         # wrap every view of it again
         with torch._C._DisableFuncTorch():
             while _functorch.is_functorch_wrapped_tensor(t):
+                if _functorch.is_batchedtensor(t):
+                    raise RuntimeError(_NO_VMAP)
                 t = _functorch.get_unwrapped(t)
             return _array(t)
     return _memory(t)
@@ -110,7 +121,13 @@ def _memory(t: Tensor) -> np.ndarray:
     if dtype is None and t.dtype == torch.bfloat16:
         dtype = _NUMPY[torch.bfloat16] = _dtypes.bfloat16()
     if dtype is not None and t.is_cpu and not t.is_neg():
-        a = tensor_view(t, dtype)
+        try:
+            a = tensor_view(t, dtype)
+        except RuntimeError:
+            # a batched tensor has no storage (is_grads_batched's gradients)
+            if _functorch.is_legacy_batchedtensor(t):
+                raise RuntimeError(_NO_VMAP) from None
+            raise
         if a is not None:
             return a
     if t.dtype == torch.bfloat16:
@@ -1468,10 +1485,14 @@ def replace_norms(model: torch.nn.Module) -> List[str]:
 
     Raises
     ------
+    TypeError
+        If model is not a ``torch.nn.Module``.
     ValueError
         Before swapping any, if one of them holds a parameter or buffer off
         the CPU (cynorm's kernels run on the CPU).
     """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     found = [(name, m) for name, m in model.named_modules() if type(m) in _SWAPS]
     for name, m in found:
         for t in list(m.parameters(recurse=False)) + list(m.buffers(recurse=False)):

@@ -155,6 +155,22 @@ def test_second_derivatives_are_refused():
         torch.func.jvp(inner, (x.detach(),), (torch.ones_like(x),))
 
 
+def test_vmap_is_refused_with_a_runtime_error():
+    # vmap's own check refuses the forward; in a backward (jacrev, batched
+    # gradients) the batched tensor reaches the operator, which says so
+    x = torch.randn(3, 6, requires_grad=True)
+    with pytest.raises(RuntimeError, match="vmap"):
+        torch.func.vmap(lambda a: ct.layer_norm(a, 6))(x)
+    for op in (lambda a: ct.layer_norm(a, 6), lambda a: ct.rms_norm(a, [6]),
+               lambda a: ct.group_norm(a.reshape(1, 6, 3), 2),
+               lambda a: ct.batch_norm(a, None, None, training=True)):
+        with pytest.raises(RuntimeError, match="cynorm.torch's operators do not support vmap"):
+            torch.func.jacrev(op)(x)
+        y = op(x)
+        with pytest.raises(RuntimeError, match="cynorm.torch's operators do not support vmap"):
+            torch.autograd.grad(y, x, torch.randn((2,) + y.shape), is_grads_batched=True)
+
+
 # ---- autograd's bookkeeping, as torch's own ops keep it ---------------------
 
 @pytest.mark.parametrize("which", ["input", "weight"])
@@ -347,6 +363,8 @@ def test_replace_norms_names_and_refusals():
     with pytest.raises(ValueError, match=r"replace_norms: 0 \(LayerNorm\) is on meta"):
         ct.replace_norms(meta)
     assert type(meta[0]) is torch.nn.LayerNorm
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module, got NoneType"):
+        ct.replace_norms(None)
 
 
 # ---- torch.compile and torch.export ----------------------------------------
