@@ -141,20 +141,24 @@ def _plain(*args):
     return [_array(a) if isinstance(a, Tensor) else a for a in args]
 
 
-def _outputs(x: Tensor, xa: np.ndarray, out, results: int = 1) -> Any:
+def _outputs(x: Tensor, xa: np.ndarray, out, results: int = 1, dense: bool = False) -> Any:
     """The kernels' results as an operator's outputs: the first `results`
-    (y; y and h) laid out as x (_like; xa: x as an array), the statistics
-    after them."""
-    return (tuple(_like(a, x, xa) for a in out[:results])
+    (y; y and h) laid out as x (_like; xa: x as an array; dense: y
+    contiguous), the statistics after them."""
+    return (tuple(_like(a, x, xa, dense and i == 0) for i, a in enumerate(out[:results]))
             + tuple(_tensor(a) for a in out[results:]))
 
 
-def _like(y: np.ndarray, x: Tensor, xa: np.ndarray) -> Tensor:
-    """y as a tensor laid out as torch.empty_like(x) lays out (what the fake
-    kernels promise), copied only where cynorm returned another layout.
-    xa: x as an array (y with its strides has x's layout, and x is then
-    dense, a layout empty_like keeps: no torch call needed to tell)."""
+def _like(y: np.ndarray, x: Tensor, xa: np.ndarray, dense: bool = False) -> Tensor:
+    """y as a tensor laid out as torch.empty_like(x) lays out, or (dense)
+    contiguous: the layout the fake kernels promise, PyTorch's (its layer
+    norm and instance norm return y contiguous whatever x's layout), copied
+    only where cynorm returned another layout.  xa: x as an array (y with
+    its strides has x's layout, and x is then dense, a layout empty_like
+    keeps: no torch call needed to tell)."""
     t = _tensor(y)
+    if dense:
+        return t if t.is_contiguous() else t.contiguous()
     if y.strides == xa.strides or t.stride() == torch.empty_like(x, device="meta").stride():
         return t
     return torch.empty_like(x).copy_(t)
@@ -198,10 +202,11 @@ def _transformed() -> bool:
             or _functorch.peek_interpreter_stack() is not None)
 
 
-def _tangents(fn, inputs, input_tangents, running=(), outputs=1):
+def _tangents(fn, inputs, input_tangents, running=(), outputs=1, dense=False):
     """An operator's output tangents, for a body that calls fn on its own
     arguments: cynorm.jvp's rule on the inputs as arrays (lists as tuples),
-    the first `outputs` outputs laid out as the first input.  running: the
+    the first `outputs` outputs laid out as the outputs are (_like, dense
+    as _register's).  running: the
     positions of running statistics, which the body updates in copies (their
     tangents too, here)."""
     primals, tangents = [], []
@@ -216,7 +221,8 @@ def _tangents(fn, inputs, input_tangents, running=(), outputs=1):
         tangents.append(t)
     # (cynorm.jvp finds the rule by the function itself)
     _, out = _cn.jvp(fn.__wrapped__ if isinstance(fn, OutsideCache) else fn, primals, tangents)
-    return (tuple(_like(o, inputs[0], primals[0]) for o in out[:outputs])
+    return (tuple(_like(o, inputs[0], primals[0], dense and i == 0)
+                  for i, o in enumerate(out[:outputs]))
             + tuple(None if o is None else _tensor(o) for o in out[outputs:]))
 
 
@@ -235,7 +241,7 @@ def _one_level(name, backward):
 
 
 def _register(name, forward, forward_fake, backward, backward_fake, *, core, backward_core,
-              saved, attrs, grad, tangents, running=(), outputs=1):
+              saved, attrs, grad, tangents, running=(), outputs=1, dense=False):
     """The operators cynorm::<name> and cynorm::<name>_backward, made from
     their bodies (forward, backward) and fake kernels, with their autograd
     formula; returns the function that runs them.
@@ -250,7 +256,9 @@ def _register(name, forward, forward_fake, backward, backward_fake, *, core, bac
     the argument after them is true; outputs: how many of the operator's
     leading outputs are results laid out as the first input, with
     gradients (y; y and h for the residual-fused norms), grad then taking
-    the gradient of each (None for one not used, in an eager call).
+    the gradient of each (None for one not used, in an eager call); dense:
+    y comes back contiguous instead, as PyTorch's operator returns it (the
+    op's body, fake kernel and tangents do the same).
 
     torch.compile and torch.export trace the operators.  Eager calls run the
     cores: straight where nothing needs a gradient (PyTorch's operator
@@ -299,7 +307,8 @@ def _register(name, forward, forward_fake, backward, backward_fake, *, core, bac
         @staticmethod
         def forward(ctx, *inputs):
             arrays, out = compute(inputs, _memory)
-            ys = [_like(o, inputs[0], arrays[0]) for o in out[:outputs]]
+            ys = [_like(o, inputs[0], arrays[0], dense and i == 0)
+                  for i, o in enumerate(out[:outputs])]
             ctx.arrays = saved(arrays, out)
             # the tensors read again, for autograd's check that none changed
             # (and the layout of grad_x, the first): the inputs, but for the
@@ -363,7 +372,8 @@ def _register(name, forward, forward_fake, backward, backward_fake, *, core, bac
             if any(isinstance(t, Tensor) and t.requires_grad for t in inputs):
                 return ((plain(*inputs),) if outputs == 1 else plain(*inputs)) + rest
         arrays, out = compute(inputs)
-        return tuple(_like(o, inputs[0], arrays[0]) for o in out[:outputs]) + rest
+        return tuple(_like(o, inputs[0], arrays[0], dense and i == 0)
+                     for i, o in enumerate(out[:outputs])) + rest
 
     Plain, Eager = _named(f"_{name}_plain", Plain), _named(f"_{name}_eager", Eager)
     # Plain.apply past Function.apply's Python (which checks what run has
@@ -404,13 +414,13 @@ def _layer_norm_backward_core(grad_out, x, normalized_shape, mean, rstd, weight,
 def _layer_norm_fwd(x: Tensor, normalized_shape: List[int], weight: Optional[Tensor],
                     bias: Optional[Tensor], eps: float) -> Tuple[Tensor, Tensor, Tensor]:
     a = _plain(x, normalized_shape, weight, bias, eps)
-    return _outputs(x, a[0], _layer_norm_core(*a))
+    return _outputs(x, a[0], _layer_norm_core(*a), dense=True)
 
 
 def _layer_norm_fake(x, normalized_shape, weight, bias, eps):
     k = len(normalized_shape)
     shape = tuple(x.shape[:x.dim() - k]) + (1,) * k
-    return (torch.empty_like(x), x.new_empty(shape, dtype=_stat_dtype(x)),
+    return (x.new_empty(x.shape), x.new_empty(shape, dtype=_stat_dtype(x)),
             x.new_empty(shape, dtype=_stat_dtype(x)))
 
 
@@ -448,7 +458,8 @@ _layer_norm = _register("layer_norm", _layer_norm_fwd, _layer_norm_fake, _layer_
                         _layer_norm_bwd_fake, core=_layer_norm_core,
                         backward_core=_layer_norm_backward_core, saved=_layer_norm_saved,
                         attrs=_layer_norm_attrs, grad=_layer_norm_grad,
-                        tangents=lambda inputs, t: _tangents(_cn.layer_norm, inputs, t))
+                        tangents=lambda inputs, t: _tangents(_cn.layer_norm, inputs, t,
+                                                             dense=True), dense=True)
 
 
 def layer_norm(input: Tensor, normalized_shape, weight: Optional[Tensor] = None,
@@ -471,7 +482,8 @@ def layer_norm(input: Tensor, normalized_shape, weight: Optional[Tensor] = None,
     Returns
     -------
     torch.Tensor
-        The normalized tensor, laid out as ``torch.empty_like(input)``.
+        The normalized tensor, contiguous whatever input's layout, as
+        PyTorch's layer norm returns it.
         Tensors cynorm does not take (on a device, or of another dtype than
         float64, float32, bfloat16 and float16) run PyTorch's kernel.
     """
@@ -495,13 +507,13 @@ def _rms_norm_backward_core(grad_out, x, normalized_shape, rstd, weight, output_
 def _rms_norm_fwd(x: Tensor, normalized_shape: List[int], weight: Optional[Tensor],
                   eps: Optional[float]) -> Tuple[Tensor, Tensor]:
     a = _plain(x, normalized_shape, weight, eps)
-    return _outputs(x, a[0], _rms_norm_core(*a))
+    return _outputs(x, a[0], _rms_norm_core(*a), dense=True)
 
 
 def _rms_norm_fake(x, normalized_shape, weight, eps):
     k = len(normalized_shape)
     shape = tuple(x.shape[:x.dim() - k]) + (1,) * k
-    return torch.empty_like(x), x.new_empty(shape, dtype=_stat_dtype(x))
+    return x.new_empty(x.shape), x.new_empty(shape, dtype=_stat_dtype(x))
 
 
 def _rms_norm_bwd(grad_out: Tensor, x: Tensor, normalized_shape: List[int], rstd: Tensor,
@@ -532,7 +544,8 @@ _rms_norm = _register("rms_norm", _rms_norm_fwd, _rms_norm_fake, _rms_norm_bwd,
                       _rms_norm_bwd_fake, core=_rms_norm_core,
                       backward_core=_rms_norm_backward_core, saved=_rms_norm_saved,
                       attrs=_layer_norm_attrs, grad=_rms_norm_grad,
-                      tangents=lambda inputs, t: _tangents(_cn.rms_norm, inputs, t))
+                      tangents=lambda inputs, t: _tangents(_cn.rms_norm, inputs, t, dense=True),
+                      dense=True)
 
 
 def rms_norm(input: Tensor, normalized_shape, weight: Optional[Tensor] = None,
@@ -554,8 +567,9 @@ def rms_norm(input: Tensor, normalized_shape, weight: Optional[Tensor] = None,
     Returns
     -------
     torch.Tensor
-        The normalized tensor (PyTorch's kernel for tensors cynorm does not
-        take).
+        The normalized tensor, contiguous whatever input's layout, as
+        PyTorch's RMS norm returns it (PyTorch's kernel for tensors cynorm
+        does not take).
     """
     shape = [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
     if not _ours(input, weight):
@@ -581,11 +595,13 @@ def _add_layer_norm_fwd(x: Tensor, residual: Tensor, normalized_shape: List[int]
                         weight: Optional[Tensor], bias: Optional[Tensor], eps: float,
                         ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     a = _plain(x, residual, normalized_shape, weight, bias, eps)
-    return _outputs(x, a[0], _add_layer_norm_core(*a), results=2)
+    return _outputs(x, a[0], _add_layer_norm_core(*a), results=2, dense=True)
 
 
 def _add_layer_norm_fake(x, residual, normalized_shape, weight, bias, eps):
-    return (torch.empty_like(x),) + _layer_norm_fake(x, normalized_shape, weight, bias, eps)
+    # (y, h, mean, rstd): y as layer norm's, h laid out as x
+    y, mean, rstd = _layer_norm_fake(x, normalized_shape, weight, bias, eps)
+    return y, torch.empty_like(x), mean, rstd
 
 
 def _add_layer_norm_bwd(grad_out: Tensor, grad_h: Optional[Tensor], h: Tensor,
@@ -638,7 +654,8 @@ _add_layer_norm = _register("add_layer_norm", _add_layer_norm_fwd, _add_layer_no
                             saved=_add_layer_norm_saved, attrs=_add_layer_norm_attrs,
                             grad=_add_layer_norm_grad, outputs=2,
                             tangents=lambda inputs, t: _tangents(_cn.add_layer_norm, inputs, t,
-                                                                 outputs=2))
+                                                                 outputs=2, dense=True),
+                            dense=True)
 
 
 def _add_rms_norm_core(x, residual, normalized_shape, weight, eps):
@@ -655,11 +672,12 @@ def _add_rms_norm_fwd(x: Tensor, residual: Tensor, normalized_shape: List[int],
                       weight: Optional[Tensor], eps: Optional[float],
                       ) -> Tuple[Tensor, Tensor, Tensor]:
     a = _plain(x, residual, normalized_shape, weight, eps)
-    return _outputs(x, a[0], _add_rms_norm_core(*a), results=2)
+    return _outputs(x, a[0], _add_rms_norm_core(*a), results=2, dense=True)
 
 
 def _add_rms_norm_fake(x, residual, normalized_shape, weight, eps):
-    return (torch.empty_like(x),) + _rms_norm_fake(x, normalized_shape, weight, eps)
+    y, rstd = _rms_norm_fake(x, normalized_shape, weight, eps)
+    return y, torch.empty_like(x), rstd
 
 
 def _add_rms_norm_bwd(grad_out: Tensor, grad_h: Optional[Tensor], h: Tensor,
@@ -691,7 +709,8 @@ _add_rms_norm = _register("add_rms_norm", _add_rms_norm_fwd, _add_rms_norm_fake,
                           backward_core=_add_rms_norm_backward_core, saved=_add_rms_norm_saved,
                           attrs=_add_layer_norm_attrs, grad=_add_rms_norm_grad, outputs=2,
                           tangents=lambda inputs, t: _tangents(_cn.add_rms_norm, inputs, t,
-                                                               outputs=2))
+                                                               outputs=2, dense=True),
+                          dense=True)
 
 
 def _fused(input: Tensor, residual: Tensor, name: str, *params: Optional[Tensor]) -> bool:
@@ -737,7 +756,7 @@ def add_layer_norm(input: Tensor, residual: Tensor, normalized_shape,
     Returns
     -------
     y : torch.Tensor
-        layer_norm(h), laid out as ``torch.empty_like(input)``.
+        layer_norm(h), contiguous (as PyTorch's layer norm returns it).
     h : torch.Tensor
         input + residual, laid out as ``torch.empty_like(input)``: the next
         block's residual.  Changing it in place before the backward is an
@@ -789,7 +808,7 @@ def add_rms_norm(input: Tensor, residual: Tensor, normalized_shape,
     Returns
     -------
     y : torch.Tensor
-        rms_norm(h), laid out as ``torch.empty_like(input)``.
+        rms_norm(h), contiguous (as PyTorch's RMS norm returns it).
     h : torch.Tensor
         input + residual, laid out as ``torch.empty_like(input)``.
         Changing it in place before the backward is an error.
@@ -914,13 +933,14 @@ def group_norm(input: Tensor, num_groups: int, weight: Optional[Tensor] = None,
 
 # ---- batch norm --------------------------------------------------------------
 
-def _functional_running(x, core, a, updated):
+def _functional_running(x, core, a, updated, dense=False):
     """An operator's forward with running statistics (batch and instance
     norm), functional as an operator with an autograd formula must be: the
     kernels update copies of them, returned as new tensors (empty ones where
-    the call updates none).  a: the arguments as arrays."""
+    the call updates none).  a: the arguments as arrays; dense: y
+    contiguous (instance norm's, as PyTorch's)."""
     rm, rv = ((None if s is None else s.copy()) for s in a[3:5]) if updated else a[3:5]
-    out = _outputs(x, a[0], core(*a[:3], rm, rv, *a[5:]))
+    out = _outputs(x, a[0], core(*a[:3], rm, rv, *a[5:]), dense=dense)
     return out + tuple(_tensor(s) if updated and s is not None else _nothing(x)
                        for s in (rm, rv))
 
@@ -937,10 +957,10 @@ def _copy(s):
     return None if s is None else s.clone() if isinstance(s, Tensor) else s.copy()
 
 
-def _running_tangents(fn, inputs, input_tangents):
+def _running_tangents(fn, inputs, input_tangents, dense=False):
     # batch and instance norm: (x, weight, bias, running_mean, running_var,
     # ...); the returned running statistics are not differentiable
-    return _tangents(fn, inputs, input_tangents, running=(3, 4)) + (None, None)
+    return _tangents(fn, inputs, input_tangents, running=(3, 4), dense=dense) + (None, None)
 
 
 def _batch_norm_backward_core(grad_out, x, weight, running_mean, running_var, save_mean,
@@ -1203,13 +1223,14 @@ def _instance_norm_fwd(x: Tensor, weight: Optional[Tensor], bias: Optional[Tenso
                        eps: float) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     return _functional_running(x, _cn.instance_norm,
                                _plain(x, weight, bias, running_mean, running_var,
-                                      use_input_stats, momentum, eps), use_input_stats)
+                                      use_input_stats, momentum, eps), use_input_stats,
+                               dense=True)
 
 
 def _instance_norm_fake(x, weight, bias, running_mean, running_var, use_input_stats, momentum,
                         eps):
     shape = (x.shape[0], x.shape[1])
-    return (torch.empty_like(x), x.new_empty(shape, dtype=_stat_dtype(x)),
+    return (x.new_empty(x.shape), x.new_empty(shape, dtype=_stat_dtype(x)),
             x.new_empty(shape, dtype=_stat_dtype(x)),
             *_running_fake(x, running_mean, running_var, use_input_stats))
 
@@ -1248,8 +1269,8 @@ _instance_norm = _register("instance_norm", _instance_norm_fwd, _instance_norm_f
                            saved=_instance_norm_saved, attrs=_instance_norm_attrs,
                            grad=_instance_norm_grad,
                            tangents=lambda inputs, t: _running_tangents(_cn.instance_norm,
-                                                                        inputs, t),
-                           running=(3, 4))
+                                                                        inputs, t, dense=True),
+                           running=(3, 4), dense=True)
 
 
 def instance_norm(input: Tensor, running_mean: Optional[Tensor] = None,
@@ -1283,8 +1304,9 @@ def instance_norm(input: Tensor, running_mean: Optional[Tensor] = None,
     Returns
     -------
     torch.Tensor
-        The normalized tensor (PyTorch's kernel for tensors cynorm does not
-        take).
+        The normalized tensor, contiguous whatever input's layout, as
+        PyTorch's instance norm returns it (PyTorch's kernel for tensors cynorm
+        does not take).
     """
     if not _ours(input, weight, bias, running_mean, running_var) or input.dim() < 3:
         return torch.nn.functional.instance_norm(input, running_mean, running_var, weight,

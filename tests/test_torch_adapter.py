@@ -155,6 +155,41 @@ def test_second_derivatives_are_refused():
         torch.func.jvp(inner, (x.detach(),), (torch.ones_like(x),))
 
 
+def test_output_layouts_are_pytorchs():
+    # layer norm, RMS norm and instance norm: y contiguous whatever x's
+    # strides; group and batch norm keep channels last; the fused forms' h
+    # as x + residual.  Eager (with and without grad), compiled, forward
+    # mode and torch.func give the same layout
+    import torch.autograd.forward_ad as fwad
+    t = torch.randn(2, 16, 4).transpose(1, 2)
+    c = torch.randn(2, 8, 5, 5).to(memory_format=torch.channels_last)
+    cases = [(lambda f, x: f(x, [16]), F.layer_norm, ct.layer_norm, t),
+             (lambda f, x: f(x, [16]), F.rms_norm, ct.rms_norm, t),
+             (lambda f, x: f(x), F.instance_norm, ct.instance_norm, c),
+             (lambda f, x: f(x, 2), F.group_norm, ct.group_norm, c),
+             (lambda f, x: f(x, None, None, training=True), F.batch_norm, ct.batch_norm, c)]
+    for call, theirs, ours, x in cases:
+        want = call(theirs, x).stride()
+        assert call(ours, x).stride() == want
+        xg = x.detach().requires_grad_()
+        y = call(ours, xg)
+        assert y.stride() == want
+        y.sum().backward()
+        assert xg.grad.stride() == x.stride()
+        compiled = torch.compile(lambda a: call(ours, a), fullgraph=True, backend="eager")
+        assert compiled(x).stride() == want
+        with fwad.dual_level():
+            p, d = fwad.unpack_dual(call(ours, fwad.make_dual(x, torch.randn_like(x))))
+        assert p.stride() == want and d.stride() == want
+        assert torch.func.grad(lambda a: call(ours, a).sum())(x).stride() == x.stride()
+    r = torch.randn_like(t)
+    for fused, norm in [(ct.add_layer_norm, F.layer_norm), (ct.add_rms_norm, F.rms_norm)]:
+        y, h = fused(t, r, 16)
+        assert y.stride() == norm(t + r, [16]).stride() and h.stride() == (t + r).stride()
+    y = ct.LayerNorm(16)(t)
+    torch.testing.assert_close(y.view(2, -1), torch.nn.LayerNorm(16)(t).view(2, -1))
+
+
 def test_vmap_is_refused_with_a_runtime_error():
     # vmap's own check refuses the forward; in a backward (jacrev, batched
     # gradients) the batched tensor reaches the operator, which says so
