@@ -46,7 +46,7 @@ def as_float_array(x: ArrayLike, name: str, untyped: Any = None) -> tuple[Array,
             x = dlpack_array(x, name)
         elif untyped is not None and isinstance(x, (list, tuple, float, int)):
             x = as_array(x, name)
-            if x.dtype.kind in "biuf":      # not a list of strings, objects, ...
+            if x.dtype.kind in "iuf":       # numbers (not bools, strings, objects, ...)
                 x = x.astype(untyped)
         elif isinstance(x, np.ndarray) or hasattr(x, "__array__") or isinstance(
                 x, (list, tuple, float, int, np.generic)):

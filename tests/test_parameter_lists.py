@@ -81,5 +81,6 @@ def test_a_list_of_ints_is_a_parameter_too():
     x = np.random.default_rng(2).standard_normal((3, 4)).astype(np.float32)
     same(cynorm.rms_norm(x, 4, [1, 2, 3, 4]),
          cynorm.rms_norm(x, 4, np.array([1, 2, 3, 4], np.float32)))
-    with pytest.raises(TypeError, match="weight"):
-        cynorm.rms_norm(x, 4, ["a", "b", "c", "d"])
+    for bad in (["a", "b", "c", "d"], [True, False, True, True]):
+        with pytest.raises(TypeError, match="weight"):
+            cynorm.rms_norm(x, 4, bad)
