@@ -26,6 +26,8 @@ float64, float32, bfloat16 and float16) run PyTorch's own kernels.
 """
 from __future__ import annotations
 
+import math
+import operator
 import types
 import typing
 from typing import Any, List, Optional, Tuple, cast
@@ -47,7 +49,8 @@ from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
 __all__ = ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "group_norm", "batch_norm",
            "instance_norm", "weight_norm",
            "LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d",
-           "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d", "WeightNorm", "replace_norms"]
+           "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d", "WeightNorm", "replace_norms",
+           "ArgumentError", "ArgumentTypeError"]
 
 _DTYPES = frozenset((torch.float64, torch.float32, torch.bfloat16, torch.float16))
 _from_dlpack = getattr(torch._C, "_from_dlpack", torch.utils.dlpack.from_dlpack)
@@ -226,6 +229,46 @@ def _tangents(fn, inputs, input_tangents, running=(), outputs=1, dense=False):
             + tuple(None if o is None else _tensor(o) for o in out[outputs:]))
 
 
+class ArgumentError(ValueError, RuntimeError):
+    """A bad argument to one of this module's functions or modules (a shape,
+    a value): a ValueError, as cynorm's NumPy functions raise, that is also
+    the RuntimeError PyTorch raises for the same mistake."""
+
+
+class ArgumentTypeError(TypeError, RuntimeError):
+    """An argument of the wrong type or dtype: a TypeError, as cynorm's
+    NumPy functions raise, that is also the RuntimeError PyTorch raises for
+    the same mistake (a weight of another dtype than the input's)."""
+
+
+def _torch_error(e: Exception) -> Exception:
+    """cynorm's argument error e as the class above that extends it (the
+    same message and traceback); any other exception as it is."""
+    kind = {ValueError: ArgumentError, TypeError: ArgumentTypeError}.get(type(e))
+    return e if kind is None else kind(*e.args).with_traceback(e.__traceback__)
+
+
+def _real(value: Any, name: str) -> float:
+    """A float argument as PyTorch's functions take it: a Python or NumPy
+    number, a bool, a one-element tensor; a string or None refused, as
+    PyTorch refuses them (float() would read "1e-5")."""
+    if not isinstance(value, (str, bytes)):
+        try:
+            return float(value)
+        except TypeError:
+            pass
+    raise ArgumentTypeError(f"{name} must be a float, got {type(value).__name__}")
+
+
+def _integer(value: Any, name: str) -> int:
+    """An int argument as PyTorch's functions take it: an integer, not a
+    float that int() would truncate."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise ArgumentTypeError(f"{name} must be an int, got {type(value).__name__}") from None
+
+
 def _one_level(name, backward):
     """The Function's derivatives are cynorm's kernels on plain arrays: a
     second level of differentiation would see constants.  Refused: nested
@@ -360,6 +403,12 @@ def _register(name, forward, forward_fake, backward, backward_fake, *, core, bac
             return tangents(inputs, input_tangents)
 
     def run(*inputs):
+        try:
+            return call(*inputs)
+        except (ValueError, TypeError) as e:
+            raise _torch_error(e) from None
+
+    def call(*inputs):
         if torch.compiler.is_compiling():
             return op(*inputs)
         if _transformed():
@@ -490,7 +539,7 @@ def layer_norm(input: Tensor, normalized_shape, weight: Optional[Tensor] = None,
     shape = [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
     if not _ours(input, weight, bias):
         return torch.nn.functional.layer_norm(input, shape, weight, bias, eps)
-    return _layer_norm(input, shape, weight, bias, float(eps))[0]
+    return _layer_norm(input, shape, weight, bias, _real(eps, "eps"))[0]
 
 
 # ---- RMS norm ----------------------------------------------------------------
@@ -574,7 +623,8 @@ def rms_norm(input: Tensor, normalized_shape, weight: Optional[Tensor] = None,
     shape = [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
     if not _ours(input, weight):
         return torch.nn.functional.rms_norm(input, shape, weight, eps)
-    return _rms_norm(input, shape, weight, None if eps is None else float(eps))[0]
+    eps = None if eps is None else _real(eps, "eps")
+    return _rms_norm(input, shape, weight, eps)[0]
 
 
 # ---- the residual add fused into layer norm and RMS norm ---------------------
@@ -777,7 +827,7 @@ def add_layer_norm(input: Tensor, residual: Tensor, normalized_shape,
     if not _fused(input, residual, "add_layer_norm", weight, bias):
         h = input + residual
         return layer_norm(h, shape, weight, bias, eps), h
-    y, h, _, _ = _add_layer_norm(input, residual, shape, weight, bias, float(eps))
+    y, h, _, _ = _add_layer_norm(input, residual, shape, weight, bias, _real(eps, "eps"))
     return y, h
 
 
@@ -839,7 +889,8 @@ def add_rms_norm(input: Tensor, residual: Tensor, normalized_shape,
     if not _fused(input, residual, "add_rms_norm", weight):
         h = input + residual
         return rms_norm(h, shape, weight, eps), h
-    y, h, _ = _add_rms_norm(input, residual, shape, weight, None if eps is None else float(eps))
+    eps = None if eps is None else _real(eps, "eps")
+    y, h, _ = _add_rms_norm(input, residual, shape, weight, eps)
     return y, h
 
 
@@ -928,7 +979,8 @@ def group_norm(input: Tensor, num_groups: int, weight: Optional[Tensor] = None,
     """
     if not _ours(input, weight, bias):
         return torch.nn.functional.group_norm(input, num_groups, weight, bias, eps)
-    return _group_norm(input, int(num_groups), weight, bias, float(eps))[0]
+    return _group_norm(input, _integer(num_groups, "num_groups"), weight, bias,
+                       _real(eps, "eps"))[0]
 
 
 # ---- batch norm --------------------------------------------------------------
@@ -1139,7 +1191,7 @@ def _compiled_batch_norm(x, running_mean, running_var, weight, bias, training, m
         return _normalized(x, weight, bias, running_mean.to(math), None,
                            torch.rsqrt(running_var.to(math) + eps))
     if x.numel() // x.shape[1] <= 1:
-        raise ValueError(f"Expected more than 1 value per channel when training, got "
+        raise ArgumentError(f"Expected more than 1 value per channel when training, got "
                          f"input of shape {tuple(x.shape)}")
     return _CompiledBatchNorm.apply(x, weight, bias, running_mean, running_var, momentum, eps)
 
@@ -1185,13 +1237,14 @@ def batch_norm(input: Tensor, running_mean: Optional[Tensor], running_var: Optio
         return torch.nn.functional.batch_norm(input, running_mean, running_var, weight, bias,
                                               training, momentum, eps)
     if not training and (running_mean is None or running_var is None):
-        raise ValueError("batch_norm: running_mean and running_var are required when "
-                         "training is False")
+        raise ArgumentError("batch_norm: running_mean and running_var are required when "
+                            "training is False")
+    momentum, eps = _real(momentum, "momentum"), _real(eps, "eps")
     if torch.compiler.is_compiling() and not torch.compiler.is_exporting():
         return _compiled_batch_norm(input, running_mean, running_var, weight, bias,
-                                    bool(training), float(momentum), float(eps))
+                                    bool(training), momentum, eps)
     y, _, _, rm, rv = _batch_norm(input, weight, bias, running_mean, running_var,
-                                  bool(training), float(momentum), float(eps))
+                                  bool(training), momentum, eps)
     _store_running(running_mean, running_var, rm, rv, training)
     return y
 
@@ -1311,8 +1364,12 @@ def instance_norm(input: Tensor, running_mean: Optional[Tensor] = None,
     if not _ours(input, weight, bias, running_mean, running_var) or input.dim() < 3:
         return torch.nn.functional.instance_norm(input, running_mean, running_var, weight,
                                                  bias, use_input_stats, momentum, eps)
+    if use_input_stats and math.prod(input.shape[2:]) == 1:
+        raise ArgumentError(f"Expected more than 1 spatial element when training, got input "
+                            f"size {input.size()}")
     y, _, _, rm, rv = _instance_norm(input, weight, bias, running_mean, running_var,
-                                     bool(use_input_stats), float(momentum), float(eps))
+                                     bool(use_input_stats), _real(momentum, "momentum"),
+                                     _real(eps, "eps"))
     _store_running(running_mean, running_var, rm, rv, use_input_stats)
     return y
 

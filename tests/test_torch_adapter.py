@@ -3,6 +3,8 @@ against PyTorch's (outputs, gradients, running statistics, state_dict),
 replace_norms, torch.compile(fullgraph=True) and torch.export."""
 import copy
 
+import numpy as np
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -784,3 +786,77 @@ def test_replace_norms_swaps_weight_norm_and_compile_takes_it():
     torch.testing.assert_close(compiled(x), eager(x))
     ep = torch.export.export(model, (x,))
     assert "cynorm.weight_norm.default" in {str(n.target) for n in ep.graph.nodes}
+
+
+# ---- argument errors: the classes PyTorch raises -----------------------------
+
+_X = torch.randn(4, 6, 5)
+_BAD_CALLS = {
+    "layer norm's shape": (lambda m, x: m.layer_norm(x, (4,)), ValueError),
+    "layer norm's weight": (lambda m, x: m.layer_norm(x, (5,), torch.ones(4)), ValueError),
+    "a weight of another dtype": (
+        lambda m, x: m.layer_norm(x, (5,), torch.ones(5, dtype=torch.float64)), TypeError),
+    "RMS norm's shape": (lambda m, x: m.rms_norm(x, (4,)), ValueError),
+    "group count": (lambda m, x: m.group_norm(x, 4), ValueError),
+    "group norm's weight": (lambda m, x: m.group_norm(x, 3, torch.ones(5)), ValueError),
+    "running statistics' shape": (
+        lambda m, x: m.batch_norm(x, torch.zeros(5), torch.ones(5), training=True), ValueError),
+    "instance norm's running statistics": (
+        lambda m, x: m.instance_norm(x, torch.zeros(5), torch.ones(5)), ValueError),
+}
+
+
+@pytest.mark.parametrize("name", list(_BAD_CALLS))
+@pytest.mark.parametrize("mode", ["no grad", "grad", "torch.func"])
+def test_argument_errors_are_also_pytorchs_class(name, mode):
+    # torch raises RuntimeError for these; cynorm.torch a ValueError or
+    # TypeError (as its NumPy functions) that is a RuntimeError too
+    call, kind = _BAD_CALLS[name]
+    x = _X.clone().requires_grad_(mode != "no grad")
+    with pytest.raises(RuntimeError):
+        call(F, x)
+    with pytest.raises(kind) as info:
+        if mode == "torch.func":
+            torch.func.grad(lambda x: call(ct, x).sum())(x.detach())
+        else:
+            call(ct, x)
+    assert isinstance(info.value, RuntimeError)
+    assert type(info.value) in (ct.ArgumentError, ct.ArgumentTypeError)
+    # the message and the traceback are the kernels' own
+    assert info.traceback[-1].name != "run" and str(info.value)
+
+
+def test_value_errors_where_pytorch_raises_value_errors():
+    x = torch.randn(1, 3, 1)
+    for m in (F, ct):
+        with pytest.raises(ValueError, match="more than 1 value per channel when training"):
+            m.batch_norm(x, None, None, training=True)
+        with pytest.raises(ValueError, match="more than 1 spatial element when training"):
+            m.instance_norm(x)
+        with pytest.raises(ValueError, match="more than 1 spatial element when training"):
+            m.instance_norm(torch.randn(2, 3, 1, 1, 1), use_input_stats=True)
+    for module in (torch.nn.InstanceNorm1d(3), ct.InstanceNorm1d(3)):
+        with pytest.raises(ValueError, match="more than 1 spatial element when training"):
+            module(x)
+    # with the running statistics, one element per instance is normalized
+    rm, rv = torch.rand(3), torch.rand(3) + 0.5
+    torch.testing.assert_close(ct.instance_norm(x, rm, rv, use_input_stats=False),
+                               F.instance_norm(x, rm, rv, use_input_stats=False))
+    with pytest.raises(RuntimeError, match="running_mean and running_var are required"):
+        ct.batch_norm(torch.randn(4, 3), None, None)
+
+
+def test_number_arguments_as_pytorch_takes_them():
+    x = torch.randn(4, 6, 5)
+    for eps in (True, torch.tensor(1e-5), np.float32(1e-5), 1e-5):
+        torch.testing.assert_close(ct.layer_norm(x, 5, eps=eps), F.layer_norm(x, (5,), eps=eps))
+    torch.testing.assert_close(ct.group_norm(x, np.int64(3)), F.group_norm(x, 3))
+    for m in (F, ct):
+        # a string, None: refused (float("1e-5") would read it)
+        with pytest.raises(TypeError, match="eps"):
+            m.layer_norm(x, (5,), eps="1e-5")
+        with pytest.raises(TypeError, match="momentum"):
+            m.batch_norm(x, torch.zeros(6), torch.ones(6), momentum=None)
+        # a float group count: refused (int() would truncate it)
+        with pytest.raises(TypeError, match="num_groups"):
+            m.group_norm(x, 1.5)
