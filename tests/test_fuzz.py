@@ -22,7 +22,7 @@ SEED = int(os.environ.get("CYNORM_FUZZ_SEED", runner.DEFAULT_SEED))
 # slow machine's run, which then stops early.
 CASES = int(os.environ.get("CYNORM_FUZZ_CASES", "500"))
 BUDGET = float(os.environ.get("CYNORM_FUZZ_BUDGET", "300"))
-LONG_CASES = int(os.environ.get("CYNORM_FUZZ_LONG_CASES", "2000"))
+LONG_CASES = int(os.environ.get("CYNORM_FUZZ_LONG_CASES", "1200"))
 LONG_BUDGET = float(os.environ.get("CYNORM_FUZZ_LONG_BUDGET", "1800"))
 WORKERS = min(2, os.cpu_count() or 1)
 

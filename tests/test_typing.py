@@ -135,7 +135,14 @@ def _user_env():
     return env
 
 
-def _check_user_file(name, tmp_path):
+@pytest.fixture(scope="module")
+def user_cache(tmp_path_factory):
+    """One mypy cache for the user files' checks (the same options): the
+    second reads NumPy's and cynorm's analysis from the first's."""
+    return tmp_path_factory.mktemp("mypy-user-cache")
+
+
+def _check_user_file(name, tmp_path, cache):
     source = CASES / name
     target = tmp_path / name
     target.write_text(source.read_text())
@@ -143,11 +150,11 @@ def _check_user_file(name, tmp_path):
     # no config file: the checks a user gets by default; cynorm's own
     # modules are followed silently, as an installed package's are
     return _mypy(["--config-file", "mypy.ini", "--follow-imports=silent",
-                  "--cache-dir", str(tmp_path / "cache"), name], cwd=tmp_path, env=_user_env())
+                  "--cache-dir", str(cache), name], cwd=tmp_path, env=_user_env())
 
 
-def test_mypy_accepts_typical_use(tmp_path):
-    rc, out = _check_user_file("usage.py", tmp_path)
+def test_mypy_accepts_typical_use(tmp_path, user_cache):
+    rc, out = _check_user_file("usage.py", tmp_path, user_cache)
     assert rc == 0, out
 
 
@@ -155,8 +162,8 @@ def test_the_typical_use_runs():
     runpy.run_path(str(CASES / "usage.py"), run_name="__typing_case__")
 
 
-def test_mypy_rejects_each_misuse(tmp_path):
-    rc, out = _check_user_file("misuse.py", tmp_path)
+def test_mypy_rejects_each_misuse(tmp_path, user_cache):
+    rc, out = _check_user_file("misuse.py", tmp_path, user_cache)
     lines = (CASES / "misuse.py").read_text().splitlines()
     expected = {i + 1 for i, line in enumerate(lines) if line.rstrip().endswith("# mypy: error")}
     reported = {int(m.group(1)) for m in re.finditer(r"^misuse\.py:(\d+): error", out, re.M)}
