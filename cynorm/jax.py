@@ -30,6 +30,7 @@ from typing import Any, Optional, Sequence, Union
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.custom_derivatives import SymbolicZero
 
 import cynorm as _cn
 from cynorm import _kernels, _validation as _v
@@ -99,7 +100,11 @@ def _static(op: str, check: Any, value: Any, name: str, *what: str) -> Any:
     try:
         return check(value, name, *what)
     except (TypeError, ValueError) as e:
-        raise type(e)(f"cynorm.jax.{op}: {e}") from None
+        hint = ""
+        if isinstance(value, jax.core.Tracer):
+            hint = (f" ({name} is static: under jax.jit pass it as a Python value, through "
+                    f"static_argnames=({name!r},) or functools.partial)")
+        raise type(e)(f"cynorm.jax.{op}: {e}{hint}") from None
 
 
 def _eps(op: str, eps: Any) -> float:
@@ -216,6 +221,35 @@ def _sum(a: Any, b: Any) -> Any:
 def _math(a: Any) -> Any:
     """a in its math type (_math_dtype)."""
     return a.astype(_math_dtype(a.dtype))
+
+
+def _materialized(tangents):
+    """Tangents as the rules take them: a symbolic zero (an input not being
+    differentiated; the rules that tell those apart ask for them) as zeros."""
+    return tuple(jnp.zeros(t.shape, t.dtype) if type(t) is SymbolicZero else t
+                 for t in tangents)
+
+
+def _by_running_stats(ty, x, weight, running_mean, running_var, t_mean, t_var, eps, axis):
+    """ty plus y's tangent in the running statistics that normalized x (batch
+    norm in eval, instance norm without use_input_stats): y = (x - m) * s * w
+    + b with s = 1 / sqrt(v + eps), so dy = -w * s * (dm + (x - m) * s^2 *
+    dv / 2), in the math type.  Symbolic-zero tangents (the statistics not
+    differentiated) add nothing and cost nothing."""
+    given = [t is not None and type(t) is not SymbolicZero for t in (t_mean, t_var)]
+    if not any(given) or x.size == 0:
+        return ty
+    pshape = [1] * x.ndim
+    pshape[axis % x.ndim] = x.shape[axis]
+    m = _math(running_mean).reshape(pshape)
+    s = jax.lax.rsqrt(_math(running_var).reshape(pshape) + eps)
+    scale = s if weight is None else s * _math(weight).reshape(pshape)
+    d = 0.0
+    if given[0]:
+        d = d + _math(t_mean).reshape(pshape)
+    if given[1]:
+        d = d + (_math(x) - m) * (s * s * 0.5) * _math(t_var).reshape(pshape)
+    return (_math(ty) - scale * d).astype(ty.dtype)
 
 
 def _y_tangent(t_xhat, weight, scaled, tb, pshape, x):
@@ -472,6 +506,18 @@ def _fused(x: Any, residual: Any) -> bool:
     return tuple(residual.shape) == tuple(x.shape) and residual.dtype == x.dtype
 
 
+def _unfused_add(op: str, x: Any, residual: Any) -> Any:
+    """x + residual by jax.numpy (broadcasting, type promotion), for the
+    pairs the fused kernel does not take; shapes that do not broadcast
+    raise naming residual."""
+    try:
+        np.broadcast_shapes(tuple(x.shape), tuple(residual.shape))
+    except ValueError:
+        raise ValueError(f"cynorm.jax.{op}: residual of shape {tuple(residual.shape)} does not "
+                         f"broadcast with x of shape {tuple(x.shape)}") from None
+    return x + residual
+
+
 # the norms' rules at h, under the fused forms' names (in their errors)
 _add_ln_forward_once = _first_order("add_layer_norm", _ln_forward, (4, 5))
 _add_rms_forward_once = _first_order("add_rms_norm", _rms_forward, (3, 4))
@@ -522,9 +568,10 @@ def add_layer_norm(x: Any, residual: Any, normalized_shape: Shape, weight: Any =
     Returns
     -------
     y : jax.Array
-        layer_norm(h): x's shape and dtype.
+        layer_norm(h): h's shape and dtype.
     h : jax.Array
-        x + residual: x's shape and dtype.
+        x + residual: x's shape and dtype where the two match (the fused
+        kernel), else jax.numpy's broadcast shape and promoted dtype.
 
     Raises
     ------
@@ -533,7 +580,7 @@ def add_layer_norm(x: Any, residual: Any, normalized_shape: Shape, weight: Any =
     """
     x, residual = jnp.asarray(x), jnp.asarray(residual)
     if not _fused(x, residual):
-        h = x + residual
+        h = _unfused_add("add_layer_norm", x, residual)
         return layer_norm(h, normalized_shape, weight, bias, eps), h
     return _add_layer_norm(x, residual, _array(weight), _array(bias),
                            _shape("add_layer_norm", normalized_shape),
@@ -581,9 +628,10 @@ def add_rms_norm(x: Any, residual: Any, normalized_shape: Shape, weight: Any = N
     Returns
     -------
     y : jax.Array
-        rms_norm(h): x's shape and dtype.
+        rms_norm(h): h's shape and dtype.
     h : jax.Array
-        x + residual: x's shape and dtype.
+        x + residual: x's shape and dtype where the two match (the fused
+        kernel), else jax.numpy's broadcast shape and promoted dtype.
 
     Raises
     ------
@@ -599,7 +647,7 @@ def add_rms_norm(x: Any, residual: Any, normalized_shape: Shape, weight: Any = N
     """
     x, residual = jnp.asarray(x), jnp.asarray(residual)
     if not _fused(x, residual):
-        h = x + residual
+        h = _unfused_add("add_rms_norm", x, residual)
         return rms_norm(h, normalized_shape, weight, eps), h
     return _add_rms_norm(x, residual, _array(weight), _shape("add_rms_norm", normalized_shape),
                          None if eps is None else _eps("add_rms_norm", eps))
@@ -676,17 +724,22 @@ def _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, 
                        axis)[:3]
 
 
-@_batch_norm.defjvp
 def _batch_norm_jvp(training, momentum, eps, axis, primals, tangents):
     x, weight, bias, running_mean, running_var = primals
     y, rm, rv, sm, si = _bn_forward_once(x, weight, bias, running_mean, running_var, training,
                                          momentum, eps, axis)
     first, second = (sm, si) if training else (running_mean, running_var)
     ty = _tangent("batch_norm", (training, momentum, eps, axis),
-                  (x, weight, bias, first, second), tangents[:3])
-    # the running statistics carry no derivative, as in torch
+                  (x, weight, bias, first, second), _materialized(tangents[:3]))
+    if not training:        # y normalized by the running statistics
+        ty = _by_running_stats(ty, x, weight, running_mean, running_var, *tangents[3:], eps,
+                               axis)
+    # the returned running statistics carry no derivative, as torch's buffers
     zero = [None if r is None else jnp.zeros_like(r) for r in (rm, rv)]
     return (y, rm, rv), (ty, zero[0], zero[1])
+
+
+_batch_norm.defjvp(_batch_norm_jvp, symbolic_zeros=True)
 
 
 def _batch_norm_host(primals, tangents, static):
@@ -758,7 +811,8 @@ def batch_norm(x: Any, weight: Any = None, bias: Any = None, running_mean: Any =
                eps: float = 1e-5, axis: int = 1) -> tuple[jax.Array, Any, Any]:
     """Batch norm over every axis of x but the channel axis
     (``torch.nn.functional.batch_norm``) on cynorm's kernels, differentiable
-    with ``jax.grad`` (in x, weight and bias).
+    with ``jax.grad`` (in x, weight and bias, and with training=False in the
+    running statistics).
 
     JAX arrays are immutable, so where cynorm.batch_norm updates the running
     statistics in place this returns their new values.
@@ -966,10 +1020,14 @@ def _in_check(x, axis, use_input_stats, weight, bias, running_mean, running_var)
     if not use_input_stats and running_mean is None:
         raise ValueError("cynorm.jax.instance_norm: running_mean and running_var are required "
                          "when use_input_stats=False")
-    if use_input_stats and running_mean is not None and HW < 2 and N * C:
+    if use_input_stats and HW < 2 and N * C:
+        # as torch.nn.functional.instance_norm: (N, C) features passed for
+        # (N, C, L) would normalize to zeros (cynorm.instance_norm refuses
+        # it only where the running statistics' unbiased variance needs two)
         raise ValueError(f"cynorm.jax.instance_norm: x must have more than 1 spatial position "
-                         f"per instance to update running_mean / running_var (their unbiased "
-                         f"variance), got shape {tuple(x.shape)}")
+                         f"per instance with use_input_stats=True (one normalizes to 0, and "
+                         f"gives no unbiased variance for running statistics), got shape "
+                         f"{tuple(x.shape)}")
     return N, C, HW, last
 
 
@@ -1013,7 +1071,6 @@ def _instance_norm(x, weight, bias, running_mean, running_var, use_input_stats, 
                        eps, axis)[:3]
 
 
-@_instance_norm.defjvp
 def _instance_norm_jvp(use_input_stats, momentum, eps, axis, primals, tangents):
     x, weight, bias, running_mean, running_var = primals
     y, rm, rv, mean, rstd = _in_forward_once(x, weight, bias, running_mean, running_var,
@@ -1022,10 +1079,16 @@ def _instance_norm_jvp(use_input_stats, momentum, eps, axis, primals, tangents):
     # that normalized (with it, none)
     fixed = (None, None) if use_input_stats else (running_mean, running_var)
     ty = _tangent("instance_norm", (use_input_stats, eps, axis),
-                  (x, weight, bias, mean, rstd) + fixed, tangents[:3])
-    # the running statistics carry no derivative, as in torch
+                  (x, weight, bias, mean, rstd) + fixed, _materialized(tangents[:3]))
+    if not use_input_stats:     # y normalized by the running statistics
+        ty = _by_running_stats(ty, x, weight, running_mean, running_var, *tangents[3:], eps,
+                               axis)
+    # the returned running statistics carry no derivative, as torch's buffers
     zero = [None if r is None else jnp.zeros_like(r) for r in (rm, rv)]
     return (y, rm, rv), (ty, zero[0], zero[1])
+
+
+_instance_norm.defjvp(_instance_norm_jvp, symbolic_zeros=True)
 
 
 def _instance_norm_host(primals, tangents, static):
@@ -1061,9 +1124,10 @@ def instance_norm(x: Any, weight: Any = None, bias: Any = None, running_mean: An
                   running_var: Any = None, use_input_stats: bool = True, momentum: float = 0.1,
                   eps: float = 1e-5, axis: int = 1) -> tuple[jax.Array, Any, Any]:
     """Instance norm (``torch.nn.functional.instance_norm``) on cynorm's
-    kernels, differentiable with ``jax.grad`` (in x, weight and bias): each
-    sample's channel normalized over its spatial positions; channels-last
-    data is read in place.
+    kernels, differentiable with ``jax.grad`` (in x, weight and bias, and
+    with use_input_stats=False in the running statistics): each sample's
+    channel normalized over its spatial positions; channels-last data is
+    read in place.
 
     JAX arrays are immutable, so where cynorm.instance_norm updates the
     running statistics in place this returns their new values.

@@ -855,3 +855,91 @@ def test_a_shared_parameter_under_vmap_takes_one_kernel_call_over_the_rows():
     got = jax.vmap(lambda x, w: cj.rms_norm(x, 16, w))(xs, ws)
     assert np.array_equal(host(got[3]), cynorm.rms_norm(host(xs[3]), 16, host(ws[3]))[0])
     assert np.array_equal(host(got[2]), cynorm.rms_norm(host(xs[2]), 16, host(w))[0])
+
+
+# ---- derivatives in the running statistics that normalize (eval) -----------
+
+def _eval_ref(x, w, b, rm, rv, axis, eps=1e-5):
+    shape = [1] * x.ndim
+    shape[axis] = -1
+    return ((x - rm.reshape(shape)) / jnp.sqrt(rv.reshape(shape) + eps) * w.reshape(shape)
+            + b.reshape(shape))
+
+
+@pytest.mark.parametrize("op", ["batch_norm", "instance_norm"])
+@pytest.mark.parametrize("axis", [1, -1])
+def test_eval_derivatives_in_the_running_statistics(op, axis):
+    # y = (x - rm) / sqrt(rv + eps) * w + b depends on the running
+    # statistics: their gradients and tangents are the formula's (they were
+    # zeros); only the returned statistics carry none
+    x = data(6, 4, 5) if axis == 1 else data(6, 5, 4)
+    w, b = 1 + data(4, seed=1), data(4, seed=2)
+    rm, rv = data(4, seed=3), 0.5 + jnp.abs(data(4, seed=4))
+    g = 1 + data(*x.shape, seed=5)
+
+    def y(x, w, b, rm, rv):
+        if op == "batch_norm":
+            return cj.batch_norm(x, w, b, rm, rv, training=False, axis=axis)[0]
+        return cj.instance_norm(x, w, b, rm, rv, use_input_stats=False, axis=axis)[0]
+
+    args = (x, w, b, rm, rv)
+    def ref(*a):
+        return _eval_ref(*a, axis % 3)
+
+    want = jax.grad(lambda *a: (ref(*a) * g).sum(), argnums=range(5))(*args)
+    for f in (y, jax.jit(y)):
+        got = jax.grad(lambda *a: (f(*a) * g).sum(), argnums=range(5))(*args)
+        for have, expected in zip(got, want):
+            close(have, expected, 1e-5)
+    # each statistic alone (the other's tangent a symbolic zero), forward mode
+    close(jax.grad(lambda rm: (y(x, w, b, rm, rv) * g).sum())(rm), want[3], 1e-5)
+    close(jax.grad(lambda rv: (y(x, w, b, rm, rv) * g).sum())(rv), want[4], 1e-5)
+    tangents = tuple(data(*a.shape, seed=10 + i) for i, a in enumerate(args))
+    close(jax.jvp(y, args, tangents)[1], jax.jvp(ref, args, tangents)[1], 1e-5)
+    # per-example gradients in the statistics under vmap
+    xs = jnp.stack([x, 2 * x])
+    per = jax.vmap(jax.grad(lambda rv, x: (y(x, w, b, rm, rv) * g).sum()), in_axes=(None, 0))
+    ref_per = jax.vmap(jax.grad(lambda rv, x: (ref(x, w, b, rm, rv) * g).sum()),
+                       in_axes=(None, 0))
+    close(per(rv, xs), ref_per(rv, xs), 1e-5)
+    # the returned statistics carry no derivative
+    if op == "batch_norm":
+        f = lambda rm: cj.batch_norm(x, w, b, rm, rv, training=False, axis=axis)[1].sum()  # noqa: E731
+    else:
+        f = lambda rm: cj.instance_norm(x, w, b, rm, rv, use_input_stats=False,  # noqa: E731
+                                        axis=axis)[1].sum()
+    assert not np.any(np.asarray(jax.grad(f)(rm)))
+
+
+def test_training_statistics_are_not_differentiated_in_the_running_ones():
+    # in training y does not read the running statistics: zero gradient
+    x, rm, rv = data(6, 4, 5), data(4, seed=3), 1 + jnp.abs(data(4, seed=4))
+    gb = jax.grad(lambda rm: cj.batch_norm(x, None, None, rm, rv, training=True)[0].sum())(rm)
+    gi = jax.grad(lambda rv: cj.instance_norm(x, None, None, rm, rv)[0].sum())(rv)
+    assert not np.any(np.asarray(gb)) and not np.any(np.asarray(gi))
+
+
+def test_adapter_errors_name_the_argument():
+    with pytest.raises(ValueError, match=r"add_layer_norm: residual of shape \(4, 7\) does not "
+                                         r"broadcast with x of shape \(4, 8\)"):
+        cj.add_layer_norm(jnp.ones((4, 8)), jnp.ones((4, 7)), 8)
+    with pytest.raises(ValueError, match="add_rms_norm: residual of shape"):
+        cj.add_rms_norm(jnp.ones((4, 8)), jnp.ones((3, 8)), 8)
+    # a broadcast residual: jax.numpy's add, then the norm, in its shape
+    y, h = cj.add_layer_norm(jnp.ones(8), data(3, 8), 8)
+    assert y.shape == h.shape == (3, 8)
+    # a traced static argument: the message says how to keep it static
+    with pytest.raises(TypeError, match=r"num_groups is static: under jax.jit pass it as a "
+                                        r"Python value, through static_argnames=\('num_groups',\)"):
+        jax.jit(cj.group_norm)(data(2, 4, 3), 2)
+    with pytest.raises(TypeError, match="training is static"):
+        jax.jit(cj.batch_norm)(data(4, 3), None, None, jnp.zeros(3), jnp.ones(3), False)
+    # (N, C) features for instance norm: torch.nn.functional's error
+    for x in (data(2, 4), data(2, 4, 1), data(2, 1, 1, 4)):
+        with pytest.raises(ValueError, match="more than 1 spatial position per instance with "
+                                             "use_input_stats=True"):
+            cj.instance_norm(x, axis=-1 if x.shape[-1] == 4 and x.ndim == 4 else 1)
+    # with the running statistics, one position per instance normalizes
+    y, _, _ = cj.instance_norm(data(2, 4, 1), None, None, jnp.zeros(4), jnp.ones(4),
+                               use_input_stats=False)
+    assert y.shape == (2, 4, 1)
