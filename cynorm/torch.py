@@ -248,6 +248,19 @@ def _torch_error(e: Exception) -> Exception:
     return e if kind is None else kind(*e.args).with_traceback(e.__traceback__)
 
 
+def _buffers_without_grad(name: str, running_mean: Optional[Tensor],
+                          running_var: Optional[Tensor]) -> None:
+    """Refuse running statistics that require grad, as PyTorch's batch and
+    instance norm do (their operators have no derivative in them: a
+    gradient would otherwise be silently missing)."""
+    if torch.is_grad_enabled():
+        for arg, t in (("running_mean", running_mean), ("running_var", running_var)):
+            if t is not None and t.requires_grad:
+                raise ArgumentError(f"cynorm.torch.{name} is not differentiable with respect "
+                                    f"to {arg}, as PyTorch's: it cannot have requires_grad "
+                                    f"True")
+
+
 def _real(value: Any, name: str) -> float:
     """A float argument as PyTorch's functions take it: a Python or NumPy
     number, a bool, a one-element tensor; a string or None refused, as
@@ -1239,6 +1252,7 @@ def batch_norm(input: Tensor, running_mean: Optional[Tensor], running_var: Optio
     if not training and (running_mean is None or running_var is None):
         raise ArgumentError("batch_norm: running_mean and running_var are required when "
                             "training is False")
+    _buffers_without_grad("batch_norm", running_mean, running_var)
     momentum, eps = _real(momentum, "momentum"), _real(eps, "eps")
     if torch.compiler.is_compiling() and not torch.compiler.is_exporting():
         return _compiled_batch_norm(input, running_mean, running_var, weight, bias,
@@ -1364,6 +1378,7 @@ def instance_norm(input: Tensor, running_mean: Optional[Tensor] = None,
     if not _ours(input, weight, bias, running_mean, running_var) or input.dim() < 3:
         return torch.nn.functional.instance_norm(input, running_mean, running_var, weight,
                                                  bias, use_input_stats, momentum, eps)
+    _buffers_without_grad("instance_norm", running_mean, running_var)
     if use_input_stats and math.prod(input.shape[2:]) == 1:
         raise ArgumentError(f"Expected more than 1 spatial element when training, got input "
                             f"size {input.size()}")

@@ -861,3 +861,23 @@ def test_number_arguments_as_pytorch_takes_them():
         # a float group count: refused (int() would truncate it)
         with pytest.raises(TypeError, match="num_groups"):
             m.group_norm(x, 1.5)
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_running_statistics_that_require_grad_are_refused(training):
+    # PyTorch's operators have no derivative in them, and say so; a silently
+    # missing gradient is worse
+    x = torch.randn(8, 4, 5)
+    for m in (F, ct):
+        for rm, rv in ((torch.zeros(4, requires_grad=True), torch.ones(4)),
+                       (torch.zeros(4), torch.ones(4, requires_grad=True))):
+            with pytest.raises(RuntimeError, match="not differentiable with respect to "
+                                                   "(argument ')?running_(mean|var)"):
+                m.batch_norm(x, rm, rv, training=training)
+            with pytest.raises(RuntimeError, match="not differentiable with respect to "
+                                                   "(argument ')?running_(mean|var)"):
+                m.instance_norm(x, rm, rv, use_input_stats=training)
+    # without grad mode they normalize, as PyTorch's
+    rm, rv = torch.rand(4).requires_grad_(), torch.rand(4) + 0.5
+    with torch.no_grad():
+        torch.testing.assert_close(ct.batch_norm(x, rm, rv), F.batch_norm(x, rm, rv))
