@@ -121,6 +121,9 @@ def _shape(op: str, normalized_shape: Shape) -> tuple[int, ...]:
     except TypeError:
         raise TypeError(f"cynorm.jax.{op}: normalized_shape must be {what}, got "
                         f"{type(normalized_shape).__name__}") from None
+    if not items:       # as cynorm's NumPy ops and torch (each value alone would be 0)
+        raise ValueError(f"cynorm.jax.{op}: normalized_shape must name at least one axis, "
+                         f"got ()")
     return tuple(_static(op, _v.check_int, d, "normalized_shape", what) for d in items)
 
 

@@ -925,6 +925,11 @@ def test_adapter_errors_name_the_argument():
         cj.add_layer_norm(jnp.ones((4, 8)), jnp.ones((4, 7)), 8)
     with pytest.raises(ValueError, match="add_rms_norm: residual of shape"):
         cj.add_rms_norm(jnp.ones((4, 8)), jnp.ones((3, 8)), 8)
+    # an empty normalized shape, as the NumPy ops and torch
+    for f in (lambda: cj.layer_norm(jnp.ones((4, 8)), ()), lambda: cj.rms_norm(jnp.ones(3), []),
+              lambda: cj.add_rms_norm(jnp.ones(3), jnp.ones(3), ())):
+        with pytest.raises(ValueError, match="normalized_shape must name at least one axis"):
+            f()
     # a broadcast residual: jax.numpy's add, then the norm, in its shape
     y, h = cj.add_layer_norm(jnp.ones(8), data(3, 8), 8)
     assert y.shape == h.shape == (3, 8)
