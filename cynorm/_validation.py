@@ -345,7 +345,10 @@ def check_updatable(a: Any, name: str) -> Array:
     memory."""
     if is_dlpack(a):
         a = dlpack_array(a, name, writable=True)
-    if not isinstance(a, np.ndarray) or isinstance(a, np.ma.MaskedArray):
+    if isinstance(a, np.ma.MaskedArray):
+        raise TypeError(f"{name} is a masked array: it is updated in place, and its mask "
+                        f"would be ignored (pass a plain array, e.g. its .data)")
+    if not isinstance(a, np.ndarray):
         raise TypeError(f"{name} must be a NumPy array or a writable DLPack tensor (it is "
                         f"updated in place), got {type(a).__name__}")
     if a.dtype.byteorder not in ("=", "|") and a.dtype.newbyteorder("=") != a.dtype:

@@ -195,9 +195,10 @@ def group_norm(x: ArrayLike, num_groups: int, weight: ArrayLike | None = None,
         The channel axis: 1 (channels first) or -1 (channels last).
     out : tuple of three (numpy.ndarray or None), optional
         ``(y, mean, rstd)`` arrays (or None entries) to write into, of
-        exact shape and dtype: y laid out as x is read (C-ordered with the
-        channels where x has them in memory), mean and rstd C-contiguous.
-        y may be x itself.
+        exact shape and dtype: y of any strides (written in place where it
+        is laid out as x is read, C-ordered with the channels where x has
+        them in memory, else computed into a new array and copied in),
+        mean and rstd C-contiguous.  y may be x itself.
 
     Returns
     -------
@@ -218,8 +219,8 @@ def group_norm(x: ArrayLike, num_groups: int, weight: ArrayLike | None = None,
     ValueError
         If x has fewer than 2 dimensions, axis is not the second or the
         last, num_groups does not divide C, weight or bias is not (C,),
-        eps < 0, or an output has the wrong shape or layout, is read-only,
-        or overlaps another output.
+        eps < 0, or an output has the wrong shape, is read-only, or
+        overlaps another output, or mean or rstd is not C-contiguous.
     """
     result = _k.group_forward_plain(x, num_groups, weight, bias, eps, axis, out)
     if result is not None:

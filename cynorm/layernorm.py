@@ -63,6 +63,8 @@ def _normalized_shape(normalized_shape, x, x_name="x"):
         ns = (operator.index(normalized_shape),)
     except TypeError:
         try:
+            if any(isinstance(s, (bool, np.bool_)) for s in normalized_shape):
+                raise TypeError     # a bool is not a size, inside a tuple either
             ns = tuple(operator.index(s) for s in normalized_shape)
         except TypeError:
             raise TypeError(f"normalized_shape must be an int or a tuple of ints, "
@@ -366,8 +368,9 @@ def add_layer_norm(x: ArrayLike, residual: ArrayLike, normalized_shape: int | Se
         Added to the variance; >= 0.
     out : tuple of four (numpy.ndarray or None), optional
         ``(y, h, mean, rstd)`` arrays (or None entries) to write into, as in
-        layer_norm; y and h may be x or residual itself (h into residual is
-        the in-place form of fused add + norm).
+        layer_norm (C- or F-contiguous); y and h may be x or residual itself
+        where that is contiguous (h into residual is the in-place form of
+        fused add + norm).
 
     Returns
     -------

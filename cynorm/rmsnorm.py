@@ -177,8 +177,9 @@ def add_rms_norm(x: ArrayLike, residual: ArrayLike, normalized_shape: int | Sequ
         epsilon of the math type, as in rms_norm.
     out : tuple of three (numpy.ndarray or None), optional
         ``(y, h, rstd)`` arrays (or None entries) to write into, as in
-        rms_norm; y and h may be x or residual itself (h into residual is
-        FlashInfer's in-place form).
+        rms_norm (C- or F-contiguous); y and h may be x or residual itself
+        where that is contiguous (h into residual is FlashInfer's in-place
+        form).
 
     Returns
     -------

@@ -36,6 +36,34 @@ def test_layer_norm_normalized_shape_type(ns):
         cynorm.layer_norm(x32(), ns)
 
 
+@pytest.mark.parametrize("ns", [True, (True,), (3, True), [np.True_]])
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+def test_a_bool_is_not_a_size_inside_a_shape_either(op, ns):
+    # (True,) was read as (1,), and the error then named a shape not given
+    x = np.ones((4, 3, 1), np.float32)
+    with pytest.raises(TypeError, match="normalized_shape must be an int or a tuple of ints"):
+        getattr(cynorm, op)(x, ns)
+
+
+def test_masked_running_statistics_are_named_as_masked():
+    x = x32((2, 3, 4))
+    rm, rv = np.ma.array(np.zeros(3, np.float32)), np.ones(3, np.float32)
+    for call in (lambda: cynorm.instance_norm(x, running_mean=rm, running_var=rv),
+                 lambda: cynorm.batch_norm(x, None, None, rm, rv, True)):
+        with pytest.raises(TypeError, match="running_mean is a masked array"):
+            call()
+
+
+def test_a_tensor_that_requires_grad_is_named_in_the_hint():
+    torch = pytest.importorskip("torch")
+    x = np.ones((4, 8), np.float32)
+    w = torch.ones(8, requires_grad=True)
+    with pytest.raises(TypeError, match=r"weight could not be read .* pass weight\.detach\(\)"):
+        cynorm.rms_norm(x, 8, w)
+    with pytest.raises(TypeError, match=r"pass residual\.detach\(\)"):
+        cynorm.add_rms_norm(x, torch.ones(4, 8, requires_grad=True), 8)
+
+
 @pytest.mark.parametrize("shape", [(4,), (15,), (3, 5, 1), (1, 5), (5, 3)])
 def test_layer_norm_weight_and_bias_shape(shape):
     with pytest.raises(ValueError, match="weight"):

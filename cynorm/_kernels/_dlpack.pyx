@@ -131,8 +131,8 @@ def _capsule(obj, str name):
         except TypeError:           # a producer from before max_version
             return obj.__dlpack__()
     except Exception as e:          # noqa: BLE001 - the producer's own error, reworded
-        hint = (" (a torch tensor that requires grad: pass x.detach(); cynorm's array "
-                "functions do not record gradients)"
+        hint = (f" (a torch tensor that requires grad: pass {name}.detach(); cynorm's "
+                f"array functions do not record gradients)"
                 if getattr(obj, "requires_grad", False) else "")
         raise TypeError(f"{name} could not be read through DLPack{hint}: {e}") from None
 
