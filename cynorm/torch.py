@@ -190,9 +190,17 @@ def _gradients(x: Tensor, xa: np.ndarray, gx: Optional[np.ndarray],
             + tuple(_tensor(g) if g is not None else _nothing(x) for g in gp))
 
 
-def _ours(x: Tensor, *params: Optional[Tensor]) -> bool:
-    """Whether cynorm's kernels take this call: CPU tensors of its dtypes."""
-    return x.is_cpu and x.dtype in _DTYPES and all(p is None or p.is_cpu for p in params)
+def _ours(x: Tensor, *params: Optional[Tensor], dtype_rule: bool = True) -> bool:
+    """Whether cynorm's kernels take this call: CPU tensors of its dtypes,
+    the parameters (with dtype_rule) of x's dtype or float32 for 16-bit x,
+    cynorm's dtype rule.  The rest runs PyTorch's kernels, which compute or
+    raise as they do (a float64 weight beside float32 input: RMS norm
+    computes, with a warning; layer norm raises)."""
+    if not (x.is_cpu and x.dtype in _DTYPES):
+        return False
+    wide = torch.float32 if x.dtype in (torch.bfloat16, torch.float16) else x.dtype
+    return all(p is None or (p.is_cpu and (not dtype_rule or p.dtype == x.dtype
+                                           or p.dtype == wide)) for p in params)
 
 
 _SAVED = object()      # an input Eager.jvp finds in ctx.saved_tensors
@@ -1438,7 +1446,7 @@ class WeightNorm(torch.nn.utils.parametrizations._WeightNorm):
     cynorm's kernels (PyTorch's for tensors cynorm does not take)."""
 
     def forward(self, weight_g: Tensor, weight_v: Tensor) -> Tensor:
-        if not _ours(weight_v, weight_g) or weight_g.dtype not in _DTYPES:
+        if not _ours(weight_v, weight_g, dtype_rule=False) or weight_g.dtype not in _DTYPES:
             return super().forward(weight_g, weight_v)
         # torch's dim -1 is the whole tensor, cynorm's None
         return _weight_norm(weight_v, weight_g, None if self.dim == -1 else self.dim)[0]
