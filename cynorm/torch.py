@@ -27,7 +27,6 @@ float64, float32, bfloat16 and float16) run PyTorch's own kernels.
 from __future__ import annotations
 
 import math
-import operator
 import types
 import typing
 from typing import Any, List, Optional, Tuple, cast
@@ -38,6 +37,7 @@ from torch import Tensor
 
 import cynorm
 from cynorm import _dtypes
+from cynorm._validation import check_int
 from cynorm._channels import channel_input as _channel_input, prepare as _prepare
 from cynorm._channels import moments as _channel_moments
 from cynorm._kernels._alloc import OutsideCache
@@ -282,12 +282,12 @@ def _real(value: Any, name: str) -> float:
 
 
 def _integer(value: Any, name: str) -> int:
-    """An int argument as PyTorch's functions take it: an integer, not a
-    float that int() would truncate."""
+    """An int argument as PyTorch's functions take it (cynorm's check_int:
+    an integer, not a bool, nor a float that int() would truncate)."""
     try:
-        return operator.index(value)
-    except TypeError:
-        raise ArgumentTypeError(f"{name} must be an int, got {type(value).__name__}") from None
+        return check_int(value, name)
+    except TypeError as e:
+        raise _torch_error(e) from None
 
 
 def _one_level(name, backward):

@@ -857,9 +857,10 @@ def test_number_arguments_as_pytorch_takes_them():
             m.layer_norm(x, (5,), eps="1e-5")
         with pytest.raises(TypeError, match="momentum"):
             m.batch_norm(x, torch.zeros(6), torch.ones(6), momentum=None)
-        # a float group count: refused (int() would truncate it)
-        with pytest.raises(TypeError, match="num_groups"):
-            m.group_norm(x, 1.5)
+        # a float group count: refused (int() would truncate it); a bool too
+        for groups in (1.5, True):
+            with pytest.raises(TypeError, match="num_groups"):
+                m.group_norm(x, groups)
 
 
 @pytest.mark.parametrize("training", [False, True])
