@@ -226,6 +226,13 @@ def _math(a: Any) -> Any:
     return a.astype(_math_dtype(a.dtype))
 
 
+def _channel_shape(x: Any, axis: int) -> list[int]:
+    """The shape that broadcasts a per-channel (C,) vector along x's axis."""
+    shape = [1] * x.ndim
+    shape[axis % x.ndim] = x.shape[axis]
+    return shape
+
+
 def _materialized(tangents):
     """Tangents as the rules take them: a symbolic zero (an input not being
     differentiated; the rules that tell those apart ask for them) as zeros."""
@@ -242,8 +249,7 @@ def _by_running_stats(ty, x, weight, running_mean, running_var, t_mean, t_var, e
     given = [t is not None and type(t) is not SymbolicZero for t in (t_mean, t_var)]
     if not any(given) or x.size == 0:
         return ty
-    pshape = [1] * x.ndim
-    pshape[axis % x.ndim] = x.shape[axis]
+    pshape = _channel_shape(x, axis)
     m = _math(running_mean).reshape(pshape)
     s = jax.lax.rsqrt(_math(running_var).reshape(pshape) + eps)
     scale = s if weight is None else s * _math(weight).reshape(pshape)
@@ -785,8 +791,7 @@ def _batch_norm_traced(primals, tangents, static):
     if x.size == 0:
         return jnp.zeros_like(x)
     A, C, B = _around(x, axis)
-    pshape = [1] * x.ndim
-    pshape[axis % x.ndim] = C
+    pshape = _channel_shape(x, axis)
     xm = _math(x)
     if training:        # first, second: save_mean, save_invstd
         t_xhat = _input_tangent("cynorm_batch_norm_backward", x, tx, first, second, a=A, c=C,

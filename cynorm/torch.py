@@ -244,9 +244,9 @@ class ArgumentError(ValueError, RuntimeError):
 
 
 class ArgumentTypeError(TypeError, RuntimeError):
-    """An argument of the wrong type or dtype: a TypeError, as cynorm's
-    NumPy functions raise, that is also the RuntimeError PyTorch raises for
-    the same mistake (a weight of another dtype than the input's)."""
+    """An argument of the wrong type (``eps`` as a string, a float group
+    count): a TypeError, as cynorm's NumPy functions raise, that is also a
+    RuntimeError, the class PyTorch raises for most bad arguments."""
 
 
 def _torch_error(e: Exception) -> Exception:
@@ -1213,7 +1213,7 @@ def _compiled_batch_norm(x, running_mean, running_var, weight, bias, training, m
                            torch.rsqrt(running_var.to(math) + eps))
     if x.numel() // x.shape[1] <= 1:
         raise ArgumentError(f"Expected more than 1 value per channel when training, got "
-                         f"input of shape {tuple(x.shape)}")
+                            f"input of shape {tuple(x.shape)}")
     return _CompiledBatchNorm.apply(x, weight, bias, running_mean, running_var, momentum, eps)
 
 
