@@ -30,7 +30,6 @@ import math
 from typing import Optional, Union
 
 from cudnn_bind import _lib
-from cudnn_bind import graph as G
 from cudnn_bind._args import integer, real, show, stream_value
 from cudnn_bind._typing import DeviceArrayLike, Int, ModeLike, Real, StreamLike
 from cudnn_bind.descriptors import (
@@ -170,6 +169,12 @@ def _same_device(names, views):
     host = sorted(n for n, d in devices if d is None)
     raise ValueError(f"{', '.join(host)}: not device memory (cudaPointerGetAttributes "
                      "reports host or unregistered memory)")
+
+
+def _named(names, views):
+    """(name, address) of each view given: what graph_refusal checks the
+    alignment of."""
+    return [(n, v.ptr) for n, v in zip(names, views) if v is not None]
 
 
 def _gather(names, views, stream):
@@ -573,10 +578,9 @@ def batch_norm_forward_training(
     try:
         h = cached_handle(device, lib) if handle is None else _handle(handle, device, lib)
         g = None if backend == "legacy" else training_graphs(
-            lib, h, plan, backend, graph_refusal(lib, plan, mode, fused), "forward",
-            rmv is not None, G.alignment_of(
-                xv.ptr, yv.ptr if yv is not None else 0, wv.ptr, bv.ptr,
-                rmv.ptr if rmv is not None else 0, rvv.ptr if rvv is not None else 0))
+            lib, h, plan, backend, graph_refusal(
+                lib, plan, mode, fused, _named(_FORWARD_NAMES, (xv, zv, yv, wv, bv, rmv, rvv))),
+            "forward", rmv is not None)
         if g is not None:
             if st != h._stream or producers:
                 _start(h, st, producers)
@@ -746,8 +750,9 @@ def batch_norm_forward_inference(
         if plan.empty:  # an empty batch: nothing for cuDNN to do
             return out
         g = None if backend == "legacy" else inference_graph(
-            lib, h, plan, backend, graph_refusal(lib, plan, mode, None),
-            G.alignment_of(xv.ptr, y_ptr, wv.ptr, bv.ptr, rmv.ptr, rvv.ptr))
+            lib, h, plan, backend, graph_refusal(
+                lib, plan, mode, None,
+                _named(_INFERENCE_NAMES, (xv, yv, wv, bv, rmv, rvv))))
         if g is not None:
             eps_value = ctypes.c_float(float(eps))
             by_uid = {UID["x"]: xv.ptr, UID["y"]: y_ptr, UID["scale"]: wv.ptr,
@@ -932,8 +937,10 @@ def batch_norm_backward(
     try:
         h = cached_handle(device, lib) if handle is None else _handle(handle, device, lib)
         g = None if backend == "legacy" else training_graphs(
-            lib, h, plan, backend, graph_refusal(lib, plan, mode, fused), "backward", False,
-            G.alignment_of(xv.ptr, dyv.ptr, wv.ptr, smv.ptr, siv.ptr))
+            lib, h, plan, backend, graph_refusal(
+                lib, plan, mode, fused, _named(("x", "dy", "weight", "save_mean", "save_invstd"),
+                                               (xv, dyv, wv, smv, siv))),
+            "backward", False)
         if g is not None:  # the graph needs no reserve (the legacy forward's is ignored)
             if st != h._stream or producers:
                 _start(h, st, producers)
@@ -1019,19 +1026,18 @@ def batch_norm_backend(x: DeviceArrayLike, training: bool = True, *,
     st, xv = _stream_and_x(None, x, lib)
     training = bool(training)
     plan = _plan(lib, "training" if training else "inference", xv, mode, fused)
-    refusal = graph_refusal(lib, plan, mode, fused)
+    refusal = graph_refusal(lib, plan, mode, fused, [("x", xv.ptr)])
     if refusal:
         return "legacy", refusal
     device, previous = _enter_device(lib, xv.device)
     try:
         h = cached_handle(device, lib)
-        align = G.alignment_of(xv.ptr)
         try:
             if training:
                 for which in ("forward", "backward"):
-                    training_graphs(lib, h, plan, "graph", "", which, False, align)
+                    training_graphs(lib, h, plan, "graph", "", which, False)
             else:
-                inference_graph(lib, h, plan, "graph", "", align)
+                inference_graph(lib, h, plan, "graph", "")
         except UnsupportedError as exc:
             return "legacy", str(exc)
     finally:

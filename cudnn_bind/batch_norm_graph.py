@@ -24,7 +24,7 @@ would be used; "legacy" never builds a graph.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from cudnn_bind import graph as G
 from cudnn_bind.descriptors import padded_geometry
@@ -46,8 +46,10 @@ def check_backend(backend: Any) -> str:
     return backend
 
 
-def graph_refusal(lib: Any, plan: Any, mode: object, fused: Optional[str]) -> str:
-    """Why this call cannot take the graph path ('' when it may try)."""
+def graph_refusal(lib: Any, plan: Any, mode: object, fused: Optional[str],
+                  addresses: Sequence[tuple[str, Optional[int]]] = ()) -> str:
+    """Why this call cannot take the graph path ('' when it may try);
+    `addresses`: the call's (argument name, device address) pairs."""
     reason = G.graph_unavailable(lib)
     if reason:
         return reason
@@ -59,6 +61,10 @@ def graph_refusal(lib: Any, plan: Any, mode: object, fused: Optional[str]) -> st
         return "an explicit mode runs on the legacy call (the graph has no modes)"
     if plan.empty:
         return "an empty batch makes no cuDNN call"
+    late = G.misaligned(addresses)
+    if late:
+        return (f"{', '.join(late)} {'is' if len(late) == 1 else 'are'} not "
+                f"{G.ALIGNMENT}-byte aligned (cuDNN's graph kernels fault on other addresses)")
     return ""
 
 
@@ -73,15 +79,12 @@ def _geometry(plan: Any) -> tuple[list[int], list[int], list[int], list[int]]:
     return dims, strides, pdims, pstrides
 
 
-def _build(lib: Any, h: Any, plan: Any, which: str, has_running: bool, align: int) -> G.Graph:
+def _build(lib: Any, h: Any, plan: Any, which: str, has_running: bool) -> G.Graph:
     dims, strides, pdims, pstrides = _geometry(plan)
     dtype, p = plan.dtype, "float32"
     scalar = ([1] * len(dims), [1] * len(dims))
 
     def t(name: str, dt: str, d: list[int], s: list[int], **kw: Any) -> Any:
-        # the alignment every address of the call shares (a weight may be a
-        # view into a larger buffer)
-        kw.setdefault("alignment", align)
         return G.tensor(lib, UID[name], dt, d, s, **kw)
 
     what = f"batch norm {which} ({dtype} x of shape {tuple(plan.shape)}, {plan.layout})"
@@ -145,26 +148,25 @@ def _build(lib: Any, h: Any, plan: Any, which: str, has_running: bool, align: in
     return G.build_graph(lib, h.ptr, ops, uids, what)
 
 
-def _cached(lib: Any, h: Any, plan: Any, which: str, has_running: bool, align: int) -> Any:
+def _cached(lib: Any, h: Any, plan: Any, which: str, has_running: bool) -> Any:
     """The plan's graph `which` on h's device (an UnsupportedError when it has
     none), built on first use."""
-    key = (which, has_running, align, h.device)
+    key = (which, has_running, h.device)
     found = plan.graphs.get(key)
     if found is None:
         if which == "inference":
-            found = _build_inference(lib, h, plan, align)
+            found = _build_inference(lib, h, plan)
         else:
-            found = _build_or_refusal(lib, h, plan, which, has_running, align)
+            found = _build_or_refusal(lib, h, plan, which, has_running)
         plan.graphs[key] = found
     return found
 
 
-def _build_or_refusal(lib: Any, h: Any, plan: Any, which: str, has_running: bool,
-                      align: int) -> Any:
+def _build_or_refusal(lib: Any, h: Any, plan: Any, which: str, has_running: bool) -> Any:
     """The graph, or the UnsupportedError saying why cuDNN refuses it (a
     node it will not finalize is a refusal too)."""
     try:
-        return _build(lib, h, plan, which, has_running, align)
+        return _build(lib, h, plan, which, has_running)
     except UnsupportedError as exc:
         return exc
     except CudnnError as exc:
@@ -173,14 +175,14 @@ def _build_or_refusal(lib: Any, h: Any, plan: Any, which: str, has_running: bool
                                                 f"{tuple(plan.shape)}: {exc}")
 
 
-def _build_inference(lib: Any, h: Any, plan: Any, align: int) -> Any:
+def _build_inference(lib: Any, h: Any, plan: Any) -> Any:
     """The one-graph inference, else the (invstd, normalize) pair, else the
     refusal naming both attempts."""
-    one = _build_or_refusal(lib, h, plan, "inference", True, align)
+    one = _build_or_refusal(lib, h, plan, "inference", True)
     if not isinstance(one, UnsupportedError):
         return one
-    first = _build_or_refusal(lib, h, plan, "invstd", True, align)
-    second = _build_or_refusal(lib, h, plan, "normalize", True, align)
+    first = _build_or_refusal(lib, h, plan, "invstd", True)
+    second = _build_or_refusal(lib, h, plan, "normalize", True)
     for part in (first, second):
         if isinstance(part, UnsupportedError):
             return UnsupportedError("graph_engine", f"{one}; as two graphs: {part}")
@@ -206,7 +208,7 @@ def _legacy(backend: str, refusal: str) -> bool:
 
 
 def training_graphs(lib: Any, h: Any, plan: Any, backend: str, refusal: str, which: str,
-                    has_running: bool, align: int) -> Optional[G.Graph]:
+                    has_running: bool) -> Optional[G.Graph]:
     """The graph for a training call (`which` "forward" or "backward"), or
     None for the legacy call.  With backend "auto" a signature uses graphs
     only when its forward (without running statistics) and its backward both
@@ -215,15 +217,14 @@ def training_graphs(lib: Any, h: Any, plan: Any, backend: str, refusal: str, whi
         return None
     if backend == "auto":
         for other in ("forward", "backward"):
-            if isinstance(_cached(lib, h, plan, other, False, align), UnsupportedError):
+            if isinstance(_cached(lib, h, plan, other, False), UnsupportedError):
                 return None
-    return _pick(_cached(lib, h, plan, which, has_running, align), backend)
+    return _pick(_cached(lib, h, plan, which, has_running), backend)
 
 
-def inference_graph(lib: Any, h: Any, plan: Any, backend: str, refusal: str,
-                    align: int) -> Any:
+def inference_graph(lib: Any, h: Any, plan: Any, backend: str, refusal: str) -> Any:
     """The inference graph, or the (invstd, normalize) pair of graphs, or
     None for the legacy call."""
     if _legacy(backend, refusal):
         return None
-    return _pick(_cached(lib, h, plan, "inference", True, align), backend)
+    return _pick(_cached(lib, h, plan, "inference", True), backend)

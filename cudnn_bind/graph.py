@@ -23,7 +23,7 @@ from typing import Any, Optional, Sequence
 from cudnn_bind.errors import CudnnError, UnsupportedError
 
 __all__ = ["Descriptor", "Graph", "GRAPH_FUNCTIONS", "CONSTANTS", "graph_unavailable",
-           "tensor", "norm_forward", "norm_backward", "pointwise", "build_graph", "alignment_of"]
+           "tensor", "norm_forward", "norm_backward", "pointwise", "build_graph", "misaligned", "ALIGNMENT"]
 
 c_int, c_int64, c_void_p = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
 P = ctypes.POINTER
@@ -215,19 +215,28 @@ class Descriptor:
         self.close()
 
 
+# The byte alignment of every address a graph is given.  cuDNN's norm
+# kernels load 16 bytes at a time whatever a tensor's BYTE_ALIGNMENT says
+# (cuDNN 9.19 on an H200: float32 weights at a 4-byte offset, declared
+# 4-byte aligned, faulted with "misaligned address", which spoils the CUDA
+# context for the whole process), so every tensor promises 16 and the calls
+# keep other addresses away from the graphs.
+ALIGNMENT = 16
+
+
 def tensor(lib: Any, uid: int, dtype: str, dims: Sequence[int], strides: Sequence[int],
-           alignment: int = 16, virtual: bool = False, by_value: bool = False) -> Descriptor:
+           virtual: bool = False, by_value: bool = False) -> Descriptor:
     """A finalized tensor descriptor: id `uid`, cuDNN's type for `dtype`
     (float32, float64, float16, bfloat16), dims and strides in elements,
-    the byte alignment its addresses will have; a by-value tensor is a host
-    scalar (eps, the momentum)."""
+    addresses ALIGNMENT-aligned; a by-value tensor is a host scalar (eps,
+    the momentum)."""
     t = Descriptor(lib, TENSOR_DESCRIPTOR)
     t.uid = uid
     t.set(ATTR_TENSOR_DATA_TYPE, TYPE_DATA_TYPE, [DATA_TYPES[dtype]])
     t.set(ATTR_TENSOR_DIMENSIONS, TYPE_INT64, list(dims))
     t.set(ATTR_TENSOR_STRIDES, TYPE_INT64, list(strides))
     t.set(ATTR_TENSOR_UNIQUE_ID, TYPE_INT64, [uid])
-    t.set(ATTR_TENSOR_BYTE_ALIGNMENT, TYPE_INT64, [alignment])
+    t.set(ATTR_TENSOR_BYTE_ALIGNMENT, TYPE_INT64, [ALIGNMENT])
     if virtual:
         t.set(ATTR_TENSOR_IS_VIRTUAL, TYPE_BOOLEAN, [True])
     if by_value:
@@ -397,11 +406,7 @@ def build_graph(lib: Any, handle_ptr: Any, ops: Sequence[Descriptor], uids: Sequ
                                            + (f" ({last})" if last else ""))
 
 
-def alignment_of(*pointers: Optional[int]) -> int:
-    """The byte alignment all nonzero `pointers` share, up to 16 (what the
-    tensors' BYTE_ALIGNMENT may promise)."""
-    a = 16
-    for p in pointers:
-        while p and p % a:
-            a //= 2
-    return a
+def misaligned(named: Sequence[tuple[str, Optional[int]]]) -> list[str]:
+    """The names of the (name, address) pairs whose nonzero address is not
+    ALIGNMENT-aligned."""
+    return [name for name, p in named if p and p % ALIGNMENT]

@@ -3,10 +3,12 @@
 Each call is one NORM_FORWARD or NORM_BACKWARD node (`cudnn_bind.graph`):
 x is seen as rows of ``prod(normalized_shape)`` values, described to cuDNN
 as (rows, cols, 1, 1); the statistics are float32, one per row.  The plan of
-a call signature (rows, cols, dtypes, bias or not, the arrays' alignment,
-device) is built once and cached in the library; a signature cuDNN has no
-engine for raises `UnsupportedError` (rule "graph_engine") and is
-remembered, so the next such call raises at once.
+a call signature (rows, cols, dtypes, bias or not, device) is built once
+and cached in the library; a signature cuDNN has no engine for raises
+`UnsupportedError` (rule "graph_engine") and is remembered, so the next
+such call raises at once.  An input whose address is not 16-byte aligned (a
+view into a larger buffer) reaches the graph as an aligned copy queued on
+the call's stream: cuDNN's kernels fault on other addresses.
 
 Streams, devices and the arrays' kinds work as for batch norm
 (`cudnn_bind.batch_norm`): outputs are of x's kind, allocated for the
@@ -18,8 +20,6 @@ import ctypes
 import math
 from typing import Any, Optional, Sequence
 
-import numpy as np
-
 from cudnn_bind import _lib
 from cudnn_bind import graph as G
 from cudnn_bind._args import integers, real
@@ -28,7 +28,7 @@ from cudnn_bind.batch_norm import (
     _enter_device, _gather, _handle, _leave_device, _start, _stream_and_x)
 from cudnn_bind.errors import CudnnError, UnsupportedError
 from cudnn_bind.handles import Handle, cached_handle
-from cudnn_bind.memory import as_view, c_strides, new_arrays
+from cudnn_bind.memory import DTYPE_SIZES, as_view, c_strides, new_arrays, scratch
 from cudnn_bind.rules import packed
 
 __all__ = ["layer_norm_forward", "layer_norm_backward", "rms_norm_forward", "rms_norm_backward"]
@@ -96,11 +96,14 @@ def _stats(obj: Any, name: str, rows: int, lib: Any, st: int) -> Any:
     return v
 
 
+# x's machine epsilons, written out: NumPy 2.5's finfo refuses ml_dtypes' bfloat16
+_MACHINE_EPS = {"float32": 2.0 ** -23, "float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}
+
+
 def _eps(eps: Optional[Real], dtype: str) -> float:
     """eps as a float; None is x's machine epsilon (PyTorch's rms_norm default)."""
     if eps is None:
-        import ml_dtypes
-        return float(np.finfo(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype).eps)
+        return _MACHINE_EPS[dtype]
     value = real(eps, "eps")
     if not value >= 0.0:
         raise ValueError(f"eps must be >= 0, got {value}")
@@ -111,6 +114,26 @@ def _x_and_stream(x: Any, stream: StreamLike, lib: Any) -> tuple[int, Any]:
     st, xv = _stream_and_x(stream, x, lib)
     _check_x(xv)
     return st, xv
+
+
+def _aligned(views: Sequence[Any], kind: str, device: int, st: int,
+             lib: Any) -> tuple[list[Optional[int]], list[Any]]:
+    """The addresses a graph gets for `views` (None stays None): a view's
+    own where it is G.ALIGNMENT-aligned, else that of a copy queued on `st`;
+    and the copies' owners, to keep until the graph is queued."""
+    ptrs: list[Optional[int]] = []
+    owners = []
+    for v in views:
+        if v is None or v.ptr % G.ALIGNMENT == 0:
+            ptrs.append(None if v is None else v.ptr)
+            continue
+        nbytes = v.size * DTYPE_SIZES[v.dtype]   # the views are contiguous (checked)
+        ptr, owner = scratch(kind, device, st, nbytes, lib)
+        lib.cuda("cudaMemcpyAsync", ctypes.c_void_p(ptr), ctypes.c_void_p(v.ptr), nbytes,
+                 _lib.CUDA_MEMCPY_DEVICE_TO_DEVICE, ctypes.c_void_p(st or None))
+        ptrs.append(ptr)
+        owners.append(owner)
+    return ptrs, owners
 
 
 def _graph(lib: Any, h: Handle, key: tuple[Any, ...], build: Any) -> G.Graph:
@@ -143,18 +166,18 @@ def _geometry(rows: int, cols: int) -> tuple[tuple[tuple[int, ...], tuple[int, .
 
 
 def _forward_graph(lib: Any, h: Handle, mode: int, rows: int, cols: int, dtype: str,
-                   wdtype: str, bdtype: Optional[str], training: bool, align: int) -> G.Graph:
+                   wdtype: str, bdtype: Optional[str], training: bool) -> G.Graph:
     what = "layer norm" if mode == G.LAYER_NORM else "RMS norm"
 
     def build() -> G.Graph:
         (xs, xst), (ps, pst), (ss, sst) = _geometry(rows, cols)
-        t = {"x": G.tensor(lib, UID["x"], dtype, xs, xst, align),
-             "y": G.tensor(lib, UID["y"], dtype, xs, xst, align),
-             "scale": G.tensor(lib, UID["scale"], wdtype, ps, pst, align),
+        t = {"x": G.tensor(lib, UID["x"], dtype, xs, xst),
+             "y": G.tensor(lib, UID["y"], dtype, xs, xst),
+             "scale": G.tensor(lib, UID["scale"], wdtype, ps, pst),
              "epsilon": G.tensor(lib, UID["epsilon"], "float32", (1, 1, 1, 1), (1, 1, 1, 1),
                                  by_value=True)}
         if bdtype is not None:
-            t["bias"] = G.tensor(lib, UID["bias"], bdtype, ps, pst, align)
+            t["bias"] = G.tensor(lib, UID["bias"], bdtype, ps, pst)
         if training:
             if mode == G.LAYER_NORM:
                 t["mean"] = G.tensor(lib, UID["mean"], "float32", ss, sst)
@@ -164,32 +187,31 @@ def _forward_graph(lib: Any, h: Handle, mode: int, rows: int, cols: int, dtype: 
                              f"{what} forward ({dtype} x of {rows} rows of {cols}, "
                              f"{wdtype} weight)")
 
-    return _graph(lib, h, ("fwd", mode, rows, cols, dtype, wdtype, bdtype, training, align), build)
+    return _graph(lib, h, ("fwd", mode, rows, cols, dtype, wdtype, bdtype, training), build)
 
 
 def _backward_graph(lib: Any, h: Handle, mode: int, rows: int, cols: int, dtype: str,
-                    wdtype: str, with_dbias: bool, align: int) -> G.Graph:
+                    wdtype: str, with_dbias: bool) -> G.Graph:
     what = "layer norm" if mode == G.LAYER_NORM else "RMS norm"
 
     def build() -> G.Graph:
         (xs, xst), (ps, pst), (ss, sst) = _geometry(rows, cols)
-        t = {"x": G.tensor(lib, UID["x"], dtype, xs, xst, align),
-             "dy": G.tensor(lib, UID["dy"], dtype, xs, xst, align),
-             "scale": G.tensor(lib, UID["scale"], wdtype, ps, pst, align)}
-        # the saved statistics are the caller's: they share the call's alignment
+        t = {"x": G.tensor(lib, UID["x"], dtype, xs, xst),
+             "dy": G.tensor(lib, UID["dy"], dtype, xs, xst),
+             "scale": G.tensor(lib, UID["scale"], wdtype, ps, pst)}
         if mode == G.LAYER_NORM:
-            t["mean"] = G.tensor(lib, UID["mean"], "float32", ss, sst, align)
-        t["inv_variance"] = G.tensor(lib, UID["inv_variance"], "float32", ss, sst, align)
-        t["dx"] = G.tensor(lib, UID["dx"], dtype, xs, xst, align)
-        t["dscale"] = G.tensor(lib, UID["dscale"], wdtype, ps, pst, align)
+            t["mean"] = G.tensor(lib, UID["mean"], "float32", ss, sst)
+        t["inv_variance"] = G.tensor(lib, UID["inv_variance"], "float32", ss, sst)
+        t["dx"] = G.tensor(lib, UID["dx"], dtype, xs, xst)
+        t["dscale"] = G.tensor(lib, UID["dscale"], wdtype, ps, pst)
         if with_dbias:
-            t["dbias"] = G.tensor(lib, UID["dbias"], wdtype, ps, pst, align)
+            t["dbias"] = G.tensor(lib, UID["dbias"], wdtype, ps, pst)
         op = G.norm_backward(lib, mode, t)
         return G.build_graph(lib, h.ptr, [op], [d.uid for d in t.values()],
                              f"{what} backward ({dtype} x of {rows} rows of {cols}, "
                              f"{wdtype} weight)")
 
-    return _graph(lib, h, ("bwd", mode, rows, cols, dtype, wdtype, with_dbias, align), build)
+    return _graph(lib, h, ("bwd", mode, rows, cols, dtype, wdtype, with_dbias), build)
 
 
 def _norm_forward(mode: int, x: Any, normalized_shape: Any, weight: Any, bias: Any,
@@ -210,11 +232,11 @@ def _norm_forward(mode: int, x: Any, normalized_shape: Any, weight: Any, bias: A
     device, previous = _enter_device(lib, device)
     try:
         h = cached_handle(device, lib) if handle is None else _handle(handle, device, lib)
-        align = G.alignment_of(xv.ptr, wv.ptr, bv.ptr if bv is not None else 0)
         g = _forward_graph(lib, h, mode, rows, cols, xv.dtype, wv.dtype,
-                           bv.dtype if bv is not None else None, training, align)
+                           bv.dtype if bv is not None else None, training)
         if st != h._stream or producers:
             _start(h, st, producers)
+        (x_ptr, w_ptr, b_ptr), copies = _aligned((xv, wv, bv), xv.kind, device, st, lib)
         specs = [(xv.shape, xv.strides, xv.dtype)]
         if training:
             stat = (stat_shape, c_strides(stat_shape), "float32")
@@ -222,9 +244,8 @@ def _norm_forward(mode: int, x: Any, normalized_shape: Any, weight: Any, bias: A
         arrays, ptrs = new_arrays(xv.kind, device, st, specs, lib)
         # by-value eps: a host float the plan reads at execute
         eps_value = ctypes.c_float(e)
-        by_uid = {UID["x"]: xv.ptr, UID["y"]: ptrs[0], UID["scale"]: wv.ptr,
-                  UID["epsilon"]: ctypes.addressof(eps_value),
-                  UID["bias"]: bv.ptr if bv is not None else None}
+        by_uid = {UID["x"]: x_ptr, UID["y"]: ptrs[0], UID["scale"]: w_ptr,
+                  UID["epsilon"]: ctypes.addressof(eps_value), UID["bias"]: b_ptr}
         if training:
             if mode == G.LAYER_NORM:
                 by_uid[UID["mean"]], by_uid[UID["inv_variance"]] = ptrs[1], ptrs[2]
@@ -232,6 +253,7 @@ def _norm_forward(mode: int, x: Any, normalized_shape: Any, weight: Any, bias: A
                 by_uid[UID["inv_variance"]] = ptrs[1]
         ws = h.workspace(g.workspace, xv.kind, st)
         g.execute(h.ptr, [by_uid[u] for u in g.uids], ws)
+        del copies   # their memory is reused only after the graph (stream order)
     finally:
         if previous is not None:
             _leave_device(lib, previous)
@@ -256,21 +278,23 @@ def _norm_backward(mode: int, dy: Any, x: Any, normalized_shape: Any, mean: Any,
     device, previous = _enter_device(lib, device)
     try:
         h = cached_handle(device, lib) if handle is None else _handle(handle, device, lib)
-        align = G.alignment_of(xv.ptr, dyv.ptr, wv.ptr, iv.ptr, mv.ptr if mv is not None else 0)
-        g = _backward_graph(lib, h, mode, rows, cols, xv.dtype, wv.dtype, with_dbias, align)
+        g = _backward_graph(lib, h, mode, rows, cols, xv.dtype, wv.dtype, with_dbias)
         if st != h._stream or producers:
             _start(h, st, producers)
+        (x_ptr, dy_ptr, w_ptr, m_ptr, i_ptr), copies = _aligned((xv, dyv, wv, mv, iv), xv.kind,
+                                                                device, st, lib)
         pspec = ((cols,), (1,), wv.dtype)
         specs = [(xv.shape, xv.strides, xv.dtype), pspec] + ([pspec] if with_dbias else [])
         arrays, ptrs = new_arrays(xv.kind, device, st, specs, lib)
-        by_uid = {UID["x"]: xv.ptr, UID["dy"]: dyv.ptr, UID["scale"]: wv.ptr,
-                  UID["inv_variance"]: iv.ptr, UID["dx"]: ptrs[0], UID["dscale"]: ptrs[1]}
+        by_uid = {UID["x"]: x_ptr, UID["dy"]: dy_ptr, UID["scale"]: w_ptr,
+                  UID["inv_variance"]: i_ptr, UID["dx"]: ptrs[0], UID["dscale"]: ptrs[1]}
         if mv is not None:
-            by_uid[UID["mean"]] = mv.ptr
+            by_uid[UID["mean"]] = m_ptr
         if with_dbias:
             by_uid[UID["dbias"]] = ptrs[2]
         ws = h.workspace(g.workspace, xv.kind, st)
         g.execute(h.ptr, [by_uid[u] for u in g.uids], ws)
+        del copies   # their memory is reused only after the graph (stream order)
     finally:
         if previous is not None:
             _leave_device(lib, previous)

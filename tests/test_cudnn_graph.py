@@ -1,7 +1,7 @@
 """The graph-API code's host-side parts, without a GPU: every number of
 cudnn_bind.graph against the installed cudnn_graph.h, backend descriptors
 made and set through the real libcudnn, the variant pack's ordering, the
-alignment the tensors promise, the backend choice's refusals, and the
+addresses the graphs refuse, the backend choice's refusals, and the
 layer-norm / RMSNorm calls' argument checks on the host stand-in (which has
 no graph API: valid calls end in UnsupportedError saying so).
 tests/test_cudnn_graph_gpu.py runs the graphs on a GPU."""
@@ -14,7 +14,7 @@ import pytest
 import cudnn_bind
 from cudnn_bind import _lib
 from cudnn_bind import graph as G
-from cudnn_bind.batch_norm_graph import check_backend
+from cudnn_bind.batch_norm_graph import check_backend, graph_refusal
 from cudnn_helpers import build_standin, find, header_dirs, missing
 
 pytestmark = pytest.mark.cudnn
@@ -117,10 +117,29 @@ def test_variant_pack_order_follows_the_uids():
 
 
 @pytest.mark.parametrize("pointers,expected", [
-    ((0x1000, 0x2000), 16), ((0x1008,), 8), ((0x1000, 0x1004), 4), ((0x1002,), 2),
-    ((0x1001,), 1), ((0, 0x1000), 16), ((), 16)])
-def test_alignment_of(pointers, expected):
-    assert G.alignment_of(*pointers) == expected
+    ((0x1000, 0x2010), []), ((0x1008,), ["a"]), ((0x1000, 0x1004), ["b"]),
+    ((0x1002, 0x1001), ["a", "b"]), ((0, 0x1000), []), ((), [])])
+def test_misaligned_names_the_addresses_off_16_bytes(pointers, expected):
+    assert G.ALIGNMENT == 16
+    assert G.misaligned(list(zip("ab", pointers))) == expected
+
+
+def test_misaligned_addresses_keep_batch_norm_off_the_graph():
+    """cuDNN's graph kernels fault on addresses off 16 bytes whatever the
+    graph declares (seen on an H200): such a call takes the legacy call, and
+    the refusal names the arguments."""
+    class Lib:
+        major, version, has_graph, cudnn_path = 9, 91900, True, "x"
+
+    class Plan:
+        double = empty = False
+    aligned = [("x", 0x1000), ("weight", 0x2000), ("bias", 0x2100)]
+    assert graph_refusal(Lib(), Plan(), None, None, aligned) == ""
+    why = graph_refusal(Lib(), Plan(), None, None,
+                        [("x", 0x1000), ("weight", 0x2004), ("bias", 0x2104)])
+    assert why.startswith("weight, bias are not 16-byte aligned")
+    why = graph_refusal(Lib(), Plan(), None, None, [("x", 0x1002)])
+    assert why.startswith("x is not 16-byte aligned")
 
 
 def test_graph_unavailable_names_why():
@@ -220,3 +239,14 @@ def test_norm_nodes_set_every_attribute_through_the_real_library(real_library):
             assert "cudnnBackendFinalize" in str(exc)
         else:
             assert op.ptr.value
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_rms_norm_default_eps_is_the_machine_epsilon(dtype):
+    """eps None is x's dtype's epsilon, as PyTorch's rms_norm takes it (no
+    NumPy finfo: NumPy 2.5's refuses bfloat16)."""
+    import ml_dtypes
+    from cudnn_bind.layer_norm import _eps
+    want = ml_dtypes.finfo(ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)).eps
+    assert _eps(None, dtype) == float(want)
+    assert _eps(1e-3, dtype) == 1e-3

@@ -270,29 +270,67 @@ def test_graph_layer_norm_under_a_torch_side_stream():
     close(y.cpu().numpy(), want.cpu().numpy(), "float32", "y")
 
 
-def test_unaligned_parameters_and_statistics_are_declared_as_such():
-    """Weights, running statistics and saved statistics may be views at any
-    float offset (a slice of a parameter buffer): the graph then promises only
-    the alignment the addresses share, and results match."""
+def test_batch_norm_views_off_16_bytes_take_the_legacy_call():
+    """Weights and running statistics may be views at any float offset (a
+    slice of a parameter buffer).  cuDNN's graph kernels fault on addresses
+    off 16 bytes whatever the graph declares, spoiling the CUDA context, so
+    such a call takes the legacy call ("graph" refuses it, naming them)."""
     torch = pytest.importorskip("torch")
     x = torch.randn(8, 64, 14, 14, device="cuda")
     buf = torch.randn(6 * 64 + 1, device="cuda")
     w, b, rm, rv = (buf[1 + i * 64:1 + (i + 1) * 64] for i in range(4))   # 4-byte aligned
     rv.abs_().add_(0.5)
     rm2, rv2 = rm.clone(), rv.clone()
+    with pytest.raises(cudnn_bind.UnsupportedError,
+                       match="weight, bias, running_mean, running_var are not 16-byte aligned"):
+        cudnn_bind.batch_norm_forward_training(x, w, b, rm, rv, 0.1, 1e-5, backend="graph")
+    assert rm.equal(rm2)                           # refused before any work
     y, sm, si, reserve = cudnn_bind.batch_norm_forward_training(x, w, b, rm, rv, 0.1, 1e-5)
     want = torch.nn.functional.batch_norm(x, rm2, rv2, w, b, training=True)
     close(y.cpu().numpy(), want.cpu().numpy(), "float32", "y")
     close(rm.cpu().numpy(), rm2.cpu().numpy(), "float32", "running_mean")
+    close(rv.cpu().numpy(), rv2.cpu().numpy(), "float32", "running_var")
     dx, dw, db = cudnn_bind.batch_norm_backward(x, torch.ones_like(x), w, sm, si, 1e-5, reserve)
     assert torch.isfinite(dx).all() and db.allclose(torch.full_like(db, 8 * 14 * 14.0))
-    xr = torch.randn(32, 256, device="cuda")
-    mean_buf, inv_buf = torch.empty(33, device="cuda"), torch.empty(33, device="cuda")
-    y, mean, invstd = cudnn_bind.layer_norm_forward(xr, 256, buf[1:257], buf[1:257])
-    mean_buf[1:].copy_(mean.ravel())
-    inv_buf[1:].copy_(invstd.ravel())
-    dxr, _, _ = cudnn_bind.layer_norm_backward(torch.ones_like(xr), xr, 256, mean_buf[1:],
-                                               inv_buf[1:], buf[1:257])
-    ref, _, _ = cudnn_bind.layer_norm_backward(torch.ones_like(xr), xr, 256, mean, invstd,
-                                               buf[1:257].clone())
-    close(dxr.cpu().numpy(), ref.cpu().numpy(), "float32", "dx")
+    y_eval = cudnn_bind.batch_norm_forward_inference(x, w, b, rm, rv, 1e-5)
+    want = torch.nn.functional.batch_norm(x, rm, rv, w, b, training=False)
+    close(y_eval.cpu().numpy(), want.cpu().numpy(), "float32", "inference y")
+    torch.cuda.synchronize()                       # a fault would surface here
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_norm_views_off_16_bytes_are_read_through_aligned_copies(dtype):
+    """Layer norm and RMSNorm have no legacy call: x, dy, weights and saved
+    statistics at any element offset reach the graph as aligned copies, and
+    the results are those of the aligned arrays."""
+    torch = pytest.importorskip("torch")
+    td = getattr(torch, dtype)
+    rows, cols = 32, 256
+    xbuf = torch.randn(2 * rows * cols + 1, device="cuda", dtype=td)
+    x, dy = xbuf[1:1 + rows * cols].view(rows, cols), xbuf[1 + rows * cols:].view(rows, cols)
+    pbuf = torch.randn(2 * cols + 1, device="cuda", dtype=td)
+    w, b = pbuf[1:cols + 1], pbuf[cols + 1:]
+    copies = [t.clone() for t in (x, dy, w, b)]
+    got = cudnn_bind.layer_norm_forward(x, cols, w, b)
+    want = cudnn_bind.layer_norm_forward(copies[0], cols, copies[2], copies[3])
+    for g, r, what in zip(got, want, ("y", "mean", "invstd")):
+        assert g.equal(r), what
+    mean, invstd = want[1], want[2]
+    sbuf = torch.empty(2 * rows + 1, device="cuda")
+    m_view, i_view = sbuf[1:rows + 1], sbuf[rows + 1:]
+    m_view.copy_(mean.ravel())
+    i_view.copy_(invstd.ravel())
+    got = cudnn_bind.layer_norm_backward(dy, x, cols, m_view, i_view, w)
+    want = cudnn_bind.layer_norm_backward(copies[1], copies[0], cols, mean, invstd, copies[2])
+    for g, r, what in zip(got, want, ("dx", "dweight", "dbias")):
+        assert g.equal(r), what
+    got = cudnn_bind.rms_norm_forward(x, cols, w)
+    want = cudnn_bind.rms_norm_forward(copies[0], cols, copies[2])
+    assert got[0].equal(want[0]) and got[1].equal(want[1])
+    i_view.copy_(want[1].ravel())
+    got = cudnn_bind.rms_norm_backward(dy, x, cols, i_view, w)
+    want = cudnn_bind.rms_norm_backward(copies[1], copies[0], cols, want[1], copies[2])
+    assert got[0].equal(want[0]) and got[1].equal(want[1])
+    for t, c in zip((x, dy, w, b), copies):        # inputs untouched
+        assert t.equal(c)
+    torch.cuda.synchronize()
