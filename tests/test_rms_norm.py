@@ -291,6 +291,27 @@ def test_zero_constant_and_tiny_gradient_rows(dtype, rng):
     assert_close(gx, gx_ref, dtype, scale=ln_gx_scale(dy, x, 1, mean, rstd_ln, w))
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_constant_gradient_rows(dtype, rng):
+    # y.sum()'s gradient (a constant along each row) with weight 1: each
+    # row's sum of g * (x - m) is the rounding of sum(x - m), often exactly
+    # 0 though no product lost bits; such rows keep the float32 pass, and its
+    # accuracy, in RMS norm and layer norm alike
+    x = make_x(rng, (64, 384), dtype)
+    dy = np.ones_like(x)
+    dy[10:20] = 0.5
+    dy[20:30] = 0
+    dy[30:40] = -3.0
+    w = np.ones(384, F64 if dtype == F64 else F32)
+    _, rstd = cynorm.rms_norm(x, 384, w)
+    check_backward(dy, x, 384, rstd, w)
+    _, mean, rstd_ln = cynorm.layer_norm(x, 384, w, w)
+    gx, _, _ = cynorm.layer_norm_backward(dy, x, 384, mean, rstd_ln, w, w)
+    gx_ref = ref.layer_norm_backward(dy, x, 384, mean, rstd_ln, w)[0]
+    from norm_helpers import ln_gx_scale
+    assert_close(gx, gx_ref, dtype, scale=ln_gx_scale(dy, x, 1, mean, rstd_ln, w))
+
+
 @pytest.mark.parametrize("dtype", [F32, BF16], ids=str)
 def test_nan_poisons_only_its_row(dtype, rng):
     x, dy = make_x(rng, (16, 300), dtype), make_x(rng, (16, 300), dtype)
