@@ -573,13 +573,14 @@ def batch_norm_forward_training(
     if rmv is not None and (rmv.read_only or rvv.read_only):  # updated in place
         _writable(rmv, "running_mean")
         _writable(rvv, "running_var")
-    device, producers = _gather(_FORWARD_NAMES, (xv, zv, yv, wv, bv, rmv, rvv), st)
+    views = (xv, zv, yv, wv, bv, rmv, rvv)
+    device, producers = _gather(_FORWARD_NAMES, views, st)
     device, previous = _enter_device(lib, device)
     try:
         h = cached_handle(device, lib) if handle is None else _handle(handle, device, lib)
         g = None if backend == "legacy" else training_graphs(
             lib, h, plan, backend, graph_refusal(
-                lib, plan, mode, fused, _named(_FORWARD_NAMES, (xv, zv, yv, wv, bv, rmv, rvv))),
+                lib, plan, mode, fused, _named(_FORWARD_NAMES, views)),
             "forward", rmv is not None)
         if g is not None:
             if st != h._stream or producers:
@@ -736,7 +737,8 @@ def batch_norm_forward_inference(
         yv = as_view(out, "out", lib, st)
         _check_like(yv, xv, "out", plan.layout)
         _writable(yv, "out")
-    device, producers = _gather(_INFERENCE_NAMES, (xv, yv, wv, bv, rmv, rvv), st)
+    views = (xv, yv, wv, bv, rmv, rvv)
+    device, producers = _gather(_INFERENCE_NAMES, views, st)
     device, previous = _enter_device(lib, device)
     try:
         h = cached_handle(device, lib) if handle is None else _handle(handle, device, lib)
@@ -751,8 +753,7 @@ def batch_norm_forward_inference(
             return out
         g = None if backend == "legacy" else inference_graph(
             lib, h, plan, backend, graph_refusal(
-                lib, plan, mode, None,
-                _named(_INFERENCE_NAMES, (xv, yv, wv, bv, rmv, rvv))))
+                lib, plan, mode, None, _named(_INFERENCE_NAMES, views)))
         if g is not None:
             eps_value = ctypes.c_float(float(eps))
             by_uid = {UID["x"]: xv.ptr, UID["y"]: y_ptr, UID["scale"]: wv.ptr,

@@ -23,7 +23,8 @@ from typing import Any, Optional, Sequence
 from cudnn_bind.errors import CudnnError, UnsupportedError
 
 __all__ = ["Descriptor", "Graph", "GRAPH_FUNCTIONS", "CONSTANTS", "graph_unavailable",
-           "tensor", "norm_forward", "norm_backward", "pointwise", "build_graph", "misaligned", "ALIGNMENT"]
+           "tensor", "norm_forward", "norm_backward", "pointwise", "build_graph", "misaligned",
+           "ALIGNMENT"]
 
 c_int, c_int64, c_void_p = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
 P = ctypes.POINTER
