@@ -196,11 +196,16 @@ def _ours(x: Tensor, *params: Optional[Tensor], dtype_rule: bool = True) -> bool
     cynorm's dtype rule.  The rest runs PyTorch's kernels, which compute or
     raise as they do (a float64 weight beside float32 input: RMS norm
     computes, with a warning; layer norm raises)."""
-    if not (x.is_cpu and x.dtype in _DTYPES):
+    dtype = x.dtype
+    if not (x.is_cpu and dtype in _DTYPES):
         return False
-    wide = torch.float32 if x.dtype in (torch.bfloat16, torch.float16) else x.dtype
-    return all(p is None or (p.is_cpu and (not dtype_rule or p.dtype == x.dtype
-                                           or p.dtype == wide)) for p in params)
+    wide = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+    # a loop, not all() over a generator: a call's fixed cost (docs/torch.rst)
+    for p in params:
+        if p is not None and not (p.is_cpu and (not dtype_rule or p.dtype == dtype
+                                                or p.dtype == wide)):
+            return False
+    return True
 
 
 _SAVED = object()      # an input Eager.jvp finds in ctx.saved_tensors
@@ -355,7 +360,13 @@ def _register(name, forward, forward_fake, backward, backward_fake, *, core, bac
                          setup_context=setup)
     # the op's outputs past the results (the statistics; the running ones):
     # None where an eager call returns the results alone
-    rest = (None,) * (len(typing.get_args(typing.get_type_hints(forward)["return"])) - outputs)
+    hints = typing.get_type_hints(forward)
+    rest = (None,) * (len(typing.get_args(hints.pop("return"))) - outputs)
+    # the positions of the tensor arguments (Tensor or Optional[Tensor]), and
+    # of those Plain saves (below)
+    tensor_args = tuple(i for i, h in enumerate(hints.values())
+                        if h is Tensor or Tensor in typing.get_args(h))
+    reread = tuple(i for i in tensor_args if i not in running and i >= unread)
 
     def compute(inputs, array=_array):
         # the kernels on the inputs' memory (the running statistics updated
@@ -379,9 +390,8 @@ def _register(name, forward, forward_fake, backward, backward_fake, *, core, bac
             # residual-fused norms h in place of x and residual, which their
             # backward does not read (nor keeps alive, as the unfused
             # composition does not)
-            ctx.save_for_backward(*ys[1:], *[t for i, t in enumerate(inputs)
-                                             if isinstance(t, Tensor) and i not in running
-                                             and i >= unread])
+            ctx.save_for_backward(*ys[1:], *[inputs[i] for i in reread
+                                             if inputs[i] is not None])
             if unread and not any(ctx.needs_input_grad[:unread]):
                 # h, as x + residual, has a gradient only where one of them does
                 ctx.mark_non_differentiable(ys[1])
@@ -436,10 +446,18 @@ def _register(name, forward, forward_fake, backward, backward_fake, *, core, bac
             return Eager.apply(*inputs)
         if torch.is_grad_enabled():
             # as Function.apply does: a dead torch.func wrapper (a tensor
-            # kept from an exited transform) stands for the tensor it wraps
-            inputs = tuple(_functorch.unwrap_if_dead(t) if isinstance(t, Tensor) else t
-                           for t in inputs)
-            if any(isinstance(t, Tensor) and t.requires_grad for t in inputs):
+            # kept from an exited transform) stands for the tensor it wraps.
+            # One loop over the tensor arguments' positions, no generators:
+            # this is every call's fixed cost
+            grads = False
+            for i in tensor_args:
+                t = inputs[i]
+                if t is not None:
+                    u = _functorch.unwrap_if_dead(t)
+                    if u is not t:
+                        inputs = inputs[:i] + (u,) + inputs[i + 1:]
+                    grads = grads or u.requires_grad
+            if grads:
                 return ((plain(*inputs),) if outputs == 1 else plain(*inputs)) + rest
         arrays, out = compute(inputs)
         return tuple(_like(o, inputs[0], arrays[0], dense and i == 0)
