@@ -1,10 +1,17 @@
 import os
 
-import ml_dtypes
-import numpy as np
-import pytest
+# The README's test command runs the suite in two processes (pytest -n 2).
+# An OpenMP thread that finished its region then sleeps instead of spinning
+# on the core the other process needs (with spinning threads, two processes
+# on two cores gained little).  No result depends on it.  Set before cynorm
+# (or torch) loads libgomp, which reads it once; xdist's workers inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
-import cynorm
+import ml_dtypes  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import cynorm  # noqa: E402
 
 DTYPES = [np.dtype(np.float64), np.dtype(np.float32),
           np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16)]

@@ -25,8 +25,14 @@ out= variants, batch_norm_elemt, batch_norm_gather_stats, the nested kernels
 stores at every thread count.
 """
 import os
+import tempfile
 import threading
 import time
+
+try:
+    import fcntl
+except ImportError:          # not POSIX: the tests past 2**31 take no lock
+    fcntl = None
 
 import numpy as np
 import pytest
@@ -712,7 +718,23 @@ def big_x():
     Rows of 4099 are contiguous slices of a random pool at random offsets,
     each row with its own random scale (0.5-2) and shift (-4..4): no two
     rows are alike, and every row's mean and spread differ from its
-    neighbours', so data read from a wrong (wrapped) index shows."""
+    neighbours', so data read from a wrong (wrapped) index shows.
+
+    One process at a time holds it (a lock file): with the suite in several
+    processes (pytest -n), a second one waits here rather than finding the
+    first one's 9 GiB gone from the free memory and skipping."""
+    if fcntl is None:
+        yield from _big_x()
+        return
+    with open(os.path.join(tempfile.gettempdir(), "cynorm-tests-past-2-pow-31.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield from _big_x()
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _big_x():
     need = 2 * BIG_SIZE * 2 + 1024 * MiB          # x, y, one block's temporaries
     avail = _available_memory()
     if avail is None or avail < need + 2 * 1024 * MiB:
