@@ -1,10 +1,11 @@
 import os
 
-# The README's test command runs the suite in two processes (pytest -n 2).
-# An OpenMP thread that finished its region then sleeps instead of spinning
-# on the core the other process needs (with spinning threads, two processes
-# on two cores gained little).  No result depends on it.  Set before cynorm
-# (or torch) loads libgomp, which reads it once; xdist's workers inherit it.
+# An OpenMP thread that finished its region sleeps instead of spinning on a
+# core that another process needs: CI builds beside the suite, and the
+# suite may run in several processes (pytest -n 2), where spinning threads
+# take the other process's core.  No result depends on it.  Set before
+# cynorm (or torch) loads libgomp, which reads it once; xdist's workers
+# inherit it.
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 import ml_dtypes  # noqa: E402

@@ -1,0 +1,147 @@
+"""The floor under cynorm.torch in a model step: PyTorch's own norm kernels
+behind a minimal Python torch.autograd.Function, beside PyTorch's norms and
+cynorm's, in the training steps of bench_torch_models.py.
+
+    python benchmarks/bench_torch_function_floor.py [--threads 1,2] [--steps 8]
+        [--models vit,resnet] [--dtypes float32,bfloat16]
+
+cynorm.torch's eager autograd goes through a Python autograd.Function (its
+operators' formulas are Python); PyTorch's norms have theirs in C++.  The
+middle model here keeps PyTorch's kernels (aten::native_layer_norm,
+aten::native_batch_norm and their backward ops) and changes only that: its
+LayerNorm and BatchNorm2d call them from an autograd.Function whose forward
+saves what the backward reads and whose backward calls the backward op,
+nothing else.  What it loses against PyTorch's norms is what any Python
+Function costs inside a model step; cynorm's norm ops reach PyTorch's only
+where its kernels gain more than that.  Norm-op time as
+bench_torch_models.py measures it (torch.profiler: forward op and backward
+node with what runs inside them); the models' profiled steps interleaved
+(the order reversed every other step), medians.
+"""
+import argparse
+import copy
+import os
+import sys
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+import cynorm  # noqa: E402
+import cynorm.torch as ct  # noqa: E402
+from bench_torch_models import CASES, norm_time, step_fn  # noqa: E402
+
+
+# the names end in _plain: bench_torch_models.is_norm counts their forward
+# events and backward nodes as norm operators, as it counts cynorm's
+class _aten_layer_norm_plain(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, normalized_shape, weight, bias, eps):
+        y, mean, rstd = torch.native_layer_norm(x, normalized_shape, weight, bias, eps)
+        ctx.save_for_backward(x, mean, rstd, weight, bias)
+        ctx.normalized_shape = normalized_shape
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, mean, rstd, weight, bias = ctx.saved_tensors
+        gx, gw, gb = torch.ops.aten.native_layer_norm_backward(
+            gy, x, ctx.normalized_shape, mean, rstd, weight, bias, [True, True, True])
+        return gx, None, gw, gb, None
+
+
+class _aten_batch_norm_plain(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, running_mean, running_var, momentum, eps):
+        y, save_mean, save_invstd = torch.native_batch_norm(
+            x, weight, bias, running_mean, running_var, True, momentum, eps)
+        ctx.save_for_backward(x, weight, save_mean, save_invstd)
+        ctx.eps = eps
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, weight, save_mean, save_invstd = ctx.saved_tensors
+        gx, gw, gb = torch.ops.aten.native_batch_norm_backward(
+            gy, x, weight, None, None, save_mean, save_invstd, True, ctx.eps, [True, True, True])
+        return gx, gw, gb, None, None, None, None
+
+
+class FunctionLayerNorm(nn.LayerNorm):
+    def forward(self, x):
+        return _aten_layer_norm_plain.apply(x, list(self.normalized_shape), self.weight,
+                                            self.bias, self.eps)
+
+
+class FunctionBatchNorm2d(nn.BatchNorm2d):
+    def forward(self, x):
+        if not self.training:
+            return super().forward(x)
+        self.num_batches_tracked.add_(1)
+        return _aten_batch_norm_plain.apply(x, self.weight, self.bias, self.running_mean,
+                                            self.running_var, self.momentum, self.eps)
+
+
+def swap(model):
+    """model with its LayerNorm and BatchNorm2d modules as the classes above
+    (same state)."""
+    for name, m in model.named_children():
+        cls = {nn.LayerNorm: FunctionLayerNorm, nn.BatchNorm2d: FunctionBatchNorm2d}.get(type(m))
+        if cls is None:
+            swap(m)
+            continue
+        new = (cls(m.normalized_shape, eps=m.eps) if cls is FunctionLayerNorm
+               else cls(m.num_features, eps=m.eps, momentum=m.momentum))
+        new.load_state_dict(m.state_dict())
+        setattr(model, name, new)
+    return model
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--threads", default="1,2")
+    p.add_argument("--steps", type=int, default=8, help="profiled steps of each model")
+    p.add_argument("--models", default="vit,resnet")
+    p.add_argument("--dtypes", default="float32,bfloat16",
+                   help="float32 and/or bfloat16 (autocast)")
+    args = p.parse_args()
+    print(f"torch {torch.__version__}, cynorm {cynorm.__version__}; norm ops ms/step, "
+          f"median of {args.steps} profiled steps each, interleaved")
+    print("| model | dtype | threads | torch | torch's kernels in a Python Function (ratio) "
+          "| cynorm (ratio) |")
+    print("|---|---|---|---|---|---|")
+    for threads in (int(t) for t in args.threads.split(",")):
+        torch.set_num_threads(threads)
+        cynorm.set_num_threads(threads)
+        for key, name, make, shape in CASES:
+            if key not in args.models.split(","):
+                continue
+            for dt in args.dtypes.split(","):
+                autocast = dt == "bfloat16"
+                torch.manual_seed(0)
+                ref = make()
+                function, ours = swap(copy.deepcopy(ref)), copy.deepcopy(ref)
+                ct.replace_norms(ours)
+                x = torch.randn(*shape)
+                target = torch.randint(0, 100, (shape[0],))
+                steps = {k: step_fn(m, x, target, autocast)
+                         for k, m in (("torch", ref), ("function", function), ("cynorm", ours))}
+                for f in steps.values():
+                    f()
+                    f()
+                ms = {k: [] for k in steps}
+                items = list(steps.items())
+                for i in range(args.steps):
+                    for k, f in (items if i % 2 == 0 else items[::-1]):
+                        ms[k].append(norm_time(f)[0])
+                t, fn, cy = (float(np.median(ms[k])) for k in ("torch", "function", "cynorm"))
+                label = "bfloat16 autocast" if autocast else "float32"
+                print(f"| {name} | {label} | {threads} | {t:.1f} | {fn:.1f} ({t / fn:.2f}) "
+                      f"| {cy:.1f} ({t / cy:.2f}) |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
