@@ -32,7 +32,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 import cynorm  # noqa: E402
 import cynorm.torch as ct  # noqa: E402
-from bench_torch_models import CASES, norm_time, step_fn  # noqa: E402
+from bench_torch_models import model_cases, norm_time, step_fn  # noqa: E402
 
 
 # the names end in _plain: bench_torch_models.is_norm counts their forward
@@ -113,34 +113,25 @@ def main():
     print("| model | dtype | threads | torch | torch's kernels in a Python Function (ratio) "
           "| cynorm (ratio) |")
     print("|---|---|---|---|---|---|")
-    for threads in (int(t) for t in args.threads.split(",")):
-        torch.set_num_threads(threads)
-        cynorm.set_num_threads(threads)
-        for key, name, make, shape in CASES:
-            if key not in args.models.split(","):
-                continue
-            for dt in args.dtypes.split(","):
-                autocast = dt == "bfloat16"
-                torch.manual_seed(0)
-                ref = make()
-                function, ours = swap(copy.deepcopy(ref)), copy.deepcopy(ref)
-                ct.replace_norms(ours)
-                x = torch.randn(*shape)
-                target = torch.randint(0, 100, (shape[0],))
-                steps = {k: step_fn(m, x, target, autocast)
-                         for k, m in (("torch", ref), ("function", function), ("cynorm", ours))}
-                for f in steps.values():
-                    f()
-                    f()
-                ms = {k: [] for k in steps}
-                items = list(steps.items())
-                for i in range(args.steps):
-                    for k, f in (items if i % 2 == 0 else items[::-1]):
-                        ms[k].append(norm_time(f)[0])
-                t, fn, cy = (float(np.median(ms[k])) for k in ("torch", "function", "cynorm"))
-                label = "bfloat16 autocast" if autocast else "float32"
-                print(f"| {name} | {label} | {threads} | {t:.1f} | {fn:.1f} ({t / fn:.2f}) "
-                      f"| {cy:.1f} ({t / cy:.2f}) |", flush=True)
+    autocasts = [dt == "bfloat16" for dt in args.dtypes.split(",")]
+    for threads, name, autocast, ref, x, target in model_cases(
+            [int(t) for t in args.threads.split(",")], args.models.split(","), autocasts):
+        function, ours = swap(copy.deepcopy(ref)), copy.deepcopy(ref)
+        ct.replace_norms(ours)
+        steps = {k: step_fn(m, x, target, autocast)
+                 for k, m in (("torch", ref), ("function", function), ("cynorm", ours))}
+        for f in steps.values():
+            f()
+            f()
+        ms = {k: [] for k in steps}
+        items = list(steps.items())
+        for i in range(args.steps):
+            for k, f in (items if i % 2 == 0 else items[::-1]):
+                ms[k].append(norm_time(f)[0])
+        t, fn, cy = (float(np.median(ms[k])) for k in ("torch", "function", "cynorm"))
+        label = "bfloat16 autocast" if autocast else "float32"
+        print(f"| {name} | {label} | {threads} | {t:.1f} | {fn:.1f} ({t / fn:.2f}) "
+              f"| {cy:.1f} ({t / cy:.2f}) |", flush=True)
 
 
 if __name__ == "__main__":

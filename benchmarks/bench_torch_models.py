@@ -126,6 +126,23 @@ def norm_time(step):
     return norms / 1e3, (norms / total if total else float("nan"))
 
 
+def model_cases(threads, models, autocasts=(False, True)):
+    """(threads, name, autocast, model, x, target) for each case asked for,
+    torch's and cynorm's thread counts set, the model built from seed 0."""
+    for t in threads:
+        torch.set_num_threads(t)
+        cynorm.set_num_threads(t)
+        for key, name, make, shape in CASES:
+            if key not in models:
+                continue
+            for autocast in autocasts:
+                torch.manual_seed(0)
+                model = make()
+                x = torch.randn(*shape)
+                target = torch.randint(0, 100, (shape[0],))
+                yield t, name, autocast, model, x, target
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", default="1,2")
@@ -138,49 +155,40 @@ def main():
     print("| model | dtype | threads | torch ms/step | cynorm ms/step | torch/cynorm | "
           "norm ops ms/step, torch / cynorm (ratio) | norms' share, torch / cynorm |")
     print("|---|---|---|---|---|---|---|---|")
-    for threads in (int(t) for t in args.threads.split(",")):
-        torch.set_num_threads(threads)
-        cynorm.set_num_threads(threads)
-        for key, name, make, shape in CASES:
-            if key not in args.models.split(","):
-                continue
-            for autocast in (False, True):
-                torch.manual_seed(0)
-                ref = make()
-                ours = copy.deepcopy(ref)
-                ct.replace_norms(ours)
-                x = torch.randn(*shape)
-                target = torch.randint(0, 100, (shape[0],))
-                steps = {"torch": step_fn(ref, x, target, autocast, args.compile),
-                         "cynorm": step_fn(ours, x, target, autocast, args.compile)}
-                for f in steps.values():
-                    f()
-                    f()
-                times = {k: [] for k in steps}
-                items = list(steps.items())
-                for i in range(args.steps):
-                    for k, f in (items if i % 2 == 0 else items[::-1]):
-                        t = time.perf_counter()
-                        f()
-                        times[k].append(time.perf_counter() - t)
-                a, b = (1e3 * np.median(times[k]) for k in ("torch", "cynorm"))
-                dt = "bfloat16 autocast" if autocast else "float32"
-                if args.compile:
-                    # torch's norms are inside Inductor's fused kernels: no
-                    # operator of their own to profile
-                    print(f"| {name} | {dt} | {threads} | {a:.1f} | {b:.1f} | {a / b:.2f} | – | – |",
-                          flush=True)
-                    continue
-                profiled = {k: [] for k in steps}
-                for i in range(3):
-                    for k, f in (items if i % 2 == 0 else items[::-1]):
-                        profiled[k].append(norm_time(f))
-                ms = {k: float(np.median([p[0] for p in v])) for k, v in profiled.items()}
-                share = " / ".join(f"{100 * np.median([p[1] for p in profiled[k]]):.0f} %"
-                                   for k in ("torch", "cynorm"))
-                print(f"| {name} | {dt} | {threads} | {a:.1f} | {b:.1f} | {a / b:.2f} | "
-                      f"{ms['torch']:.1f} / {ms['cynorm']:.1f} ({ms['torch'] / ms['cynorm']:.2f}) "
-                      f"| {share} |", flush=True)
+    for threads, name, autocast, ref, x, target in model_cases(
+            [int(t) for t in args.threads.split(",")], args.models.split(",")):
+        ours = copy.deepcopy(ref)
+        ct.replace_norms(ours)
+        steps = {"torch": step_fn(ref, x, target, autocast, args.compile),
+                 "cynorm": step_fn(ours, x, target, autocast, args.compile)}
+        for f in steps.values():
+            f()
+            f()
+        times = {k: [] for k in steps}
+        items = list(steps.items())
+        for i in range(args.steps):
+            for k, f in (items if i % 2 == 0 else items[::-1]):
+                t = time.perf_counter()
+                f()
+                times[k].append(time.perf_counter() - t)
+        a, b = (1e3 * np.median(times[k]) for k in ("torch", "cynorm"))
+        dt = "bfloat16 autocast" if autocast else "float32"
+        if args.compile:
+            # torch's norms are inside Inductor's fused kernels: no
+            # operator of their own to profile
+            print(f"| {name} | {dt} | {threads} | {a:.1f} | {b:.1f} | {a / b:.2f} | – | – |",
+                  flush=True)
+            continue
+        profiled = {k: [] for k in steps}
+        for i in range(3):
+            for k, f in (items if i % 2 == 0 else items[::-1]):
+                profiled[k].append(norm_time(f))
+        ms = {k: float(np.median([p[0] for p in v])) for k, v in profiled.items()}
+        share = " / ".join(f"{100 * np.median([p[1] for p in profiled[k]]):.0f} %"
+                           for k in ("torch", "cynorm"))
+        print(f"| {name} | {dt} | {threads} | {a:.1f} | {b:.1f} | {a / b:.2f} | "
+              f"{ms['torch']:.1f} / {ms['cynorm']:.1f} ({ms['torch'] / ms['cynorm']:.2f}) "
+              f"| {share} |", flush=True)
 
 
 if __name__ == "__main__":
