@@ -32,7 +32,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 import cynorm  # noqa: E402
 import cynorm.torch as ct  # noqa: E402
-from bench_torch_models import model_cases, norm_time, step_fn  # noqa: E402
+from bench_torch_models import interleaved, model_cases, norm_time, step_fn  # noqa: E402
 
 
 # the names end in _plain: bench_torch_models.is_norm counts their forward
@@ -123,11 +123,7 @@ def main():
         for f in steps.values():
             f()
             f()
-        ms = {k: [] for k in steps}
-        items = list(steps.items())
-        for i in range(args.steps):
-            for k, f in (items if i % 2 == 0 else items[::-1]):
-                ms[k].append(norm_time(f)[0])
+        ms = interleaved(steps, args.steps, lambda f: norm_time(f)[0])
         t, fn, cy = (float(np.median(ms[k])) for k in ("torch", "function", "cynorm"))
         label = "bfloat16 autocast" if autocast else "float32"
         print(f"| {name} | {label} | {threads} | {t:.1f} | {fn:.1f} ({t / fn:.2f}) "

@@ -126,6 +126,23 @@ def norm_time(step):
     return norms / 1e3, (norms / total if total else float("nan"))
 
 
+def interleaved(steps, rounds, measure):
+    """{name: [measure(step), ...]}, every step measured once a round, the
+    order reversed every other round."""
+    out = {k: [] for k in steps}
+    items = list(steps.items())
+    for i in range(rounds):
+        for k, f in (items if i % 2 == 0 else items[::-1]):
+            out[k].append(measure(f))
+    return out
+
+
+def _seconds(f):
+    t = time.perf_counter()
+    f()
+    return time.perf_counter() - t
+
+
 def model_cases(threads, models, autocasts=(False, True)):
     """(threads, name, autocast, model, x, target) for each case asked for,
     torch's and cynorm's thread counts set, the model built from seed 0."""
@@ -164,13 +181,7 @@ def main():
         for f in steps.values():
             f()
             f()
-        times = {k: [] for k in steps}
-        items = list(steps.items())
-        for i in range(args.steps):
-            for k, f in (items if i % 2 == 0 else items[::-1]):
-                t = time.perf_counter()
-                f()
-                times[k].append(time.perf_counter() - t)
+        times = interleaved(steps, args.steps, _seconds)
         a, b = (1e3 * np.median(times[k]) for k in ("torch", "cynorm"))
         dt = "bfloat16 autocast" if autocast else "float32"
         if args.compile:
@@ -179,10 +190,7 @@ def main():
             print(f"| {name} | {dt} | {threads} | {a:.1f} | {b:.1f} | {a / b:.2f} | – | – |",
                   flush=True)
             continue
-        profiled = {k: [] for k in steps}
-        for i in range(3):
-            for k, f in (items if i % 2 == 0 else items[::-1]):
-                profiled[k].append(norm_time(f))
+        profiled = interleaved(steps, 3, norm_time)
         ms = {k: float(np.median([p[0] for p in v])) for k, v in profiled.items()}
         share = " / ".join(f"{100 * np.median([p[1] for p in profiled[k]]):.0f} %"
                            for k in ("torch", "cynorm"))
