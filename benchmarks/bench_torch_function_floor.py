@@ -86,17 +86,12 @@ class FunctionBatchNorm2d(nn.BatchNorm2d):
 
 
 def swap(model):
-    """model with its LayerNorm and BatchNorm2d modules as the classes above
-    (same state)."""
-    for name, m in model.named_children():
+    """model with its LayerNorm and BatchNorm2d modules made the classes
+    above (subclasses adding no state: the modules keep theirs)."""
+    for m in model.modules():
         cls = {nn.LayerNorm: FunctionLayerNorm, nn.BatchNorm2d: FunctionBatchNorm2d}.get(type(m))
-        if cls is None:
-            swap(m)
-            continue
-        new = (cls(m.normalized_shape, eps=m.eps) if cls is FunctionLayerNorm
-               else cls(m.num_features, eps=m.eps, momentum=m.momentum))
-        new.load_state_dict(m.state_dict())
-        setattr(model, name, new)
+        if cls is not None:
+            m.__class__ = cls
     return model
 
 
