@@ -20,9 +20,9 @@ SEED = int(os.environ.get("CYNORM_FUZZ_SEED", runner.DEFAULT_SEED))
 # A run is the first CASES indices of every target, the same cases on every
 # machine (a run that passed here passes anywhere); the seconds only cap a
 # slow machine's run, which then stops early.
-CASES = int(os.environ.get("CYNORM_FUZZ_CASES", "300"))
+CASES = int(os.environ.get("CYNORM_FUZZ_CASES", "200"))
 BUDGET = float(os.environ.get("CYNORM_FUZZ_BUDGET", "300"))
-LONG_CASES = int(os.environ.get("CYNORM_FUZZ_LONG_CASES", "800"))
+LONG_CASES = int(os.environ.get("CYNORM_FUZZ_LONG_CASES", "400"))
 LONG_BUDGET = float(os.environ.get("CYNORM_FUZZ_LONG_BUDGET", "1800"))
 WORKERS = min(2, os.cpu_count() or 1)
 
