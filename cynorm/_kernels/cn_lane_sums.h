@@ -1,10 +1,11 @@
-/* Group norm's float32 sums with their float64 lanes in vector registers:
- * short channel rows two at a time (channels first) and the columns of a
- * short sample (channels last).
+/* Group norm's sums with their float64 lanes in vector registers: short
+ * float32 and bfloat16 channel rows two at a time (channels first) and the
+ * float32 columns of a short sample (channels last).
  *
  * Both sum as group_norm_stats.pxi.tp's loops (and stats_loops.pxi.tp's
  * row loops) do: 16 lanes, lane l taking elements l, l + 16, l + 32, l + 48
- * of each block of 64 as one float32 four-term sum (of g and of g * c,
+ * (bfloat16: 2l, 2l + 1, 2l + 32, 2l + 33) of each block of 64 as one
+ * float32 four-term sum (of g and of g * c,
  * c = x - shift, g = c for moments or dy for gradient sums), widened and
  * added to the lane in float64; then elements l, l + 16 of one block of 32
  * likewise; then cn_merge.h's fixed tree over the lanes, plus the elements
@@ -12,10 +13,12 @@
  * so the same bits; each returns how many rows or columns it did (whole
  * steps, 0 without AVX) and the Cython loops do the rest.
  *
- * cn_row_pairs_sums_f32: two consecutive short rows at a time (the rows of
- * a group's channels), as row_pair_centered_dot_ / row_pair_moments_, with
- * the call, the lane arrays' set-up and the per-pair branches out of the
- * loop over the pairs ((2, 1280, 8, 8) NCHW backward 1.23x).
+ * cn_row_pairs_sums_f32 / _bf16: two consecutive short rows at a time (the
+ * rows of a group's channels), as row_pair_centered_dot_ /
+ * row_pair_moments_ (float32) and instance_short_rows_sums_ (bfloat16)
+ * sum them, with the call, the lane arrays' set-up and the per-pair
+ * branches out of the loop over the pairs ((2, 1280, 8, 8) NCHW backward
+ * 1.23x float32, 1.14x bfloat16).
  *
  * cn_cols_sums_tree_f32: the columns of rows ld apart (a channels-last
  * sample; an element is a row of it), as cols_moments_ / cols_centered_dot_,
@@ -32,7 +35,9 @@
 #define CN_LANE_SUMS_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <string.h>
+#include "cn_scalar.h"
 #include "cn_memory.h"
 #include "cn_merge.h"
 
@@ -158,22 +163,53 @@ static inline ptrdiff_t cn_cols_sums_tree_f32(const float *dy, const float *x, c
 enum { CN_RP_L = 16, CN_RP_V = CN_RP_L / CN_CT_W };
 typedef struct { cn_ct_d s1lo[CN_RP_V], s1hi[CN_RP_V], s2lo[CN_RP_V], s2hi[CN_RP_V]; } cn_rp_acc;
 
+/* W bfloat16 pairs (2W elements from p) as two float32 vectors, each
+ * pair's first element and its second (cn_scalar.h's cn_bf16_first /
+ * cn_bf16_second, little-endian) */
+typedef uint32_t cn_ct_u __attribute__((vector_size(CN_CT_W * 4)));
+static inline void cn_ct_pairs(const uint16_t *p, cn_ct_f *first, cn_ct_f *second) {
+    cn_ct_u u;
+    memcpy(&u, p, sizeof u);
+    *first = (cn_ct_f)(u << 16);
+    *second = (cn_ct_f)(u & 0xffff0000u);
+}
+
+/* a row's terms c0 .. c(terms-1) of lanes v * W .. v * W + W - 1 (x - s),
+ * the lanes' elements of the block at p: float32, lane l's elements l,
+ * l + 16, l + 32, l + 48; bfloat16, its elements 2l, 2l + 1, 2l + 32,
+ * 2l + 33 (stats_loops.pxi.tp's row loops) */
 static inline __attribute__((always_inline)) void
-cn_rp_block(cn_rp_acc *a, const float *dy, const float *x, float s, int terms) {
+cn_rp_terms(cn_ct_f *c, const void *p, int v, int terms, int bf16) {
+    if (bf16) {
+        const uint16_t *h = (const uint16_t *)p + 2 * v * CN_CT_W;
+        cn_ct_pairs(h, &c[0], &c[1]);
+        if (terms == 4)
+            cn_ct_pairs(h + 2 * CN_RP_L, &c[2], &c[3]);
+    } else {
+        const float *f = (const float *)p + v * CN_CT_W;
+        for (int q = 0; q < terms; q++)
+            c[q] = cn_ct_load(f + q * CN_RP_L);
+    }
+}
+
+static inline __attribute__((always_inline)) void
+cn_rp_block(cn_rp_acc *a, const void *dy, const void *x, float s, int terms, int bf16) {
     for (int v = 0; v < CN_RP_V; v++) {
-        const float *xv = x + v * CN_CT_W, *dv = dy ? dy + v * CN_CT_W : NULL;
-        cn_ct_f c0 = cn_ct_load(xv) - s, c1 = cn_ct_load(xv + CN_RP_L) - s;
-        cn_ct_f g0 = dv ? cn_ct_load(dv) : c0, g1 = dv ? cn_ct_load(dv + CN_RP_L) : c1;
-        cn_ct_f t1, t2;
+        cn_ct_f c[4], g[4], t1, t2;
+        cn_rp_terms(c, x, v, terms, bf16);
+        for (int q = 0; q < terms; q++)
+            c[q] = c[q] - s;
+        if (dy)
+            cn_rp_terms(g, dy, v, terms, bf16);
+        else
+            for (int q = 0; q < terms; q++)
+                g[q] = c[q];
         if (terms == 2) {
-            t1 = g0 + g1;
-            t2 = g0 * c0 + g1 * c1;
+            t1 = g[0] + g[1];
+            t2 = g[0] * c[0] + g[1] * c[1];
         } else {
-            cn_ct_f c2 = cn_ct_load(xv + 2 * CN_RP_L) - s, c3 = cn_ct_load(xv + 3 * CN_RP_L) - s;
-            cn_ct_f g2 = dv ? cn_ct_load(dv + 2 * CN_RP_L) : c2;
-            cn_ct_f g3 = dv ? cn_ct_load(dv + 3 * CN_RP_L) : c3;
-            t1 = (g0 + g1) + (g2 + g3);
-            t2 = (g0 * c0 + g1 * c1) + (g2 * c2 + g3 * c3);
+            t1 = (g[0] + g[1]) + (g[2] + g[3]);
+            t2 = (g[0] * c[0] + g[1] * c[1]) + (g[2] * c[2] + g[3] * c[3]);
         }
         a->s1lo[v] += cn_ct_lo(t1);
         a->s1hi[v] += cn_ct_hi(t1);
@@ -190,16 +226,22 @@ static inline void cn_rp_lanes(double *out, const cn_ct_d *lo, const cn_ct_d *hi
     }
 }
 
+static inline __attribute__((always_inline)) float cn_rp_value(const void *p, ptrdiff_t i,
+                                                               int bf16) {
+    return bf16 ? cn_bf16_bits_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
 /* the first rows - rows % 2 of `rows` consecutive rows of n at x (and dy;
  * NULL: moments), row p shifted by (float)center[p * cstep]: s1[p] = its
- * sum of g, s2[p] its sum of g * c; returns how many rows that was */
-static inline ptrdiff_t cn_row_pairs_sums_f32(const float *dy, const float *x,
-                                              const double *center, ptrdiff_t cstep,
-                                              ptrdiff_t n, ptrdiff_t rows, double *s1,
-                                              double *s2) {
-    ptrdiff_t m4 = n - n % (4 * CN_RP_L), m2 = n - n % (2 * CN_RP_L), p, i;
+ * sum of g, s2[p] its sum of g * c; returns how many rows that was.
+ * bfloat16 or float32 storage (bf16), float32 arithmetic either way */
+static inline __attribute__((always_inline)) ptrdiff_t
+cn_rp_run(const void *dy, const void *x, const double *center, ptrdiff_t cstep, ptrdiff_t n,
+          ptrdiff_t rows, double *s1, double *s2, int bf16) {
+    ptrdiff_t isz = bf16 ? 2 : 4, m4 = n - n % (4 * CN_RP_L), m2 = n - n % (2 * CN_RP_L), p, i;
+    const char *xb = (const char *)x, *db = (const char *)dy;
     for (p = 0; p + 2 <= rows; p += 2) {
-        const float *z = x + n, *dz = dy ? dy + n : NULL;
+        const char *zb = xb + n * isz, *eb = db ? db + n * isz : NULL;
         float s = (float)center[p * cstep], t = (float)center[(p + 1) * cstep];
         cn_rp_acc a, b;
         double ta1 = 0.0, ta2 = 0.0, tb1 = 0.0, tb2 = 0.0, m[4];
@@ -207,23 +249,24 @@ static inline ptrdiff_t cn_row_pairs_sums_f32(const float *dy, const float *x,
         memset(&a, 0, sizeof a);
         memset(&b, 0, sizeof b);
         for (i = 0; i < m4; i += 4 * CN_RP_L) {
-            cn_prefetch_read_ahead(z, i, n, n, 4, CN_BLOCK * 4);
-            if (dz)
-                cn_prefetch_read_ahead(dz, i, n, n, 4, CN_BLOCK * 4);
-            cn_rp_block(&a, dy ? dy + i : NULL, x + i, s, 4);
-            cn_rp_block(&b, dz ? dz + i : NULL, z + i, t, 4);
+            cn_prefetch_read_ahead(zb, i, n, n, isz, CN_BLOCK * isz);
+            if (eb)
+                cn_prefetch_read_ahead(eb, i, n, n, isz, CN_BLOCK * isz);
+            cn_rp_block(&a, db ? db + i * isz : NULL, xb + i * isz, s, 4, bf16);
+            cn_rp_block(&b, eb ? eb + i * isz : NULL, zb + i * isz, t, 4, bf16);
         }
         if (i < m2) {
-            cn_rp_block(&a, dy ? dy + i : NULL, x + i, s, 2);
-            cn_rp_block(&b, dz ? dz + i : NULL, z + i, t, 2);
+            cn_rp_block(&a, db ? db + i * isz : NULL, xb + i * isz, s, 2, bf16);
+            cn_rp_block(&b, eb ? eb + i * isz : NULL, zb + i * isz, t, 2, bf16);
             i += 2 * CN_RP_L;
         }
         for (; i < n; i++) {
-            float g = dy ? dy[i] : x[i] - s, h = dz ? dz[i] : z[i] - t;
+            float c = cn_rp_value(xb, i, bf16) - s, d = cn_rp_value(zb, i, bf16) - t;
+            float g = db ? cn_rp_value(db, i, bf16) : c, h = eb ? cn_rp_value(eb, i, bf16) : d;
             ta1 += (double)g;
-            ta2 += (double)(g * (x[i] - s));
+            ta2 += (double)(g * c);
             tb1 += (double)h;
-            tb2 += (double)(h * (z[i] - t));
+            tb2 += (double)(h * d);
         }
         cn_rp_lanes(la[0], a.s1lo, a.s1hi);
         cn_rp_lanes(la[1], a.s2lo, a.s2hi);
@@ -234,11 +277,25 @@ static inline ptrdiff_t cn_row_pairs_sums_f32(const float *dy, const float *x,
         s2[p] = 0.0 + (m[1] + ta2);
         s1[p + 1] = 0.0 + (m[2] + tb1);
         s2[p + 1] = 0.0 + (m[3] + tb2);
-        x += 2 * n;
-        if (dy)
-            dy += 2 * n;
+        xb += 2 * n * isz;
+        if (db)
+            db += 2 * n * isz;
     }
     return p;
+}
+
+static inline ptrdiff_t cn_row_pairs_sums_f32(const float *dy, const float *x,
+                                              const double *center, ptrdiff_t cstep,
+                                              ptrdiff_t n, ptrdiff_t rows, double *s1,
+                                              double *s2) {
+    return cn_rp_run(dy, x, center, cstep, n, rows, s1, s2, 0);
+}
+
+static inline ptrdiff_t cn_row_pairs_sums_bf16(const uint16_t *dy, const uint16_t *x,
+                                               const double *center, ptrdiff_t cstep,
+                                               ptrdiff_t n, ptrdiff_t rows, double *s1,
+                                               double *s2) {
+    return cn_rp_run(dy, x, center, cstep, n, rows, s1, s2, 1);
 }
 
 #else
@@ -253,6 +310,13 @@ static inline ptrdiff_t cn_row_pairs_sums_f32(const float *dy, const float *x,
                                               const double *center, ptrdiff_t cstep,
                                               ptrdiff_t n, ptrdiff_t rows, double *s1,
                                               double *s2) {
+    (void)dy; (void)x; (void)center; (void)cstep; (void)n; (void)rows; (void)s1; (void)s2;
+    return 0;
+}
+static inline ptrdiff_t cn_row_pairs_sums_bf16(const uint16_t *dy, const uint16_t *x,
+                                               const double *center, ptrdiff_t cstep,
+                                               ptrdiff_t n, ptrdiff_t rows, double *s1,
+                                               double *s2) {
     (void)dy; (void)x; (void)center; (void)cstep; (void)n; (void)rows; (void)s1; (void)s2;
     return 0;
 }
