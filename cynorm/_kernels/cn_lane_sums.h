@@ -118,9 +118,9 @@ static inline cn_ct_sums cn_ct_add(cn_ct_sums a, cn_ct_sums b) {
 /* out1[j] += the tree of the lanes + the rows' tail, out2 likewise, for
  * the columns j < n - n % CN_CT_W of nr rows ld apart at x (and dy; NULL:
  * moments, g = c), centre or shift s[j]; returns that count */
-static inline ptrdiff_t cn_cols_sums_tree_f32(const float *dy, const float *x, const float *s,
-                                              ptrdiff_t n, ptrdiff_t nr, ptrdiff_t ld,
-                                              double *out1, double *out2) {
+static inline ptrdiff_t cn_cols_tree_run(const float *dy, const float *x, const float *s,
+                                         ptrdiff_t n, ptrdiff_t nr, ptrdiff_t ld, double *out1,
+                                         double *out2) {
     enum { L = 16 };
     ptrdiff_t m4 = nr - nr % (4 * L), m2 = nr - nr % (2 * L), j, i, r;
     ptrdiff_t nw = n - n % CN_CT_W;
@@ -284,6 +284,31 @@ cn_rp_run(const void *dy, const void *x, const double *center, ptrdiff_t cstep, 
     return p;
 }
 
+#else
+#define CN_HAVE_LANE_SUMS 0
+/* without AVX: nothing done here, the Cython loops do all */
+static inline ptrdiff_t cn_cols_tree_run(const float *dy, const float *x, const float *s,
+                                         ptrdiff_t n, ptrdiff_t nr, ptrdiff_t ld, double *out1,
+                                         double *out2) {
+    (void)dy; (void)x; (void)s; (void)n; (void)nr; (void)ld; (void)out1; (void)out2;
+    return 0;
+}
+static inline ptrdiff_t cn_rp_run(const void *dy, const void *x, const double *center,
+                                  ptrdiff_t cstep, ptrdiff_t n, ptrdiff_t rows, double *s1,
+                                  double *s2, int bf16) {
+    (void)dy; (void)x; (void)center; (void)cstep; (void)n; (void)rows; (void)s1; (void)s2;
+    (void)bf16;
+    return 0;
+}
+#endif
+
+/* the entries: how many columns or rows they did */
+static inline ptrdiff_t cn_cols_sums_tree_f32(const float *dy, const float *x, const float *s,
+                                              ptrdiff_t n, ptrdiff_t nr, ptrdiff_t ld,
+                                              double *out1, double *out2) {
+    return cn_cols_tree_run(dy, x, s, n, nr, ld, out1, out2);
+}
+
 static inline ptrdiff_t cn_row_pairs_sums_f32(const float *dy, const float *x,
                                               const double *center, ptrdiff_t cstep,
                                               ptrdiff_t n, ptrdiff_t rows, double *s1,
@@ -297,29 +322,5 @@ static inline ptrdiff_t cn_row_pairs_sums_bf16(const uint16_t *dy, const uint16_
                                                double *s2) {
     return cn_rp_run(dy, x, center, cstep, n, rows, s1, s2, 1);
 }
-
-#else
-#define CN_HAVE_LANE_SUMS 0
-static inline ptrdiff_t cn_cols_sums_tree_f32(const float *dy, const float *x, const float *s,
-                                              ptrdiff_t n, ptrdiff_t nr, ptrdiff_t ld,
-                                              double *out1, double *out2) {
-    (void)dy; (void)x; (void)s; (void)n; (void)nr; (void)ld; (void)out1; (void)out2;
-    return 0;
-}
-static inline ptrdiff_t cn_row_pairs_sums_f32(const float *dy, const float *x,
-                                              const double *center, ptrdiff_t cstep,
-                                              ptrdiff_t n, ptrdiff_t rows, double *s1,
-                                              double *s2) {
-    (void)dy; (void)x; (void)center; (void)cstep; (void)n; (void)rows; (void)s1; (void)s2;
-    return 0;
-}
-static inline ptrdiff_t cn_row_pairs_sums_bf16(const uint16_t *dy, const uint16_t *x,
-                                               const double *center, ptrdiff_t cstep,
-                                               ptrdiff_t n, ptrdiff_t rows, double *s1,
-                                               double *s2) {
-    (void)dy; (void)x; (void)center; (void)cstep; (void)n; (void)rows; (void)s1; (void)s2;
-    return 0;
-}
-#endif
 
 #endif
