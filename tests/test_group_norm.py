@@ -197,10 +197,12 @@ def test_either_entry_to_one_memory_layout_gives_the_same_bits(dtype, rng):
 # short rows; 40 and 36 channels of 100 and 49 positions: channels last,
 # whole steps of columns with their lanes in registers and the columns
 # past them in the lane arrays (float32, cn_lane_sums.h), a four-term
-# block, a two-term block and a tail
+# block, a two-term block and a tail; 2304 channels of 64 positions in one
+# group (576 KiB in float32): the instances shape with short rows, their
+# sums by row pairs channels first
 LAYOUT_CASES = [((4, 24, 9, 10), 6), ((3, 8, 1), 8), ((6, 64, 7, 7), 64), ((2, 12, 5, 4, 3), 4),
                 ((2, 64, 48, 48), 2), ((2, 4, 200, 400), 1), ((3, 40, 10, 10), 5),
-                ((2, 36, 7, 7), 6)]
+                ((2, 36, 7, 7), 6), ((1, 2304, 8, 8), 1)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
