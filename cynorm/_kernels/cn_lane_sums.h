@@ -76,38 +76,50 @@ static inline cn_ct_d cn_ct_dload(const double *p) { return (cn_ct_d)_mm256_load
 static inline void cn_ct_dstore(double *p, cn_ct_d v) { _mm256_storeu_pd(p, (__m256d)v); }
 #endif
 
-/* W columns' two sums, each in two float64 halves */
+/* W columns' (or lanes') two sums, each in two float64 halves */
 typedef struct { cn_ct_d s1lo, s1hi, s2lo, s2hi; } cn_ct_sums;
 
-/* one block of `terms` rows (4, 2 or 1) at x (and dy), ld apart, `step`
- * rows between terms: s1 += the terms g, s2 += the terms g * c, c = x - s,
- * g = c (dy NULL) or dy; each sum in float32, widened, added in float64 */
+/* a->s1 += the float32 sum of the terms g[q], a->s2 += that of the
+ * g[q] * c[q] (q < terms: 1, 2 or 4, paired as the row loops pair them),
+ * each widened to float64 */
 static inline __attribute__((always_inline)) void
-cn_ct_block(cn_ct_sums *a, const float *dy, const float *x, cn_ct_f s, ptrdiff_t ld,
-            ptrdiff_t step, int terms) {
-    cn_ct_f c0 = cn_ct_load(x) - s, g0 = dy ? cn_ct_load(dy) : c0, t1, t2;
+cn_ct_add_terms(cn_ct_sums *a, const cn_ct_f *c, const cn_ct_f *g, int terms) {
+    cn_ct_f t1, t2;
     if (terms == 1) {
-        t1 = g0;
-        t2 = g0 * c0;
+        t1 = g[0];
+        t2 = g[0] * c[0];
+    } else if (terms == 2) {
+        t1 = g[0] + g[1];
+        t2 = g[0] * c[0] + g[1] * c[1];
     } else {
-        cn_ct_f c1 = cn_ct_load(x + step * ld) - s;
-        cn_ct_f g1 = dy ? cn_ct_load(dy + step * ld) : c1;
-        if (terms == 2) {
-            t1 = g0 + g1;
-            t2 = g0 * c0 + g1 * c1;
-        } else {
-            cn_ct_f c2 = cn_ct_load(x + 2 * step * ld) - s;
-            cn_ct_f c3 = cn_ct_load(x + 3 * step * ld) - s;
-            cn_ct_f g2 = dy ? cn_ct_load(dy + 2 * step * ld) : c2;
-            cn_ct_f g3 = dy ? cn_ct_load(dy + 3 * step * ld) : c3;
-            t1 = (g0 + g1) + (g2 + g3);
-            t2 = (g0 * c0 + g1 * c1) + (g2 * c2 + g3 * c3);
-        }
+        t1 = (g[0] + g[1]) + (g[2] + g[3]);
+        t2 = (g[0] * c[0] + g[1] * c[1]) + (g[2] * c[2] + g[3] * c[3]);
     }
     a->s1lo += cn_ct_lo(t1);
     a->s1hi += cn_ct_hi(t1);
     a->s2lo += cn_ct_lo(t2);
     a->s2hi += cn_ct_hi(t2);
+}
+
+/* one block of `terms` rows (4, 2 or 1) at x (and dy), ld apart, `step`
+ * rows between terms, into a: c = x - s, g = c (dy NULL) or dy */
+static inline __attribute__((always_inline)) void
+cn_ct_block(cn_ct_sums *a, const float *dy, const float *x, cn_ct_f s, ptrdiff_t ld,
+            ptrdiff_t step, int terms) {
+    cn_ct_f c[4], g[4];
+    c[0] = cn_ct_load(x) - s;
+    g[0] = dy ? cn_ct_load(dy) : c[0];
+    if (terms > 1) {
+        c[1] = cn_ct_load(x + step * ld) - s;
+        g[1] = dy ? cn_ct_load(dy + step * ld) : c[1];
+    }
+    if (terms > 2) {
+        c[2] = cn_ct_load(x + 2 * step * ld) - s;
+        c[3] = cn_ct_load(x + 3 * step * ld) - s;
+        g[2] = dy ? cn_ct_load(dy + 2 * step * ld) : c[2];
+        g[3] = dy ? cn_ct_load(dy + 3 * step * ld) : c[3];
+    }
+    cn_ct_add_terms(a, c, g, terms);
 }
 
 static inline cn_ct_sums cn_ct_add(cn_ct_sums a, cn_ct_sums b) {
@@ -158,10 +170,8 @@ static inline ptrdiff_t cn_cols_tree_run(const float *dy, const float *x, const 
     return nw;
 }
 
-/* the float32 four-term (or two-term) sums of 16 lanes, one row's block,
- * widened into float64 accumulators: W lanes a vector, 16 / W vectors */
+/* a row's 16 lanes: W lanes a vector, 16 / W vectors (cn_ct_sums each) */
 enum { CN_RP_L = 16, CN_RP_V = CN_RP_L / CN_CT_W };
-typedef struct { cn_ct_d s1lo[CN_RP_V], s1hi[CN_RP_V], s2lo[CN_RP_V], s2hi[CN_RP_V]; } cn_rp_acc;
 
 /* W bfloat16 pairs (2W elements from p) as two float32 vectors, each
  * pair's first element and its second (cn_scalar.h's cn_bf16_first /
@@ -192,10 +202,12 @@ cn_rp_terms(cn_ct_f *c, const void *p, int v, int terms, int bf16) {
     }
 }
 
+/* one row's block of `terms` (4 or 2) lanes' terms at x (and dy) into
+ * a[0:CN_RP_V]: c = x - s, g = c (dy NULL) or dy */
 static inline __attribute__((always_inline)) void
-cn_rp_block(cn_rp_acc *a, const void *dy, const void *x, float s, int terms, int bf16) {
+cn_rp_block(cn_ct_sums *a, const void *dy, const void *x, float s, int terms, int bf16) {
     for (int v = 0; v < CN_RP_V; v++) {
-        cn_ct_f c[4], g[4], t1, t2;
+        cn_ct_f c[4], g[4];
         cn_rp_terms(c, x, v, terms, bf16);
         for (int q = 0; q < terms; q++)
             c[q] = c[q] - s;
@@ -204,25 +216,17 @@ cn_rp_block(cn_rp_acc *a, const void *dy, const void *x, float s, int terms, int
         else
             for (int q = 0; q < terms; q++)
                 g[q] = c[q];
-        if (terms == 2) {
-            t1 = g[0] + g[1];
-            t2 = g[0] * c[0] + g[1] * c[1];
-        } else {
-            t1 = (g[0] + g[1]) + (g[2] + g[3]);
-            t2 = (g[0] * c[0] + g[1] * c[1]) + (g[2] * c[2] + g[3] * c[3]);
-        }
-        a->s1lo[v] += cn_ct_lo(t1);
-        a->s1hi[v] += cn_ct_hi(t1);
-        a->s2lo[v] += cn_ct_lo(t2);
-        a->s2hi[v] += cn_ct_hi(t2);
+        cn_ct_add_terms(&a[v], c, g, terms);
     }
 }
 
-/* lane array out[0:16] of one accumulated sum */
-static inline void cn_rp_lanes(double *out, const cn_ct_d *lo, const cn_ct_d *hi) {
+/* the lane arrays o1[0:16], o2[0:16] of a row's two sums */
+static inline void cn_rp_lanes(double *o1, double *o2, const cn_ct_sums *a) {
     for (int v = 0; v < CN_RP_V; v++) {
-        cn_ct_dstore(out + v * CN_CT_W, lo[v]);
-        cn_ct_dstore(out + v * CN_CT_W + CN_CT_W / 2, hi[v]);
+        cn_ct_dstore(o1 + v * CN_CT_W, a[v].s1lo);
+        cn_ct_dstore(o1 + v * CN_CT_W + CN_CT_W / 2, a[v].s1hi);
+        cn_ct_dstore(o2 + v * CN_CT_W, a[v].s2lo);
+        cn_ct_dstore(o2 + v * CN_CT_W + CN_CT_W / 2, a[v].s2hi);
     }
 }
 
@@ -243,21 +247,21 @@ cn_rp_run(const void *dy, const void *x, const double *center, ptrdiff_t cstep, 
     for (p = 0; p + 2 <= rows; p += 2) {
         const char *zb = xb + n * isz, *eb = db ? db + n * isz : NULL;
         float s = (float)center[p * cstep], t = (float)center[(p + 1) * cstep];
-        cn_rp_acc a, b;
+        cn_ct_sums a[CN_RP_V], b[CN_RP_V];
         double ta1 = 0.0, ta2 = 0.0, tb1 = 0.0, tb2 = 0.0, m[4];
         double la[4][CN_RP_L];
-        memset(&a, 0, sizeof a);
-        memset(&b, 0, sizeof b);
+        memset(a, 0, sizeof a);
+        memset(b, 0, sizeof b);
         for (i = 0; i < m4; i += 4 * CN_RP_L) {
             cn_prefetch_read_ahead(zb, i, n, n, isz, CN_BLOCK * isz);
             if (eb)
                 cn_prefetch_read_ahead(eb, i, n, n, isz, CN_BLOCK * isz);
-            cn_rp_block(&a, db ? db + i * isz : NULL, xb + i * isz, s, 4, bf16);
-            cn_rp_block(&b, eb ? eb + i * isz : NULL, zb + i * isz, t, 4, bf16);
+            cn_rp_block(a, db ? db + i * isz : NULL, xb + i * isz, s, 4, bf16);
+            cn_rp_block(b, eb ? eb + i * isz : NULL, zb + i * isz, t, 4, bf16);
         }
         if (i < m2) {
-            cn_rp_block(&a, db ? db + i * isz : NULL, xb + i * isz, s, 2, bf16);
-            cn_rp_block(&b, eb ? eb + i * isz : NULL, zb + i * isz, t, 2, bf16);
+            cn_rp_block(a, db ? db + i * isz : NULL, xb + i * isz, s, 2, bf16);
+            cn_rp_block(b, eb ? eb + i * isz : NULL, zb + i * isz, t, 2, bf16);
             i += 2 * CN_RP_L;
         }
         for (; i < n; i++) {
@@ -268,10 +272,8 @@ cn_rp_run(const void *dy, const void *x, const double *center, ptrdiff_t cstep, 
             tb1 += (double)h;
             tb2 += (double)(h * d);
         }
-        cn_rp_lanes(la[0], a.s1lo, a.s1hi);
-        cn_rp_lanes(la[1], a.s2lo, a.s2hi);
-        cn_rp_lanes(la[2], b.s1lo, b.s1hi);
-        cn_rp_lanes(la[3], b.s2lo, b.s2hi);
+        cn_rp_lanes(la[0], la[1], a);
+        cn_rp_lanes(la[2], la[3], b);
         cn_merge_lanes4(la[0], la[1], la[2], la[3], m);
         s1[p] = 0.0 + (m[0] + ta1);
         s2[p] = 0.0 + (m[1] + ta2);
