@@ -13,7 +13,7 @@
  * so the same bits; each returns how many rows or columns it did (whole
  * steps, 0 without AVX) and the Cython loops do the rest.
  *
- * cn_row_pairs_sums_f32 / _bf16: consecutive short rows (the rows of a
+ * cn_short_rows_sums_f32 / _bf16: consecutive short rows (the rows of a
  * group's channels), as row_pair_centered_dot_ / row_pair_moments_
  * (float32) and instance_short_rows_sums_ (bfloat16) sum them, with the
  * call, the lane arrays' set-up and the per-pair branches out of the loop
@@ -438,14 +438,14 @@ static inline ptrdiff_t cn_cols_sums_tree_f32(const float *dy, const float *x, c
     return cn_cols_tree_run(dy, x, s, n, nr, ld, out1, out2);
 }
 
-static inline ptrdiff_t cn_row_pairs_sums_f32(const float *dy, const float *x,
+static inline ptrdiff_t cn_short_rows_sums_f32(const float *dy, const float *x,
                                               const double *center, ptrdiff_t cstep,
                                               ptrdiff_t n, ptrdiff_t rows, double *s1,
                                               double *s2) {
     return cn_rp_run(dy, x, center, cstep, n, rows, s1, s2, 0);
 }
 
-static inline ptrdiff_t cn_row_pairs_sums_bf16(const uint16_t *dy, const uint16_t *x,
+static inline ptrdiff_t cn_short_rows_sums_bf16(const uint16_t *dy, const uint16_t *x,
                                                const double *center, ptrdiff_t cstep,
                                                ptrdiff_t n, ptrdiff_t rows, double *s1,
                                                double *s2) {
