@@ -278,8 +278,8 @@ cn_rp_tail(double *t, const char *dy, const char *x, float s, ptrdiff_t i, ptrdi
     }
 }
 
-/* R rows' blocks at element i (terms 4: each pair of rows prefetches ahead
- * of its second row, as the lone pairs did) */
+/* R rows' blocks at element i (terms 4: a read-ahead for each pair of rows,
+ * ahead of its second row) */
 static inline __attribute__((always_inline)) void
 cn_rows_block(cn_ct_sums (*a)[CN_RP_V], int R, const char *const *dr, const char *const *xr,
               const float *s, ptrdiff_t i, ptrdiff_t n, ptrdiff_t isz, int terms, int first,
