@@ -120,6 +120,38 @@ def test_pass_rounding_ignores_denormals_are_zero(rows):
     np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
 
 
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"),
+                    reason="the denormals-are-zero flag is an x86 MXCSR bit")
+@pytest.mark.parametrize("rows", [64, 8192])     # y through the cache; streamed (16 MiB)
+def test_column_pass_rounding_ignores_denormals_are_zero(rows):
+    # channels-last passes round each row of their contiguous rows in
+    # registers (cn_store_paths.h, cn_cols_bf16): batch norm's training
+    # input gradient (dy - p - (x - mean) * q) * (invstd * w), with w near
+    # float32's smallest normal, ends on a product of normal operands with
+    # subnormal values, which DAZ must not flush when they are rounded
+    import cynorm
+    rng = np.random.default_rng(rows)
+    x = rng.standard_normal((rows, 16, 64)).astype(ml_dtypes.bfloat16)
+    dy = rng.standard_normal((rows, 16, 64)).astype(ml_dtypes.bfloat16)
+    w = np.full(64, 1.5e-38, np.float32)
+    _, mean, invstd = cynorm.batch_norm(x, w, None, training=True, axis=-1)
+
+    def grad_x():
+        return cynorm.batch_norm_backward(dy, x, w, None, None, mean, invstd, True,
+                                          output_mask=(True, False, False), axis=-1)[0]
+
+    threads = cynorm.get_num_threads()
+    cynorm.set_num_threads(1)           # the kernel runs on this thread
+    try:
+        want = grad_x()
+        got = _convert.call_with_daz(grad_x)
+    finally:
+        cynorm.set_num_threads(threads)
+    y = want.astype(np.float32)
+    assert ((y != 0) & (np.abs(y) < np.finfo(np.float32).tiny)).mean() > 0.3
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+
+
 @pytest.mark.parametrize("n", [1, 15, 16, 17, 31, 32, 33, 64, 95, 257])
 def test_one_special_value_anywhere_in_a_block(n):
     # a subnormal or NaN sends its whole vector to the integer path: check
