@@ -23,11 +23,12 @@ Environment switches (all optional):
   CYNORM_NO_DISPATCH=1 with CYNORM_MARCH=none on x86-64 (or with MSVC on
                        Windows x64): build the baseline kernels only.
                        Otherwise such a build (the wheels') also compiles the
-                       kernel modules for x86-64-v3 (AVX2, FMA, F16C) and
-                       x86-64-v4 (AVX-512), as <name>_v3 / <name>_v4 (MSVC:
-                       /arch:AVX2, /arch:AVX512), and cynorm._kernels.load
-                       picks the best one the CPU runs at import (CYNORM_SIMD
-                       forces a lower one).
+                       kernel modules for x86-64-v3 (AVX2, FMA, F16C),
+                       x86-64-v4 (AVX-512) and x86-64-v4 with AVX512-BF16,
+                       as <name>_v3 / <name>_v4 / <name>_v4bf16 (MSVC:
+                       /arch:AVX2, /arch:AVX512; no AVX512-BF16 level), and
+                       cynorm._kernels.load picks the best one the CPU runs
+                       at import (CYNORM_SIMD forces a lower one).
   CYNORM_SANITIZE=<list>  -fsanitize=<list> on compile and link (GCC or
                        clang; CI uses GCC), e.g. "address,undefined"
                        (AddressSanitizer and UndefinedBehaviorSanitizer), with
@@ -106,6 +107,17 @@ class build_ext_keyed(build_ext):
         flags.append("-falign-loops=64")
         if self.compiler.compiler_type == "unix":
             accepted = [flag for flag in flags if self._accepts(flag)]
+            # a dispatching build's AVX512-BF16 level where the compiler
+            # knows the flag (GCC >= 10, clang >= 9); its CPUs take the
+            # x86-64-v4 modules otherwise
+            if not self._accepts("-mavx512bf16"):
+                for ext in self.extensions:
+                    # (one left by another compiler's build must not load)
+                    if ext.name.endswith("_v4bf16") and os.path.exists(
+                            self.get_ext_fullpath(ext.name)):
+                        os.remove(self.get_ext_fullpath(ext.name))
+                self.extensions = [ext for ext in self.extensions
+                                   if not ext.name.endswith("_v4bf16")]
             # Thread teams that give way under load (cn_team.h): GCC's fork
             # of each parallel region, GOMP_parallel, is wrapped by the
             # linker so that it can be timed.  GCC with OpenMP on Linux only
@@ -397,6 +409,13 @@ LEVEL_FLAGS = {
     # the wheel keeps up with a -march=native build (benchmarks/README.md).
     # -mtune changes scheduling, not the instructions the code may use.
     "v4": ["-march=x86-64-v4", "-mtune=icelake-server", "-mprefer-vector-width=512"],
+    # the same with AVX512-BF16 (Sapphire Rapids, Zen 4): bfloat16 outputs
+    # rounded in registers by its instruction, as a -march=native build on
+    # such a CPU rounds them (the v4 modules compute blocks of float32 and
+    # pack them): bfloat16 GN/IN/BN 1.19x at the median on Zen 4
+    # (benchmarks/README.md)
+    "v4bf16": ["-march=x86-64-v4", "-mavx512bf16", "-mtune=icelake-server",
+               "-mprefer-vector-width=512"],
 }
 # MSVC: /arch:AVX2 also enables FMA and F16C; /arch:AVX512 is F, CD, BW, DQ, VL
 MSVC_LEVEL_FLAGS = {"v3": ["/arch:AVX2"], "v4": ["/arch:AVX512"]}

@@ -184,13 +184,14 @@ def test_bfloat16_store_path_is_reported_and_can_be_turned_off():
     assert not path_with(CYNORM_NO_AVX512BF16="1").startswith("AVX512-BF16")
     # cn_pack.h's AVX2 pack is written with GCC/clang intrinsics: MSVC builds round per value
     built_for_avx2 = not cynorm.config()["compiler"].startswith("msvc") and (
-        _kernels.SIMD_LEVEL in ("avx2", "avx512") or (
+        _kernels.SIMD_LEVEL in ("avx2", "avx512", "avx512bf16") or (
             not _kernels.has_variants() and "AVX2" in cynorm.config()["simd_compiled"]))
     if built_for_avx2:      # every module built for AVX2 carries the AVX2 rounding
         assert path_with(CYNORM_NO_AVX512BF16="1").startswith("AVX2 integer rounding")
 
 
-@pytest.mark.skipif("avx512_bf16" not in _cpu_features() or _kernels.SIMD_LEVEL != "avx512"
+@pytest.mark.skipif("avx512_bf16" not in _cpu_features()
+                    or _kernels.SIMD_LEVEL not in ("avx512", "avx512bf16")
                     and _kernels.has_variants(),
                     reason="the AVX512-BF16 stores need a CPU with avx512_bf16 and AVX-512 kernels")
 def test_avx512_kernels_use_the_bf16_instruction_where_the_cpu_has_it():

@@ -2,11 +2,13 @@
 SIMD level.
 
 A portable x86-64 build (the wheels: CYNORM_MARCH=none) compiles the kernel
-modules three times: `batch_norm` for the baseline (SSE2), `batch_norm_v3`
-for x86-64-v3 (AVX2, FMA) and `batch_norm_v4` for x86-64-v4 (AVX-512).
-`load(name)` returns the best one this CPU runs, chosen once at import;
-`CYNORM_SIMD=baseline|avx2|avx512` forces a lower level (a higher one than
-the CPU runs is refused).  Other builds have the one module per kernel.
+modules four times: `batch_norm` for the baseline (SSE2), `batch_norm_v3`
+for x86-64-v3 (AVX2, FMA), `batch_norm_v4` for x86-64-v4 (AVX-512) and
+`batch_norm_v4bf16` for x86-64-v4 with AVX512-BF16 (bfloat16 outputs rounded
+in registers by its instruction).  `load(name)` returns the best one this
+CPU runs, chosen once at import; `CYNORM_SIMD=baseline|avx2|avx512|avx512bf16`
+forces a lower level (a higher one than the CPU runs is refused).  Other
+builds have the one module per kernel.
 """
 import importlib
 import os
@@ -22,7 +24,8 @@ from cynorm._dtype_table import STORAGE_TYPES  # noqa: E402
 from cynorm._kernels._modules import DISPATCHED, KERNEL_MODULES, SUPPORT_MODULES  # noqa: E402
 
 # level name -> (module suffix, x86-64 level it needs)
-LEVELS = {"baseline": ("", 1), "avx2": ("_v3", 3), "avx512": ("_v4", 4)}
+LEVELS = {"baseline": ("", 1), "avx2": ("_v3", 3), "avx512": ("_v4", 4),
+          "avx512bf16": ("_v4bf16", 5)}
 
 
 def _built(suffix):

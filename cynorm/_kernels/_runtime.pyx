@@ -30,7 +30,8 @@ from cynorm._kernels.common cimport CN_SIMD_LEVEL, CN_COMPILER, CN_F16_IMPL, CN_
 
 
 def cpu_level():
-    """The highest x86-64 level this CPU runs: 4 (AVX-512), 3 (AVX2) or 1."""
+    """The highest x86-64 level this CPU runs: 5 (AVX-512 with AVX512-BF16),
+    4 (AVX-512), 3 (AVX2) or 1."""
     return cn_cpu_level()
 
 

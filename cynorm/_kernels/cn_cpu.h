@@ -1,7 +1,9 @@
 /* Which x86-64 micro-architecture level this CPU, and the OS, can run:
  * 3 = x86-64-v3 (AVX2, FMA, F16C, BMI1/2, LZCNT, MOVBE), 4 = x86-64-v4
- * (AVX-512 F/BW/CD/DQ/VL), else 1.  The dispatching build picks its kernel
- * modules by it (cynorm/_kernels/__init__.py).
+ * (AVX-512 F/BW/CD/DQ/VL), 5 = x86-64-v4 with AVX512-BF16 (Sapphire Rapids,
+ * Zen 4: not a psABI level, the dispatching build's fourth), else 1.  The
+ * dispatching build picks its kernel modules by it
+ * (cynorm/_kernels/__init__.py).
  *
  * Read from CPUID directly rather than with GCC's __builtin_cpu_supports, so
  * that MSVC (Windows wheels) and GCC/clang share one definition.  The OS part
@@ -41,11 +43,12 @@ static unsigned long long cn_xcr0(void) {
 
 static int cn_cpu_level(void) {
 #if CN_CPU_X86
-    unsigned r1[4], r7[4] = {0, 0, 0, 0}, rx[4] = {0, 0, 0, 0}, top[4];
+    unsigned r1[4], r7[4] = {0, 0, 0, 0}, r71[4] = {0, 0, 0, 0}, rx[4] = {0, 0, 0, 0}, top[4];
     cn_cpuid(0, 0, top);
     if (top[0] < 1) return 1;
     cn_cpuid(1, 0, r1);
     if (top[0] >= 7) cn_cpuid(7, 0, r7);
+    if (top[0] >= 7 && r7[0] >= 1) cn_cpuid(7, 1, r71);     /* subleaf 1, where reported */
     cn_cpuid(0x80000000u, 0, top);
     if (top[0] >= 0x80000001u) cn_cpuid(0x80000001u, 0, rx);
     unsigned ecx1 = r1[2], ebx7 = r7[1], ecxx = rx[2];
@@ -64,7 +67,8 @@ static int cn_cpu_level(void) {
     int v4 = v3 && os_avx512
           && CN_BIT(ebx7, 16) && CN_BIT(ebx7, 17) && CN_BIT(ebx7, 28)
           && CN_BIT(ebx7, 30) && CN_BIT(ebx7, 31);   /* AVX512 F DQ CD BW VL */
-    return v4 ? 4 : v3 ? 3 : 1;
+    int bf16 = v4 && CN_BIT(r71[0], 5);              /* AVX512_BF16 */
+    return bf16 ? 5 : v4 ? 4 : v3 ? 3 : 1;
 #else
     return 1;
 #endif
