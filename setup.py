@@ -110,7 +110,8 @@ class build_ext_keyed(build_ext):
             # a dispatching build's AVX512-BF16 level where the compiler
             # knows the flag (GCC >= 10, clang >= 9); its CPUs take the
             # x86-64-v4 modules otherwise
-            if not self._accepts("-mavx512bf16"):
+            bf16_level = any(ext.name.endswith("_v4bf16") for ext in self.extensions)
+            if bf16_level and not self._accepts("-mavx512bf16"):
                 for ext in self.extensions:
                     # (one left by another compiler's build must not load)
                     if ext.name.endswith("_v4bf16") and os.path.exists(
