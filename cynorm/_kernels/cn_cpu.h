@@ -41,14 +41,30 @@ static unsigned long long cn_xcr0(void) {
 
 #define CN_BIT(word, bit) (((word) >> (bit)) & 1u)
 
+/* whether the CPU has AVX512-BF16 (CPUID leaf 7, subleaf 1, EAX bit 5); the
+ * caller knows the OS saves the ZMM state (cn_cpu_level's v4, or a module
+ * already running AVX-512 code: cn_pack.h) */
+static int cn_cpu_avx512bf16(void) {
+#if CN_CPU_X86
+    unsigned top[4], r7[4], r71[4];
+    cn_cpuid(0, 0, top);
+    if (top[0] < 7) return 0;
+    cn_cpuid(7, 0, r7);
+    if (r7[0] < 1) return 0;                        /* subleaf 1 not reported */
+    cn_cpuid(7, 1, r71);
+    return (int)CN_BIT(r71[0], 5);
+#else
+    return 0;
+#endif
+}
+
 static int cn_cpu_level(void) {
 #if CN_CPU_X86
-    unsigned r1[4], r7[4] = {0, 0, 0, 0}, r71[4] = {0, 0, 0, 0}, rx[4] = {0, 0, 0, 0}, top[4];
+    unsigned r1[4], r7[4] = {0, 0, 0, 0}, rx[4] = {0, 0, 0, 0}, top[4];
     cn_cpuid(0, 0, top);
     if (top[0] < 1) return 1;
     cn_cpuid(1, 0, r1);
     if (top[0] >= 7) cn_cpuid(7, 0, r7);
-    if (top[0] >= 7 && r7[0] >= 1) cn_cpuid(7, 1, r71);     /* subleaf 1, where reported */
     cn_cpuid(0x80000000u, 0, top);
     if (top[0] >= 0x80000001u) cn_cpuid(0x80000001u, 0, rx);
     unsigned ecx1 = r1[2], ebx7 = r7[1], ecxx = rx[2];
@@ -67,8 +83,7 @@ static int cn_cpu_level(void) {
     int v4 = v3 && os_avx512
           && CN_BIT(ebx7, 16) && CN_BIT(ebx7, 17) && CN_BIT(ebx7, 28)
           && CN_BIT(ebx7, 30) && CN_BIT(ebx7, 31);   /* AVX512 F DQ CD BW VL */
-    int bf16 = v4 && CN_BIT(r71[0], 5);              /* AVX512_BF16 */
-    return bf16 ? 5 : v4 ? 4 : v3 ? 3 : 1;
+    return v4 && cn_cpu_avx512bf16() ? 5 : v4 ? 4 : v3 ? 3 : 1;
 #else
     return 1;
 #endif

@@ -122,7 +122,7 @@ static inline void cn_pack_bf16_avx2(uint16_t *dst, const float *src, ptrdiff_t 
 #endif
 
 #if defined(CN_HAVE_BF16_PACK)
-#include <cpuid.h>
+#include "cn_cpu.h"
 
 /* 1 where a block pack runs (AVX2 or the instruction); 1 in cn_bf16_insn
  * once the load-time probe found AVX512-BF16 (neither turned off) */
@@ -130,22 +130,13 @@ static int cn_bf16_pack_ok = 0;
 static int cn_bf16_insn = 0;
 
 __attribute__((constructor)) static void cn_bf16_pack_probe(void) {
-    unsigned a, b, c, d;
     if (cn_env_set("CYNORM_NO_BF16_PACK"))
         return;
     cn_bf16_pack_ok = 1;            /* this module runs AVX-512 code: AVX2 at least */
     if (cn_env_set("CYNORM_NO_AVX512BF16"))
         return;
-    /* this module runs AVX-512 code already, so the OS saves ZMM state; the
-     * feature bit is CPUID leaf 7, subleaf 1, EAX bit 5 */
-    if (__get_cpuid_max(0, NULL) < 7)
-        return;
-    __cpuid_count(7, 0, a, b, c, d);
-    if (a < 1)                      /* subleaf 1 not reported */
-        return;
-    __cpuid_count(7, 1, a, b, c, d);
-    (void)b; (void)c; (void)d;
-    cn_bf16_insn = (a >> 5) & 1u;
+    /* this module runs AVX-512 code already, so the OS saves ZMM state */
+    cn_bf16_insn = cn_cpu_avx512bf16();
 }
 
 /* lanes of v that hold a subnormal or a NaN.  VFPCLASSPS (classes QNaN 0x01,
