@@ -88,17 +88,21 @@ class ResNet18(nn.Module):
 CASES = [("vit", "ViT-S/16 blocks x4", VitBlocks, (8, 3, 224, 224)),
          ("resnet", "ResNet-18", ResNet18, (16, 3, 112, 112))]
 # the norms' top-level events: torch's forward ops and backward nodes, and
-# cynorm.torch's (its eager Functions, _<op>_plain, and their backward nodes)
+# cynorm.torch's (its compiled operators, cynorm_native::<op>, and their
+# backward nodes; its eager Functions, _<op>_plain, and theirs)
 NORM_FORWARD = ("aten::layer_norm", "aten::batch_norm")
 BACKWARD = "autograd::engine::evaluate_function: "
 NORM_BACKWARD = ("NativeLayerNormBackward0", "NativeBatchNormBackward0")
+NATIVE = "cynorm_native::"
 
 
 def is_norm(key):
     if key.startswith(BACKWARD):
         node = key[len(BACKWARD):]
-        return node in NORM_BACKWARD or node.endswith("_plainBackward")
-    return key in NORM_FORWARD or (key.startswith("_") and key.endswith("_plain"))
+        return (node in NORM_BACKWARD or node.endswith("_plainBackward")
+                or node.startswith("torch::autograd::CppNode<" + NATIVE))
+    return (key in NORM_FORWARD or (key.startswith("_") and key.endswith("_plain"))
+            or key.startswith(NATIVE))
 
 
 def step_fn(model, x, target, autocast, compiled=False):

@@ -300,6 +300,14 @@ def layer_norm_backward(grad_out: ArrayLike, x: ArrayLike, normalized_shape: int
                              output_mask, "layer_norm")
 
 
+
+def native_abi() -> int:
+    """The address of the row norms' raw-buffer table (cn_native_abi.h) in
+    the kernel module of the SIMD level in use: what cynorm.torch's
+    compiled operators call."""
+    return _k.native_abi()
+
+
 def row_norm_backward(grad_out, grad_h, x, normalized_shape, mean, rstd, weight, bias,
                       output_mask, op, centered=True, x_name="x"):
     """The Python path of every row norm's backward: layer norm's (centered)

@@ -19,7 +19,10 @@ fused loops).  On top of them:
 - :func:`weight_norm`, ``torch.nn.utils.parametrizations.weight_norm`` on
   cynorm's kernel (the :class:`WeightNorm` parametrization);
 - :func:`replace_norms`, which swaps a model's CPU norms (and weight-norm
-  parametrizations) for these in place.
+  parametrizations) for these in place;
+- :func:`native_status`: whether eager layer norm and RMS norm calls with
+  gradients run compiled operators (their autograd formula in C++, built
+  against the installed torch on first use) or cynorm's Python Functions.
 
 Tensors that cynorm cannot take (on a device, or of a dtype outside
 float64, float32, bfloat16 and float16) run PyTorch's own kernels.
@@ -36,7 +39,8 @@ import torch
 from torch import Tensor
 
 import cynorm
-from cynorm import _dtypes
+from cynorm import _dtypes, _torch_native
+from cynorm import layernorm as _layernorm
 from cynorm._validation import check_int
 from cynorm._channels import channel_input as _channel_input, prepare as _prepare
 from cynorm._channels import moments as _channel_moments
@@ -50,7 +54,7 @@ __all__ = ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "group_no
            "instance_norm", "weight_norm",
            "LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d",
            "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d", "WeightNorm", "replace_norms",
-           "ArgumentError", "ArgumentTypeError"]
+           "native_status", "ArgumentError", "ArgumentTypeError"]
 
 _DTYPES = frozenset((torch.float64, torch.float32, torch.bfloat16, torch.float16))
 _from_dlpack = getattr(torch._C, "_from_dlpack", torch.utils.dlpack.from_dlpack)
@@ -295,6 +299,34 @@ def _integer(value: Any, name: str) -> int:
         raise _torch_error(e) from None
 
 
+_NATIVE: dict[str, Any] = {}
+
+
+def _native_op(name: str) -> Any:
+    """torch.ops.cynorm_native.<name>'s C++ callable (_torch_native: built
+    or loaded on the first call), or None where the compiled operators are
+    off or could not be built."""
+    op = _NATIVE.get(name, False)
+    if op is False:
+        ops = _torch_native.load(torch, _layernorm.native_abi())
+        overload = None if ops is None else getattr(ops, name).default
+        # the overload's own callable: past OpOverload.__call__'s Python
+        op = _NATIVE[name] = getattr(overload, "_op", overload)
+    return op
+
+
+def native_status() -> str:
+    """Whether eager :func:`layer_norm` and :func:`rms_norm` calls (and the
+    modules') that need gradients run cynorm's compiled operators, whose
+    autograd formula is C++ ("loaded from <path>"), or its Python autograd
+    Functions ("off ...", "unavailable (<reason>) ...", or "not loaded
+    yet ..." before the first such call).  Both run the same kernels and
+    give the same bits; the compiled operators cost less a call
+    (docs/torch.rst, "Cost per call").  ``CYNORM_TORCH_NATIVE=0`` turns
+    them off."""
+    return _torch_native.status()
+
+
 def _one_level(name, backward):
     """The Function's derivatives are cynorm's kernels on plain arrays: a
     second level of differentiation would see constants.  Refused: nested
@@ -310,7 +342,7 @@ def _one_level(name, backward):
 
 
 def _register(name, forward, forward_fake, backward, backward_fake, *, core, backward_core,
-              saved, attrs, grad, tangents, running=(), outputs=1, dense=False):
+              saved, attrs, grad, tangents, running=(), outputs=1, dense=False, native=None):
     """The operators cynorm::<name> and cynorm::<name>_backward, made from
     their bodies (forward, backward) and fake kernels, with their autograd
     formula; returns the function that runs them.
@@ -338,7 +370,10 @@ def _register(name, forward, forward_fake, backward, backward_fake, *, core, bac
     model's large operators leave the caches cold), or, under torch.func's
     transforms and dual tensors, Eager, which runs the operators' bodies and
     whose forward-mode rule is tangents(inputs, input_tangents):
-    cynorm.jvp's rule."""
+    cynorm.jvp's rule.  native: the name of the compiled operator
+    (_torch_native; its autograd formula in C++) that takes Plain's calls
+    where it is loaded and the arguments are its plain case (it returns None
+    for the rest, which Plain takes)."""
     op = torch.library.custom_op(f"cynorm::{name}", forward, mutates_args=(),
                                  device_types="cpu")
     op.register_fake(forward_fake)
@@ -458,6 +493,11 @@ def _register(name, forward, forward_fake, backward, backward_fake, *, core, bac
                         inputs = inputs[:i] + (u,) + inputs[i + 1:]
                     grads = grads or u.requires_grad
             if grads:
+                compiled = _native_op(native) if native else None
+                if compiled is not None:
+                    y = compiled(*inputs)
+                    if y is not None:
+                        return (y,) + rest
                 return ((plain(*inputs),) if outputs == 1 else plain(*inputs)) + rest
         arrays, out = compute(inputs)
         return tuple(_like(o, inputs[0], arrays[0], dense and i == 0)
@@ -547,7 +587,8 @@ _layer_norm = _register("layer_norm", _layer_norm_fwd, _layer_norm_fake, _layer_
                         backward_core=_layer_norm_backward_core, saved=_layer_norm_saved,
                         attrs=_layer_norm_attrs, grad=_layer_norm_grad,
                         tangents=lambda inputs, t: _tangents(_cn.layer_norm, inputs, t,
-                                                             dense=True), dense=True)
+                                                             dense=True), dense=True,
+                        native="layer_norm")
 
 
 def layer_norm(input: Tensor, normalized_shape, weight: Optional[Tensor] = None,
@@ -633,7 +674,7 @@ _rms_norm = _register("rms_norm", _rms_norm_fwd, _rms_norm_fake, _rms_norm_bwd,
                       backward_core=_rms_norm_backward_core, saved=_rms_norm_saved,
                       attrs=_layer_norm_attrs, grad=_rms_norm_grad,
                       tangents=lambda inputs, t: _tangents(_cn.rms_norm, inputs, t, dense=True),
-                      dense=True)
+                      dense=True, native="rms_norm")
 
 
 def rms_norm(input: Tensor, normalized_shape, weight: Optional[Tensor] = None,

@@ -253,10 +253,17 @@ cdef void* math_values(object a, float* scratch) noexcept:
     values widened into scratch, exactly; NULL for None."""
     if a is None:
         return NULL
-    cdef int s = kernel_storage(a)
-    if s == STORAGE_F32 or s == STORAGE_F64:
-        return data(a)
-    return floats_from(data(a), s, cnp.PyArray_SIZE(<cnp.ndarray>a), scratch)
+    return <void*>param_values(data(a), kernel_storage(a), cnp.PyArray_SIZE(<cnp.ndarray>a),
+                               scratch)
+
+
+cdef const void* param_values(const void* p, int storage, Py_ssize_t n,
+                              float* scratch) noexcept nogil:
+    """n parameter values of `storage` in the math type: p itself (float32,
+    float64), or (16-bit) widened into scratch, exactly; NULL for NULL."""
+    if p == NULL or storage == STORAGE_F32 or storage == STORAGE_F64:
+        return p
+    return floats_from(p, storage, n, scratch)
 
 
 cdef int trailing_axes(cnp.ndarray x, object shape) noexcept:
@@ -293,8 +300,15 @@ cdef object doubles_as(const double* s, int storage, int nd, const cnp.npy_intp*
 cdef object doubles_into(const double* s, int storage, object out):
     """out (a plain array of `storage`) holding the float64 values s, rounded
     as doubles_as rounds them; returns out."""
-    cdef Py_ssize_t n = cnp.PyArray_SIZE(<cnp.ndarray>out), i
-    cdef void* p = cnp.PyArray_DATA(<cnp.ndarray>out)
+    store_doubles(cnp.PyArray_DATA(<cnp.ndarray>out), storage,
+                  cnp.PyArray_SIZE(<cnp.ndarray>out), s)
+    return out
+
+
+cdef void store_doubles(void* p, int storage, Py_ssize_t n, const double* s) noexcept nogil:
+    """p[:n] (a `storage` buffer) = the float64 values s, rounded as
+    store_value rounds them."""
+    cdef Py_ssize_t i
     # (float64 and float32, the usual statistics and parameter gradients, in
     # loops that vectorize, as doubles_from's)
     if storage == STORAGE_F64:
@@ -305,7 +319,6 @@ cdef object doubles_into(const double* s, int storage, object out):
     else:
         for i in range(n):
             store_value(p, storage, i, s[i])
-    return out
 
 
 cdef bint doubles_from(object a, Py_ssize_t n, double* dst) noexcept:

@@ -43,18 +43,6 @@ def rows_plain(x, residual, normalized_shape, weight, bias, eps, out, bint cente
     return plain_rows(x, residual, normalized_shape, weight, bias, eps, out, centered)
 
 
-cdef void* math_fill(void* dst, int storage, Py_ssize_t N, double fill) noexcept nogil:
-    # dst[:N] = fill in the math type of `storage` data (layer norm's missing
-    # weight or bias, as layernorm.py makes it); returns dst
-    cdef Py_ssize_t j
-    for j in range(N):
-        if math_storage(storage) == STORAGE_F64:
-            (<double*>dst)[j] = fill
-        else:
-            (<float*>dst)[j] = <float>fill
-    return dst
-
-
 cdef object plain_rows(object x, object residual, object normalized_shape, object weight,
                        object bias, double eps, object out, bint centered):
     # the plain case of the row norms: layer norm (centered) or RMS norm, of
@@ -95,33 +83,22 @@ cdef object plain_rows(object x, object residual, object normalized_shape, objec
         mean = new_array(nd, stat_dims, typenum(stat), 0)
     if rstd is None:
         rstd = new_array(nd, stat_dims, typenum(stat), 0)
-    cdef int nt = max_threads()
-    # 16-bit weight and bias are widened to float32 here (2 * N floats); layer
-    # norm's kernel takes weight and bias both or neither, so one given alone
-    # gets the other as ones or zeros of the math type (the last N values)
-    cdef bint alone = centered and (weight is None) != (bias is None)
-    cdef Py_ssize_t msz = 8 if stat == STORAGE_F64 else 4
-    cdef char* scratch = NULL
-    if (weight is not None or bias is not None) and (itemsize(storage) == 2 or alone):
-        scratch = <char*>malloc(3 * N * msz)
-        if scratch == NULL:
-            raise MemoryError(("layer_norm" if centered else "rms_norm")
-                              + ": could not allocate the parameters' math-type copies")
     cdef void* pres = data(residual)
     cdef void* ph = data(h)
     cdef void* px = data(x)
-    cdef void* pw = math_values(weight, <float*>scratch)
-    cdef void* pb = math_values(bias, <float*>(scratch + N * msz) if scratch != NULL else NULL)
-    if alone and weight is None:
-        pw = math_fill(scratch + 2 * N * msz, storage, N, 1.0)
-    elif alone:
-        pb = math_fill(scratch + 2 * N * msz, storage, N, 0.0)
+    cdef void* pw = data(weight)
+    cdef void* pb = data(bias)
+    cdef int w_st = param_storage(weight, storage), b_st = param_storage(bias, storage)
     cdef void* py = data(y)
     cdef void* pm = data(mean) if centered else NULL
     cdef void* pr = data(rstd)
+    cdef int rc
     with nogil:
-        rows_forward(storage, px, pw, pb, py, pm, pr, M, N, eps, nt, pres, ph)
-    free(scratch)
+        rc = rows_forward_params(storage, px, pres, pw, w_st, pb, b_st, py, ph, pm, pr, M, N,
+                                 eps, centered)
+    if rc != 0:
+        raise MemoryError(("layer_norm" if centered else "rms_norm")
+                          + ": could not allocate the parameters' math-type copies")
     if fused:
         return (y, h, mean, rstd) if centered else (y, h, rstd)
     return (y, mean, rstd) if centered else (y, rstd)
@@ -186,24 +163,16 @@ cdef object plain_row_grads(object grad_out, object grad_h, object x, object nor
     for a in ((mean, rstd) if centered else (rstd,)):
         if not (plain_with_shape(a, stat, nd, stat_dims) or plain_with_shape(a, stat, 1, m_dims)):
             return None
-    op = "layer_norm_backward" if centered else "rms_norm_backward"
     gx = new_array(nd, dims, typenum(storage), M * N * itemsize(storage)) if mask[0] else None
-    cdef double* sums = NULL
-    if mask[1] or mask[2]:
-        sums = <double*>malloc(2 * N * sizeof(double))
-        if sums == NULL:
-            raise MemoryError(op + ": could not allocate the column sums")
-    cdef double* gw = sums if mask[1] else NULL
-    cdef double* gb = sums + N if mask[2] else NULL
-    cdef int nt = max_threads(), status = 0
-    # a 16-bit weight widened to float32 (N floats); dy's row offsets
-    cdef bint widen = weight is not None and itemsize(storage) == 2
-    cdef float* scratch = <float*>malloc(N * sizeof(float)) if widen else NULL
+    # each parameter gradient in its parameter's dtype (x's for a missing one)
+    cdef int gw_st = storage if weight is None else storage_of(weight)
+    cdef int gb_st = storage if bias is None else storage_of(bias)
+    grad_weight = cnp.PyArray_EMPTY(k, ns, typenum(gw_st), 0) if mask[1] else None
+    grad_bias = cnp.PyArray_EMPTY(k, ns, typenum(gb_st), 0) if mask[2] else None
+    op = "layer_norm_backward" if centered else "rms_norm_backward"
+    # dy's row offsets
     cdef Py_ssize_t* dyr = NULL if dy_in_order else <Py_ssize_t*>malloc(M * sizeof(Py_ssize_t))
-    if (widen and scratch == NULL) or (not dy_in_order and dyr == NULL):
-        free(sums)
-        free(scratch)
-        free(dyr)
+    if not dy_in_order and dyr == NULL:
         raise MemoryError(op + ": could not allocate its workspace")
     if dyr != NULL:
         row_offsets(grad_out, k, dyr)
@@ -211,22 +180,17 @@ cdef object plain_row_grads(object grad_out, object grad_h, object x, object nor
     cdef void* px = data(x)
     cdef void* pm = data(mean)
     cdef void* pr = data(rstd)
-    cdef void* pw = math_values(weight, scratch)
+    cdef void* pw = data(weight)
+    cdef int w_st = param_storage(weight, storage)
     cdef void* pgx = data(gx)
+    cdef void* pgw = data(grad_weight)
+    cdef void* pgb = data(grad_bias)
     cdef void* pdh = data(grad_h)
+    cdef int status
     with nogil:
-        status = rows_backward(storage, pdy, dyr, px, pm, pr, pw, pgx, gw, gb, M, N, nt, pdh)
-    free(scratch)
+        status = rows_backward_params(storage, pdy, dyr, pdh, px, pm, pr, pw, w_st, pgx, pgw,
+                                      gw_st, pgb, gb_st, M, N)
     free(dyr)
-    try:
-        if status < 0:
-            raise MemoryError(op + ": could not allocate the reduction workspace")
-        grad_weight = grad_bias = None
-        # each in its parameter's dtype (x's for a missing one)
-        if gw != NULL:
-            grad_weight = doubles_as(gw, storage if weight is None else storage_of(weight), k, ns)
-        if gb != NULL:
-            grad_bias = doubles_as(gb, storage if bias is None else storage_of(bias), k, ns)
-    finally:
-        free(sums)
+    if status < 0:
+        raise MemoryError(op + ": could not allocate its workspace")
     return (gx, grad_weight, grad_bias) if centered else (gx, grad_weight)

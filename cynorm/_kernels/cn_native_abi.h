@@ -1,0 +1,42 @@
+/* The row norms (layer norm, RMS norm, each with or without the residual
+ * add) on raw buffers, for callers outside Python: cynorm's compiled
+ * PyTorch operators (cynorm/_torch_ops.cpp).  A kernel module hands out the
+ * address of its table (layer_norm.native_abi()); a caller checks the
+ * version before it calls anything.
+ *
+ * Buffers are C-contiguous: x, res, y, h, dh, gx hold M rows of N values
+ * of `storage`; mean and rstd M values of its math type (float64 for
+ * float64, else float32).  Parameters (N values) are of the math type or,
+ * for 16-bit storage, of x's own; NULL for none.  The results are the
+ * bits cynorm's NumPy functions give for the same arguments. */
+#ifndef CN_NATIVE_ABI_H
+#define CN_NATIVE_ABI_H
+
+#include <stddef.h>
+
+#define CN_NATIVE_ABI_VERSION 1
+
+/* storage codes (cynorm/_kernels/_plain.pxd.tp) */
+enum { CN_NATIVE_F32 = 0, CN_NATIVE_F64 = 1, CN_NATIVE_BF16 = 2, CN_NATIVE_F16 = 3 };
+
+typedef struct {
+    int version;
+    /* y = norm(x) (res non-NULL: h = x + res, y = norm(h)); centered: layer
+     * norm (mean written), else RMS norm (mean NULL, b NULL).  Returns 0, or
+     * -1 if a workspace could not be allocated. */
+    int (*rows_forward)(int storage, const void* x, const void* res,
+                        const void* w, int w_storage, const void* b, int b_storage,
+                        void* y, void* h, void* mean, void* rstd,
+                        ptrdiff_t M, ptrdiff_t N, double eps, int centered);
+    /* gx (NULL: not computed) from dy, whose row i starts dy_rows[i]
+     * elements into dy (dy_rows NULL: rows in order), plus dh where non-NULL;
+     * gw, gb (NULL: not computed) the column sums, rounded into their
+     * storage.  mean NULL: RMS norm.  Returns 0, or -1 as rows_forward. */
+    int (*rows_backward)(int storage, const void* dy, const ptrdiff_t* dy_rows,
+                         const void* dh, const void* x, const void* mean,
+                         const void* rstd, const void* w, int w_storage, void* gx,
+                         void* gw, int gw_storage, void* gb, int gb_storage,
+                         ptrdiff_t M, ptrdiff_t N);
+} cn_native_abi;
+
+#endif

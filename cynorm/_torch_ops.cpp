@@ -1,0 +1,269 @@
+// cynorm's row norms as PyTorch operators with their autograd formulas in
+// C++: layer norm and RMS norm, for cynorm.torch's eager calls that need
+// gradients.  A Python torch.autograd.Function costs tens of microseconds a
+// call, several times that where a model's large operators leave the caches
+// cold; these operators cost what PyTorch's own norms cost around their
+// kernels.  cynorm/_torch_native.py compiles this file against the
+// installed torch, loads it and binds it to the kernels (cynorm_native::
+// bind, with the address of layer_norm.native_abi()'s table).
+//
+// Each operator takes the plain case only (CPU, C-contiguous x of cynorm's
+// dtypes, parameters of the shape normalized over and of x's dtype or its
+// math type, no empty row) and returns an undefined tensor (None in
+// Python) for anything else: cynorm.torch then takes the call on its
+// Python path, which computes or raises.  The results are the bits of that
+// path: the same kernels, through cn_native_abi.h.
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
+
+#include <cfloat>
+#include <vector>
+
+#include "cn_native_abi.h"
+
+namespace cynorm_native {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+const cn_native_abi* kernels = nullptr;
+
+constexpr const char* kNoVmap =
+    "cynorm.torch's operators do not support vmap: a batched tensor reached one "
+    "(torch.func.vmap, jacrev, jacfwd or hessian, or torch.autograd.grad with "
+    "is_grads_batched=True); compute the derivatives one at a time, or use PyTorch's norms "
+    "there";
+
+void bind(int64_t table) {
+  auto t = reinterpret_cast<const cn_native_abi*>(static_cast<intptr_t>(table));
+  TORCH_CHECK(t != nullptr && t->version == CN_NATIVE_ABI_VERSION,
+              "cynorm_native.bind: the kernels' table is not version ", CN_NATIVE_ABI_VERSION);
+  kernels = t;
+}
+
+// cynorm's storage code of a dtype, or -1
+int storage_of(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return CN_NATIVE_F32;
+    case at::kDouble: return CN_NATIVE_F64;
+    case at::kBFloat16: return CN_NATIVE_BF16;
+    case at::kHalf: return CN_NATIVE_F16;
+    default: return -1;
+  }
+}
+
+at::ScalarType math_dtype(int storage) {
+  return storage == CN_NATIVE_F64 ? at::kDouble : at::kFloat;
+}
+
+bool dense_cpu(const at::Tensor& t) {
+  return t.defined() && t.device().is_cpu() && t.layout() == at::kStrided && t.has_storage() &&
+         !t.is_neg() && !t.is_conj() && t.is_contiguous();
+}
+
+// x as M rows of N (its last k axes), its shape ending in normalized_shape
+struct Rows {
+  int storage = -1;
+  int64_t k = 0, M = 1, N = 1;
+};
+
+Rows rows_of(const at::Tensor& x, at::IntArrayRef normalized_shape) {
+  Rows r;
+  r.k = static_cast<int64_t>(normalized_shape.size());
+  if (!dense_cpu(x) || r.k == 0 || r.k > x.dim()) return Rows{};
+  r.storage = storage_of(x.scalar_type());
+  for (int64_t i = 0; i < x.dim(); ++i) {
+    if (i < x.dim() - r.k) {
+      r.M *= x.size(i);
+    } else {
+      if (x.size(i) != normalized_shape[i - (x.dim() - r.k)]) return Rows{};
+      r.N *= x.size(i);
+    }
+  }
+  if (r.M == 0 || r.N == 0) r.storage = -1;
+  return r;
+}
+
+// an absent parameter, or one of shape normalized_shape and of x's storage
+// or its math type
+bool plain_param(const std::optional<at::Tensor>& p, const Rows& r, at::IntArrayRef shape) {
+  if (!p.has_value() || !p->defined()) return true;
+  int s = storage_of(p->scalar_type());
+  return dense_cpu(*p) && p->sizes() == shape &&
+         (s == r.storage || s == storage_of(math_dtype(r.storage)));
+}
+
+const void* ptr(const at::Tensor& t) { return t.defined() ? t.const_data_ptr() : nullptr; }
+void* mut(const at::Tensor& t) { return t.defined() ? t.mutable_data_ptr() : nullptr; }
+int storage(const at::Tensor& t) { return t.defined() ? storage_of(t.scalar_type()) : -1; }
+
+std::vector<int64_t> stat_shape(const at::Tensor& x, int64_t k) {
+  std::vector<int64_t> s(x.sizes().begin(), x.sizes().end());
+  for (int64_t i = x.dim() - k; i < x.dim(); ++i) s[i] = 1;
+  return s;
+}
+
+// grad_out's rows where they lie: C order (no offsets), each row contiguous
+// in another order (a batch_first attention's transposed gradient: the
+// offset of each row, in elements), or copied into C order
+struct DyRows {
+  at::Tensor dy;
+  std::vector<int64_t> offsets;
+};
+
+DyRows dy_rows(const at::Tensor& grad, const at::Tensor& x, int64_t k) {
+  TORCH_CHECK(grad.has_storage(), kNoVmap);
+  DyRows d{grad.scalar_type() == x.scalar_type() ? grad : grad.to(x.scalar_type()), {}};
+  if (d.dy.is_contiguous()) return d;
+  const int64_t nd = d.dy.dim(), lead = nd - k;
+  bool rows = d.dy.sizes() == x.sizes() && d.dy.device().is_cpu() && !d.dy.is_neg() &&
+              !d.dy.is_conj();
+  int64_t step = 1;
+  for (int64_t i = nd - 1; rows && i >= lead; --i) {
+    if (d.dy.size(i) != 1 && d.dy.stride(i) != step) rows = false;
+    step *= d.dy.size(i);
+  }
+  for (int64_t i = 0; rows && i < lead; ++i) rows = d.dy.stride(i) >= 0;
+  if (!rows) {
+    d.dy = d.dy.contiguous();
+    return d;
+  }
+  int64_t m = 1;
+  for (int64_t i = 0; i < lead; ++i) m *= d.dy.size(i);
+  d.offsets.resize(static_cast<size_t>(m));
+  std::vector<int64_t> idx(static_cast<size_t>(lead), 0);
+  int64_t off = 0;
+  for (int64_t r = 0; r < m; ++r) {
+    d.offsets[static_cast<size_t>(r)] = off;
+    for (int64_t j = lead - 1; j >= 0; --j) {  // the next index, the last axis fastest
+      off += d.dy.stride(j);
+      if (++idx[static_cast<size_t>(j)] < d.dy.size(j)) break;
+      off -= d.dy.size(j) * d.dy.stride(j);
+      idx[static_cast<size_t>(j)] = 0;
+    }
+  }
+  return d;
+}
+
+void check_first_order(const char* op) {
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      !at::GradMode::is_enabled(), "cynorm.torch.", op,
+      ": a derivative of a derivative (double backward, create_graph=True, nested torch.func "
+      "transforms) is not supported: cynorm's backward and forward-mode rules are not "
+      "differentiable themselves");
+}
+
+// The row norms' autograd formula: forward (layer norm centered, else RMS
+// norm, bias absent) and backward over the kernels' table.  Inputs: x,
+// weight, bias (the tensors: autograd's edges in that order, the absent
+// ones skipped), then the rest.
+struct RowNorm {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
+                            const std::optional<at::Tensor>& weight,
+                            const std::optional<at::Tensor>& bias, const Rows& r, double eps,
+                            bool centered) {
+    const at::Tensor w = weight.value_or(at::Tensor()), b = bias.value_or(at::Tensor());
+    auto y = at::empty(x.sizes(), x.options());
+    auto stats = x.options().dtype(math_dtype(r.storage));
+    auto mean = centered ? at::empty(stat_shape(x, r.k), stats) : at::Tensor();
+    auto rstd = at::empty(stat_shape(x, r.k), stats);
+    int rc = kernels->rows_forward(r.storage, ptr(x), nullptr, ptr(w), storage(w), ptr(b),
+                                   storage(b), mut(y), nullptr, mut(mean), mut(rstd), r.M, r.N,
+                                   eps, centered);
+    TORCH_CHECK(rc == 0, centered ? "layer_norm" : "rms_norm",
+                ": could not allocate the parameters' math-type copies");
+    ctx->save_for_backward({x, mean, rstd, w, b});
+    ctx->saved_data["k"] = r.k;
+    ctx->set_materialize_grads(false);
+    return y;
+  }
+
+  // gradients of x, weight, bias (undefined where absent or not needed)
+  static variable_list backward(AutogradContext* ctx, const at::Tensor& grad, bool centered) {
+    check_first_order(centered ? "layer_norm" : "rms_norm");
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &mean = saved[1], &rstd = saved[2], &w = saved[3],
+                     &b = saved[4];
+    variable_list out(3);
+    if (!grad.defined()) return out;
+    const int64_t k = ctx->saved_data["k"].toInt();
+    Rows r = rows_of(x, x.sizes().slice(static_cast<size_t>(x.dim() - k)));
+    // autograd's edges: x, then weight and bias where given
+    size_t edge = 1;
+    bool need_x = ctx->needs_input_grad(0);
+    bool need_w = w.defined() && ctx->needs_input_grad(edge++);
+    bool need_b = b.defined() && ctx->needs_input_grad(edge);
+    if (need_x) out[0] = at::empty(x.sizes(), x.options());
+    if (need_w) out[1] = at::empty(w.sizes(), w.options());
+    if (need_b) out[2] = at::empty(b.sizes(), b.options());
+    DyRows dy = dy_rows(grad, x, k);
+    int rc = kernels->rows_backward(
+        r.storage, ptr(dy.dy), dy.offsets.empty() ? nullptr : dy.offsets.data(), nullptr,
+        ptr(x), ptr(mean), ptr(rstd), ptr(w), storage(w), mut(out[0]), mut(out[1]),
+        storage(out[1]), mut(out[2]), storage(out[2]), r.M, r.N);
+    TORCH_CHECK(rc == 0, centered ? "layer_norm_backward" : "rms_norm_backward",
+                ": could not allocate its workspace");
+    return out;
+  }
+};
+
+struct LayerNorm : public torch::autograd::Function<LayerNorm> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
+                            const std::optional<at::Tensor>& weight,
+                            const std::optional<at::Tensor>& bias, Rows r, double eps) {
+    return RowNorm::forward(ctx, x, weight, bias, r, eps, true);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto g = RowNorm::backward(ctx, grads[0], true);
+    return {g[0], g[1], g[2], at::Tensor(), at::Tensor()};
+  }
+};
+
+struct RMSNorm : public torch::autograd::Function<RMSNorm> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
+                            const std::optional<at::Tensor>& weight, Rows r, double eps) {
+    return RowNorm::forward(ctx, x, weight, std::nullopt, r, eps, false);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto g = RowNorm::backward(ctx, grads[0], false);
+    return {g[0], g[1], at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor layer_norm(const at::Tensor& x, at::IntArrayRef normalized_shape,
+                      const std::optional<at::Tensor>& weight,
+                      const std::optional<at::Tensor>& bias, double eps) {
+  Rows r = rows_of(x, normalized_shape);
+  if (kernels == nullptr || r.storage < 0 || !plain_param(weight, r, normalized_shape) ||
+      !plain_param(bias, r, normalized_shape))
+    return at::Tensor();
+  return LayerNorm::apply(x, weight, bias, r, eps);
+}
+
+at::Tensor rms_norm(const at::Tensor& x, at::IntArrayRef normalized_shape,
+                    const std::optional<at::Tensor>& weight, std::optional<double> eps) {
+  Rows r = rows_of(x, normalized_shape);
+  if (kernels == nullptr || r.storage < 0 || !plain_param(weight, r, normalized_shape))
+    return at::Tensor();
+  // no eps: the math type's epsilon, as cynorm.rms_norm and torch take it
+  double e = eps.has_value() ? *eps : (r.storage == CN_NATIVE_F64 ? DBL_EPSILON : FLT_EPSILON);
+  return RMSNorm::apply(x, weight, r, e);
+}
+
+}  // namespace cynorm_native
+
+TORCH_LIBRARY(cynorm_native, m) {
+  m.def("bind(int table) -> ()", &cynorm_native::bind);
+  m.def("layer_norm(Tensor x, int[] normalized_shape, Tensor? weight, Tensor? bias, "
+        "float eps) -> Tensor");
+  m.def("rms_norm(Tensor x, int[] normalized_shape, Tensor? weight, float? eps) -> Tensor");
+}
+
+// CompositeImplicitAutograd: the operators carry their own autograd
+// formula (the Functions above) and run the kernels on the tensors' memory
+TORCH_LIBRARY_IMPL(cynorm_native, CompositeImplicitAutograd, m) {
+  m.impl("layer_norm", &cynorm_native::layer_norm);
+  m.impl("rms_norm", &cynorm_native::rms_norm);
+}
