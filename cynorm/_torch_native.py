@@ -13,8 +13,9 @@ Environment:
 
 * ``CYNORM_TORCH_NATIVE`` -- ``0`` turns the compiled operators off.
 * ``CYNORM_CACHE_DIR`` -- where the built library is kept (default
-  ``$XDG_CACHE_HOME/cynorm``, else ``~/.cache/cynorm``); one file per
-  torch version and source.
+  ``$XDG_CACHE_HOME/cynorm``, else ``~/.cache/cynorm``; where that cannot
+  be written, a folder in the temporary directory); one file per torch
+  version and source.
 * ``CXX`` -- the C++ compiler (default ``c++``).
 """
 from __future__ import annotations
@@ -61,6 +62,25 @@ def _command(torch: Any, out: Path) -> list[str]:
     return cmd + ["-lc10", "-ltorch_cpu", "-ltorch"]
 
 
+def _scratch_file(folders: list[Path]) -> tuple[Path, str]:
+    """A new empty file in the first of folders that can be written, and
+    that folder: the library is built there, beside its final name, and
+    renamed into it (processes building at once each finish their own
+    file, and none loads a partial one)."""
+    for folder in folders[:-1]:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
+            os.close(fd)
+            return folder, tmp
+        except OSError:
+            pass
+    folders[-1].mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=folders[-1])
+    os.close(fd)
+    return folders[-1], tmp
+
+
 def _library(torch: Any) -> Path:
     """The built library for this torch and source, built now if absent."""
     key = hashlib.sha256()
@@ -69,15 +89,15 @@ def _library(torch: Any) -> Path:
                  os.environ.get("CXX", "").encode()):
         key.update(part)
         key.update(b"\0")
-    folder = cache_dir()
-    path = folder / f"cynorm_torch_ops-{key.hexdigest()[:20]}.so"
-    if path.exists():
-        return path
-    folder.mkdir(parents=True, exist_ok=True)
-    # built beside its final name and renamed into it: processes building at
-    # once each finish their own file, and none loads a partial one
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
-    os.close(fd)
+    name = f"cynorm_torch_ops-{key.hexdigest()[:20]}.so"
+    # the cache directory, or where it cannot be written the temporary one
+    user = f"cynorm-{os.getuid()}" if hasattr(os, "getuid") else "cynorm"
+    folders = [cache_dir(), Path(tempfile.gettempdir()) / user]
+    for folder in folders:
+        if (folder / name).exists():
+            return folder / name
+    folder, tmp = _scratch_file(folders)
+    path = folder / name
     try:
         run = subprocess.run(_command(torch, Path(tmp)), capture_output=True, text=True)
         if run.returncode != 0:
