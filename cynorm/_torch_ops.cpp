@@ -1,6 +1,6 @@
 // cynorm's row norms as PyTorch operators with their autograd formulas in
-// C++: layer norm and RMS norm, for cynorm.torch's eager calls that need
-// gradients.  A Python torch.autograd.Function costs tens of microseconds a
+// C++: layer norm and RMS norm, and their residual-fused forms, for
+// cynorm.torch's eager calls that need gradients.  A Python torch.autograd.Function costs tens of microseconds a
 // call, several times that where a model's large operators leave the caches
 // cold; these operators cost what PyTorch's own norms cost around their
 // kernels.  cynorm/_torch_native.py compiles this file against the
@@ -232,6 +232,130 @@ struct RMSNorm : public torch::autograd::Function<RMSNorm> {
   }
 };
 
+// The residual-fused forms: h = x + residual, y = norm(h); y and h both
+// have gradients, and x and residual each take h's total gradient (y's
+// backward plus h's own).  Inputs: x, residual, weight, bias, then the rest.
+struct AddRowNorm {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x,
+                               const at::Tensor& residual,
+                               const std::optional<at::Tensor>& weight,
+                               const std::optional<at::Tensor>& bias, const Rows& r, double eps,
+                               bool centered) {
+    const at::Tensor w = weight.value_or(at::Tensor()), b = bias.value_or(at::Tensor());
+    auto y = at::empty(x.sizes(), x.options());
+    auto h = at::empty(x.sizes(), x.options());
+    auto stats = x.options().dtype(math_dtype(r.storage));
+    auto mean = centered ? at::empty(stat_shape(x, r.k), stats) : at::Tensor();
+    auto rstd = at::empty(stat_shape(x, r.k), stats);
+    int rc = kernels->rows_forward(r.storage, ptr(x), ptr(residual), ptr(w), storage(w), ptr(b),
+                                   storage(b), mut(y), mut(h), mut(mean), mut(rstd), r.M, r.N,
+                                   eps, centered);
+    TORCH_CHECK(rc == 0, centered ? "add_layer_norm" : "add_rms_norm",
+                ": could not allocate the parameters' math-type copies");
+    // the backward reads h (not x and residual, which it does not keep alive)
+    ctx->save_for_backward({h, mean, rstd, w, b});
+    ctx->saved_data["k"] = r.k;
+    ctx->set_materialize_grads(false);
+    // h, as x + residual, has a gradient only where one of them does
+    if (!ctx->needs_input_grad(0) && !ctx->needs_input_grad(1)) ctx->mark_non_differentiable({h});
+    return {y, h};
+  }
+
+  // gradients of x, residual, weight, bias
+  static variable_list backward(AutogradContext* ctx, const at::Tensor& gy, const at::Tensor& gh,
+                                bool centered) {
+    check_first_order(centered ? "add_layer_norm" : "add_rms_norm");
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor &h = saved[0], &mean = saved[1], &rstd = saved[2], &w = saved[3],
+                     &b = saved[4];
+    variable_list out(4);
+    if (!gy.defined() && !gh.defined()) return out;
+    const int64_t k = ctx->saved_data["k"].toInt();
+    Rows r = rows_of(h, h.sizes().slice(static_cast<size_t>(h.dim() - k)));
+    size_t edge = 2;
+    bool need_x = ctx->needs_input_grad(0), need_res = ctx->needs_input_grad(1);
+    // (y not used further: no parameter gradients, as the unfused composition)
+    bool need_w = w.defined() && ctx->needs_input_grad(edge++) && gy.defined();
+    bool need_b = b.defined() && ctx->needs_input_grad(edge) && gy.defined();
+    at::Tensor gi = (need_x || need_res) ? at::empty(h.sizes(), h.options()) : at::Tensor();
+    if (need_w) out[2] = at::empty(w.sizes(), w.options());
+    if (need_b) out[3] = at::empty(b.sizes(), b.options());
+    // y's gradient where only h's came back: zeros, which the kernels take
+    DyRows dy = dy_rows(gy.defined() ? gy : at::zeros_like(gh), h, k);
+    TORCH_CHECK(!gh.defined() || gh.has_storage(), kNoVmap);
+    at::Tensor dh = gh.defined() ? gh.to(h.scalar_type()).contiguous() : at::Tensor();
+    int rc = kernels->rows_backward(
+        r.storage, ptr(dy.dy), dy.offsets.empty() ? nullptr : dy.offsets.data(), ptr(dh),
+        ptr(h), ptr(mean), ptr(rstd), ptr(w), storage(w), mut(gi), mut(out[2]),
+        storage(out[2]), mut(out[3]), storage(out[3]), r.M, r.N);
+    TORCH_CHECK(rc == 0, centered ? "add_layer_norm_backward" : "add_rms_norm_backward",
+                ": could not allocate its workspace");
+    if (need_x) out[0] = gi;
+    if (need_res) out[1] = gi;
+    return out;
+  }
+};
+
+struct AddLayerNorm : public torch::autograd::Function<AddLayerNorm> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x,
+                               const at::Tensor& residual,
+                               const std::optional<at::Tensor>& weight,
+                               const std::optional<at::Tensor>& bias, Rows r, double eps) {
+    return AddRowNorm::forward(ctx, x, residual, weight, bias, r, eps, true);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto g = AddRowNorm::backward(ctx, grads[0], grads[1], true);
+    return {g[0], g[1], g[2], g[3], at::Tensor(), at::Tensor()};
+  }
+};
+
+struct AddRMSNorm : public torch::autograd::Function<AddRMSNorm> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x,
+                               const at::Tensor& residual,
+                               const std::optional<at::Tensor>& weight, Rows r, double eps) {
+    return AddRowNorm::forward(ctx, x, residual, weight, std::nullopt, r, eps, false);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto g = AddRowNorm::backward(ctx, grads[0], grads[1], false);
+    return {g[0], g[1], g[2], at::Tensor(), at::Tensor()};
+  }
+};
+
+// the math type's epsilon where none is given, as cynorm.rms_norm and torch take it
+double rms_eps(std::optional<double> eps, const Rows& r) {
+  return eps.has_value() ? *eps : (r.storage == CN_NATIVE_F64 ? DBL_EPSILON : FLT_EPSILON);
+}
+
+// a residual of x's shape and dtype, dense on the CPU
+bool plain_residual(const at::Tensor& residual, const at::Tensor& x) {
+  return dense_cpu(residual) && residual.sizes() == x.sizes() &&
+         residual.scalar_type() == x.scalar_type();
+}
+
+using Pair = std::tuple<at::Tensor, at::Tensor>;
+
+Pair add_layer_norm(const at::Tensor& x, const at::Tensor& residual,
+                    at::IntArrayRef normalized_shape, const std::optional<at::Tensor>& weight,
+                    const std::optional<at::Tensor>& bias, double eps) {
+  Rows r = rows_of(x, normalized_shape);
+  if (kernels == nullptr || r.storage < 0 || !plain_residual(residual, x) ||
+      !plain_param(weight, r, normalized_shape) || !plain_param(bias, r, normalized_shape))
+    return {};
+  auto out = AddLayerNorm::apply(x, residual, weight, bias, r, eps);
+  return {out[0], out[1]};
+}
+
+Pair add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
+                  at::IntArrayRef normalized_shape, const std::optional<at::Tensor>& weight,
+                  std::optional<double> eps) {
+  Rows r = rows_of(x, normalized_shape);
+  if (kernels == nullptr || r.storage < 0 || !plain_residual(residual, x) ||
+      !plain_param(weight, r, normalized_shape))
+    return {};
+  auto out = AddRMSNorm::apply(x, residual, weight, r, rms_eps(eps, r));
+  return {out[0], out[1]};
+}
+
 at::Tensor layer_norm(const at::Tensor& x, at::IntArrayRef normalized_shape,
                       const std::optional<at::Tensor>& weight,
                       const std::optional<at::Tensor>& bias, double eps) {
@@ -247,9 +371,7 @@ at::Tensor rms_norm(const at::Tensor& x, at::IntArrayRef normalized_shape,
   Rows r = rows_of(x, normalized_shape);
   if (kernels == nullptr || r.storage < 0 || !plain_param(weight, r, normalized_shape))
     return at::Tensor();
-  // no eps: the math type's epsilon, as cynorm.rms_norm and torch take it
-  double e = eps.has_value() ? *eps : (r.storage == CN_NATIVE_F64 ? DBL_EPSILON : FLT_EPSILON);
-  return RMSNorm::apply(x, weight, r, e);
+  return RMSNorm::apply(x, weight, r, rms_eps(eps, r));
 }
 
 }  // namespace cynorm_native
@@ -259,6 +381,10 @@ TORCH_LIBRARY(cynorm_native, m) {
   m.def("layer_norm(Tensor x, int[] normalized_shape, Tensor? weight, Tensor? bias, "
         "float eps) -> Tensor");
   m.def("rms_norm(Tensor x, int[] normalized_shape, Tensor? weight, float? eps) -> Tensor");
+  m.def("add_layer_norm(Tensor x, Tensor residual, int[] normalized_shape, Tensor? weight, "
+        "Tensor? bias, float eps) -> (Tensor, Tensor)");
+  m.def("add_rms_norm(Tensor x, Tensor residual, int[] normalized_shape, Tensor? weight, "
+        "float? eps) -> (Tensor, Tensor)");
 }
 
 // CompositeImplicitAutograd: the operators carry their own autograd
@@ -266,4 +392,6 @@ TORCH_LIBRARY(cynorm_native, m) {
 TORCH_LIBRARY_IMPL(cynorm_native, CompositeImplicitAutograd, m) {
   m.impl("layer_norm", &cynorm_native::layer_norm);
   m.impl("rms_norm", &cynorm_native::rms_norm);
+  m.impl("add_layer_norm", &cynorm_native::add_layer_norm);
+  m.impl("add_rms_norm", &cynorm_native::add_rms_norm);
 }

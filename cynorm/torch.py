@@ -20,8 +20,8 @@ fused loops).  On top of them:
   cynorm's kernel (the :class:`WeightNorm` parametrization);
 - :func:`replace_norms`, which swaps a model's CPU norms (and weight-norm
   parametrizations) for these in place;
-- :func:`native_status`: whether eager layer norm and RMS norm calls with
-  gradients run compiled operators (their autograd formula in C++, built
+- :func:`native_status`: whether eager layer norm and RMS norm calls (and
+  their residual-fused forms) with gradients run compiled operators (their autograd formula in C++, built
   against the installed torch on first use) or cynorm's Python Functions.
 
 Tensors that cynorm cannot take (on a device, or of a dtype outside
@@ -316,8 +316,9 @@ def _native_op(name: str) -> Any:
 
 
 def native_status() -> str:
-    """Whether eager :func:`layer_norm` and :func:`rms_norm` calls (and the
-    modules') that need gradients run cynorm's compiled operators, whose
+    """Whether eager :func:`layer_norm`, :func:`rms_norm`,
+    :func:`add_layer_norm` and :func:`add_rms_norm` calls (and the modules')
+    that need gradients run cynorm's compiled operators, whose
     autograd formula is C++ ("loaded from <path>"), or its Python autograd
     Functions ("off ...", "unavailable (<reason>) ...", or "not loaded
     yet ..." before the first such call).  Both run the same kernels and
@@ -495,9 +496,11 @@ def _register(name, forward, forward_fake, backward, backward_fake, *, core, bac
             if grads:
                 compiled = _native_op(native) if native else None
                 if compiled is not None:
-                    y = compiled(*inputs)
-                    if y is not None:
-                        return (y,) + rest
+                    res = compiled(*inputs)
+                    if outputs == 1 and res is not None:
+                        return (res,) + rest
+                    if outputs > 1 and res[0] is not None:
+                        return tuple(res) + rest
                 return ((plain(*inputs),) if outputs == 1 else plain(*inputs)) + rest
         arrays, out = compute(inputs)
         return tuple(_like(o, inputs[0], arrays[0], dense and i == 0)
@@ -785,7 +788,7 @@ _add_layer_norm = _register("add_layer_norm", _add_layer_norm_fwd, _add_layer_no
                             grad=_add_layer_norm_grad, outputs=2,
                             tangents=lambda inputs, t: _tangents(_cn.add_layer_norm, inputs, t,
                                                                  outputs=2, dense=True),
-                            dense=True)
+                            dense=True, native="add_layer_norm")
 
 
 def _add_rms_norm_core(x, residual, normalized_shape, weight, eps):
@@ -840,7 +843,7 @@ _add_rms_norm = _register("add_rms_norm", _add_rms_norm_fwd, _add_rms_norm_fake,
                           attrs=_add_layer_norm_attrs, grad=_add_rms_norm_grad, outputs=2,
                           tangents=lambda inputs, t: _tangents(_cn.add_rms_norm, inputs, t,
                                                                outputs=2, dense=True),
-                          dense=True)
+                          dense=True, native="add_rms_norm")
 
 
 def _fused(input: Tensor, residual: Tensor, name: str, *params: Optional[Tensor]) -> bool:

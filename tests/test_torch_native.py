@@ -19,26 +19,30 @@ pytestmark = pytest.mark.torch
 
 NATIVE_OFF = os.environ.get("CYNORM_TORCH_NATIVE", "").strip() == "0"
 DTYPES = [torch.float64, torch.float32, torch.bfloat16, torch.float16]
+NATIVE_OPS = ("layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm")
 
 
 def _node(y):
     return y.grad_fn.name()
 
 
-def _run(op, args, grad, python):
-    """op's output and the gradients of its tensor arguments that require
-    them, through the compiled operator or (python) the Python Function."""
+def _run(op, args, grads, python):
+    """op's outputs and the gradients of its tensor arguments that require
+    them (grads: one per output, None for an output not used further),
+    through the compiled operators or (python) the Python Functions."""
     saved = dict(ct._NATIVE)
     if python:
-        ct._NATIVE.update(layer_norm=None, rms_norm=None)
+        ct._NATIVE.update({k: None for k in NATIVE_OPS})
     try:
         leaves = [a.detach().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor)
                   else a for a in args]
-        y = op(*leaves)
-        node = _node(y)
-        y.backward(grad)
-        grads = [a.grad for a in leaves if isinstance(a, torch.Tensor) and a.requires_grad]
-        return node, [y.detach()] + grads
+        ys = op(*leaves)
+        ys = ys if isinstance(ys, tuple) else (ys,)
+        node = _node(ys[0])
+        used = [(y, g) for y, g in zip(ys, grads) if g is not None]
+        torch.autograd.backward([y for y, _ in used], [g for _, g in used])
+        out = [a.grad for a in leaves if isinstance(a, torch.Tensor) and a.requires_grad]
+        return node, [y.detach() for y in ys] + out
     finally:
         ct._NATIVE.clear()
         ct._NATIVE.update(saved)
@@ -52,6 +56,9 @@ def _bits(t):
 def _same(a, b):
     assert len(a) == len(b)
     for u, v in zip(a, b):
+        if u is None or v is None:     # a gradient neither path computes
+            assert u is None and v is None
+            continue
         assert u.dtype == v.dtype and u.shape == v.shape and u.stride() == v.stride()
         assert torch.equal(_bits(u.contiguous()), _bits(v.contiguous()))
 
@@ -80,13 +87,14 @@ def _cases():
 
 @pytest.mark.skipif(NATIVE_OFF, reason="CYNORM_TORCH_NATIVE=0 turns the compiled operators off")
 @pytest.mark.parametrize("case", list(_cases()), ids=str)
-@pytest.mark.parametrize("norm", ["layer_norm", "rms_norm"])
+@pytest.mark.parametrize("norm", NATIVE_OPS)
 def test_same_bits_as_the_python_functions(case, norm):
     dtype, shape, ns, params, pdtype, layout = case
-    if norm == "rms_norm" and "b" in params:
+    if "rms" in norm:
         params = params.replace("b", "")
     g = torch.Generator().manual_seed(len(shape) * 7 + len(params))
     x = (torch.randn(shape, generator=g) * 3 + 1).to(dtype).requires_grad_()
+    res = torch.randn(shape, generator=g).to(dtype).requires_grad_()
     w = (torch.randn(ns, generator=g) + 1).to(pdtype).requires_grad_() if "w" in params else None
     b = torch.randn(ns, generator=g).to(pdtype).requires_grad_() if "b" in params else None
     if layout == "c":
@@ -98,24 +106,26 @@ def test_same_bits_as_the_python_functions(case, norm):
     else:
         # rows not contiguous: copied first
         gy = torch.randn(shape[:-1] + (2 * shape[-1],), generator=g).to(dtype)[..., ::2]
-    if norm == "layer_norm":
-        def op(x, w, b):
-            return ct.layer_norm(x, ns, w, b, 1e-5)
-        args = (x, w, b)
-    else:
-        def op(x, w):
-            return ct.rms_norm(x, ns, w)
-        args = (x, w)
-    node, native = _run(op, args, gy, python=False)
-    assert "cynorm_native" in node
-    pnode, python = _run(op, args, gy, python=True)
-    assert pnode.endswith("_plainBackward")
-    _same(native, python)
+    gh = torch.randn(shape, generator=g).to(dtype)
+    op = {"layer_norm": lambda x, w, b: ct.layer_norm(x, ns, w, b, 1e-5),
+          "rms_norm": lambda x, w: ct.rms_norm(x, ns, w),
+          "add_layer_norm": lambda x, r, w, b: ct.add_layer_norm(x, r, ns, w, b, 1e-5),
+          "add_rms_norm": lambda x, r, w: ct.add_rms_norm(x, r, ns, w)}[norm]
+    args = ((x, res) if norm.startswith("add") else (x,)) + ((w,) if "rms" in norm else (w, b))
+    # the fused forms: both results used, y's alone, h's alone
+    uses = [(gy, gh), (gy, None), (None, gh)] if norm.startswith("add") else [(gy,)]
+    for grads in uses:
+        node, native = _run(op, args, grads, python=False)
+        assert "cynorm_native" in node
+        pnode, python = _run(op, args, grads, python=True)
+        assert pnode.endswith("_plainBackward")
+        _same(native, python)
     # and PyTorch's answer, to its dtype's accuracy
-    ref = (torch.nn.functional.layer_norm if norm == "layer_norm"
-           else torch.nn.functional.rms_norm)
+    ref = (torch.nn.functional.layer_norm if "layer" in norm else torch.nn.functional.rms_norm)
+    h = (x + res) if norm.startswith("add") else x
+    tail = args[-1:] if "rms" in norm else args[-2:]
     want = ref(*[a.double() if isinstance(a, torch.Tensor) else a
-                 for a in (x.detach(), ns) + tuple(args[1:])])
+                 for a in (h.detach(), ns) + tuple(tail)])
     tol = {torch.float64: 1e-12, torch.float32: 1e-5}.get(dtype, 2e-2)
     torch.testing.assert_close(native[0].double(), want, rtol=tol, atol=tol)
 
@@ -210,6 +220,12 @@ def test_gradcheck_through_the_compiled_operators():
     assert torch.autograd.gradcheck(lambda x, w, b: ct.layer_norm(x, 8, w, b), (x, w, b))
     assert torch.autograd.gradcheck(lambda x, w: ct.rms_norm(x, [8], w, 1e-6), (x, w))
     assert torch.autograd.gradcheck(lambda x, b: ct.layer_norm(x, 8, None, b), (x, b))
+    r = torch.randn((3, 5, 8), dtype=torch.float64, generator=g, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, r, w, b: ct.add_layer_norm(x, r, 8, w, b),
+                                    (x, r, w, b))
+    assert torch.autograd.gradcheck(lambda x, r, w: ct.add_rms_norm(x, r, 8, w), (x, r, w))
+    y, h = ct.add_rms_norm(x, r, 8, w)
+    assert "cynorm_native::AddRMSNorm" in _node(y)
 
 
 def test_saved_tensor_hooks_see_the_saved_tensors():
