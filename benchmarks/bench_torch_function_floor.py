@@ -5,9 +5,11 @@ cynorm's, in the training steps of bench_torch_models.py.
     python benchmarks/bench_torch_function_floor.py [--threads 1,2] [--steps 8]
         [--models vit,resnet] [--dtypes float32,bfloat16]
 
-cynorm.torch's eager autograd goes through a Python autograd.Function (its
-operators' formulas are Python); PyTorch's norms have theirs in C++.  The
-middle model here keeps PyTorch's kernels (aten::native_layer_norm,
+cynorm.torch's eager batch norm goes through a Python autograd.Function
+(its formula is Python; its layer norms run compiled operators whose
+formula is C++, as PyTorch's norms have theirs, where they are built:
+cynorm.torch.native_status(), printed first).  The middle model here keeps
+PyTorch's kernels (aten::native_layer_norm,
 aten::native_batch_norm and their backward ops) and changes only that: its
 LayerNorm and BatchNorm2d call them from an autograd.Function whose forward
 saves what the backward reads and whose backward calls the backward op,
@@ -32,7 +34,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 import cynorm  # noqa: E402
 import cynorm.torch as ct  # noqa: E402
-from bench_torch_models import interleaved, model_cases, norm_time, step_fn  # noqa: E402
+from bench_torch_models import interleaved, model_cases, native_line, norm_time, step_fn  # noqa: E402
 
 
 # the names end in _plain: bench_torch_models.is_norm counts their forward
@@ -105,6 +107,7 @@ def main():
     args = p.parse_args()
     print(f"torch {torch.__version__}, cynorm {cynorm.__version__}; norm ops ms/step, "
           f"median of {args.steps} profiled steps each, interleaved")
+    print(native_line())
     print("| model | dtype | threads | torch | torch's kernels in a Python Function (ratio) "
           "| cynorm (ratio) |")
     print("|---|---|---|---|---|---|")

@@ -130,6 +130,13 @@ def norm_time(step):
     return norms / 1e3, (norms / total if total else float("nan"))
 
 
+def native_line():
+    """Which path cynorm.torch's eager layer norms take (its compiled
+    operators load on the first call that needs gradients)."""
+    ct.layer_norm(torch.randn(2, 4, requires_grad=True), 4)
+    return f"cynorm.torch's compiled operators: {ct.native_status()}"
+
+
 def interleaved(steps, rounds, measure):
     """{name: [measure(step), ...]}, every step measured once a round, the
     order reversed every other round."""
@@ -173,6 +180,7 @@ def main():
     args = p.parse_args()
     print(f"torch {torch.__version__}, cynorm {cynorm.__version__}; median of {args.steps} "
           f"interleaved steps" + (", torch.compile" if args.compile else ""))
+    print(native_line())
     print("| model | dtype | threads | torch ms/step | cynorm ms/step | torch/cynorm | "
           "norm ops ms/step, torch / cynorm (ratio) | norms' share, torch / cynorm |")
     print("|---|---|---|---|---|---|---|---|")
