@@ -316,15 +316,22 @@ def _native_op(name: str) -> Any:
 
 
 def native_status() -> str:
-    """Whether eager :func:`layer_norm`, :func:`rms_norm`,
-    :func:`add_layer_norm` and :func:`add_rms_norm` calls (and the modules')
-    that need gradients run cynorm's compiled operators, whose
-    autograd formula is C++ ("loaded from <path>"), or its Python autograd
-    Functions ("off ...", "unavailable (<reason>) ...", or "not loaded
-    yet ..." before the first such call).  Both run the same kernels and
-    give the same bits; the compiled operators cost less a call
+    """Which path eager row-norm calls with gradients take.
+
+    :func:`layer_norm`, :func:`rms_norm`, :func:`add_layer_norm` and
+    :func:`add_rms_norm` calls (and the modules') that need gradients run
+    cynorm's compiled operators, whose autograd formula is C++, where they
+    are loaded, else its Python autograd Functions.  Both run the same
+    kernels and give the same bits; the compiled operators cost less a call
     (docs/torch.rst, "Cost per call").  ``CYNORM_TORCH_NATIVE=0`` turns
-    them off."""
+    them off.
+
+    Returns
+    -------
+    str
+        ``"loaded from <path>"``; ``"off ..."``; ``"unavailable (<reason>)
+        ..."``; or, before the first such call, ``"not loaded yet ..."``.
+    """
     return _torch_native.status()
 
 
