@@ -21,8 +21,9 @@ fused loops).  On top of them:
 - :func:`replace_norms`, which swaps a model's CPU norms (and weight-norm
   parametrizations) for these in place;
 - :func:`native_status`: whether eager layer norm and RMS norm calls (and
-  their residual-fused forms) with gradients run compiled operators (their autograd formula in C++, built
-  against the installed torch on first use) or cynorm's Python Functions.
+  their residual-fused forms) with gradients run compiled operators (their
+  autograd formula in C++, built against the installed torch on first use)
+  or cynorm's Python Functions.
 
 Tensors that cynorm cannot take (on a device, or of a dtype outside
 float64, float32, bfloat16 and float16) run PyTorch's own kernels.
