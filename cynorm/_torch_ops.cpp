@@ -1,10 +1,11 @@
 // cynorm's row norms as PyTorch operators with their autograd formulas in
 // C++: layer norm and RMS norm, and their residual-fused forms, for
-// cynorm.torch's eager calls that need gradients.  A Python torch.autograd.Function costs tens of microseconds a
-// call, several times that where a model's large operators leave the caches
-// cold; these operators cost what PyTorch's own norms cost around their
-// kernels.  cynorm/_torch_native.py compiles this file against the
-// installed torch, loads it and binds it to the kernels (cynorm_native::
+// cynorm.torch's eager calls that need gradients.  A Python
+// torch.autograd.Function costs tens of microseconds a call, several times
+// that where a model's large operators leave the caches cold; around their
+// kernels these operators cost a few microseconds more than PyTorch's own
+// norms.  cynorm/_torch_native.py compiles this file against the installed
+// torch, loads it and binds it to the kernels (cynorm_native::
 // bind, with the address of layer_norm.native_abi()'s table).
 //
 // Each operator takes the plain case only (CPU, C-contiguous x of cynorm's
