@@ -1,10 +1,10 @@
 # Included by layer_norm.pyx.
 # The row norms as XLA FFI handlers (cynorm.jax registers them for the CPU):
-# XLA hands them its buffers, and they run rows_forward / rows_backward on
-# them in place, with no Python and no copy.  Under jax.vmap XLA calls them
-# once for the whole batch (its arguments broadcast to it): the rows of
-# every batch element, with a parameter set per element (identical sets: one
-# set).  Each checks what it is given (cynorm.jax built the call, so a
+# XLA hands them its buffers, and they run rows_forward_params /
+# rows_backward_params (layer_norm_native.pxi) on them in place, with no
+# Python and no copy.  Under jax.vmap XLA calls them once for the whole
+# batch (its arguments broadcast to it): the rows of every batch element,
+# with a parameter set per element (identical sets: one set).  Each checks what it is given (cynorm.jax built the call, so a
 # failure means a mismatch, and the message says which buffer) and reports
 # errors through the runtime.
 
@@ -26,19 +26,6 @@ cdef Py_ssize_t param_sets(const cn_ffi_buffer* b, int storage, Py_ssize_t N,
     if count <= 0 or count % N != 0 or M % (count // N) != 0:
         return 0
     return count // N
-
-
-cdef const void* row_param(const cn_ffi_buffer* b, int storage, Py_ssize_t N, Py_ssize_t g,
-                           void* scratch, double fill) noexcept nogil:
-    """Set g of a weight or bias (param_sets) in the math type: its data, or
-    its values widened into scratch; with b NULL, scratch filled with `fill`
-    (layer norm's missing weight or bias, as layernorm.py fills it)."""
-    if b == NULL:
-        return math_fill(scratch, storage, N, fill)
-    cdef const char* values = <const char*>ffi_set(b, g, N)
-    if ffi_storage(b) == math_storage(storage):
-        return values
-    return floats_from(values, storage, N, <float*>scratch)
 
 
 cdef void* rows_forward_ffi(cn_ffi_frame* f, bint centered) noexcept nogil:
@@ -89,26 +76,16 @@ cdef void* rows_forward_ffi(cn_ffi_frame* f, bint centered) noexcept nogil:
                             "(a set per equal share of the rows)")
     if k > 1 and sets_equal(w, k, N) and sets_equal(b, k, N):
         k = 1       # a parameter the batch shares: one call over every row (the same bits)
-    cdef bint affine = has_w or has_b
-    # 16-bit parameters widened to float32, or layer norm's missing one filled
-    cdef double* scratch = <double*>malloc(2 * N * sizeof(double)) if affine else NULL
-    if affine and scratch == NULL:
-        return cn_ffi_error(f, CN_FFI_RESOURCE_EXHAUSTED, op,
-                            "could not allocate the parameters' float32 copy")
-    cdef const void* pw = NULL
-    cdef const void* pb = NULL
     cdef Py_ssize_t R = M // k, g, r
     for g in range(k):
         r = g * R
-        if has_w or (centered and has_b):
-            pw = row_param(w, storage, N, g, scratch, 1.0)
-        if has_b or (centered and has_w):
-            pb = row_param(b, storage, N, g, scratch + N, 0.0)
         # (a buffer not passed, NULL, stays NULL)
-        rows_forward(storage, ffi_set(x, r, N), pw, pb, ffi_set(y, r, N), ffi_set(mean, r, 1),
-                     ffi_set(rstd, r, 1), R, N, eps, max_threads(), ffi_set(res, r, N),
-                     ffi_set(h, r, N))
-    free(scratch)
+        if rows_forward_params(storage, ffi_set(x, r, N), ffi_set(res, r, N), ffi_set(w, g, N),
+                               ffi_storage(w), ffi_set(b, g, N), ffi_storage(b),
+                               ffi_set(y, r, N), ffi_set(h, r, N), ffi_set(mean, r, 1),
+                               ffi_set(rstd, r, 1), R, N, eps, centered) != 0:
+            return cn_ffi_error(f, CN_FFI_RESOURCE_EXHAUSTED, op,
+                                "could not allocate the parameters' float32 copy")
     return NULL
 
 
@@ -162,36 +139,26 @@ cdef void* rows_backward_ffi(cn_ffi_frame* f, bint centered) noexcept nogil:
     cdef Py_ssize_t sets = k
     if k > 1 and not (want_gw or want_gb) and sets_equal(w, k, N):
         sets = 1
-    # the float64 column sums (grad_weight, grad_bias), then the weight widened
-    cdef double* sums = <double*>malloc(3 * N * sizeof(double))
-    if sums == NULL:
-        return cn_ffi_error(f, CN_FFI_RESOURCE_EXHAUSTED, op, "could not allocate the column sums")
-    cdef const void* pw = NULL
     cdef int status = 0
-    cdef Py_ssize_t R = M // sets, g, r, j
+    cdef Py_ssize_t R = M // sets, g, r
     for g in range(sets):
         r = g * R
-        if has_w:
-            pw = row_param(w, storage, N, g, sums + 2 * N, 1.0)
-        if R > 0:
-            status = rows_backward(storage, ffi_set(dy, r, N), NULL, ffi_set(x, r, N),
-                                   ffi_set(mean, r, 1), ffi_set(rstd, r, 1), pw,
-                                   ffi_set(gx, r, N), sums if want_gw else NULL,
-                                   sums + N if want_gb else NULL, R, N, max_threads(), NULL)
-        else:
-            memset(sums, 0, 2 * N * sizeof(double))
-        if status < 0:
-            break
-        # each sum rounded into its parameter's dtype as layer_norm_backward rounds it
-        for j in range(N):
+        if R == 0:
+            # no rows: zero sums (all-zero bits in every storage type)
             if want_gw:
-                store_value(gw.data, ffi_storage(gw), g * N + j, sums[j])
+                memset(ffi_set(gw, g, N), 0, N * itemsize(ffi_storage(gw)))
             if want_gb:
-                store_value(gb.data, ffi_storage(gb), g * N + j, sums[N + j])
-    free(sums)
-    if status < 0:
-        return cn_ffi_error(f, CN_FFI_RESOURCE_EXHAUSTED, op,
-                            "could not allocate the reduction workspace")
+                memset(ffi_set(gb, g, N), 0, N * itemsize(ffi_storage(gb)))
+            continue
+        # each gradient set rounded into its parameter's dtype, as
+        # layer_norm_backward rounds it
+        status = rows_backward_params(storage, ffi_set(dy, r, N), NULL, NULL, ffi_set(x, r, N),
+                                      ffi_set(mean, r, 1), ffi_set(rstd, r, 1), ffi_set(w, g, N),
+                                      ffi_storage(w), ffi_set(gx, r, N), ffi_set(gw, g, N),
+                                      ffi_storage(gw), ffi_set(gb, g, N), ffi_storage(gb), R, N)
+        if status < 0:
+            return cn_ffi_error(f, CN_FFI_RESOURCE_EXHAUSTED, op,
+                                "could not allocate the reduction workspace")
     return NULL
 
 

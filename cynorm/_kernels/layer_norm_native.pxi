@@ -2,8 +2,9 @@
 # The row norms on raw buffers with their parameters as given (16-bit ones
 # widened here, layer norm's missing weight or bias filled): what the
 # plain-case entries (layer_norm_plain.pxi) run once they have checked the
-# arrays, and what the table cn_native_abi.h describes hands to callers
-# outside Python (cynorm's compiled PyTorch operators, cynorm/_torch_ops.cpp).
+# arrays, what the XLA handlers (layer_norm_ffi.pxi) run on XLA's buffers,
+# and what the table cn_native_abi.h describes hands to callers outside
+# Python (cynorm's compiled PyTorch operators, cynorm/_torch_ops.cpp).
 
 cdef extern from "cn_native_abi.h":
     enum: CN_NATIVE_ABI_VERSION
