@@ -170,6 +170,12 @@ def test_calls_outside_the_plain_case_take_the_python_functions():
     torch.testing.assert_close(y, torch.nn.functional.layer_norm(t, [16]))
     e = torch.randn(0, 8, requires_grad=True)
     assert ct.layer_norm(e, 8).shape == (0, 8)
+    # the fused forms: a transposed residual
+    x = torch.randn(2, 4, 16, requires_grad=True)
+    r = torch.randn(4, 2, 16).transpose(0, 1).requires_grad_()
+    y, h = ct.add_layer_norm(x, r, 16)
+    assert _node(y).endswith("_plainBackward")
+    torch.testing.assert_close(y, torch.nn.functional.layer_norm(x + r, [16]))
     with pytest.raises((RuntimeError, TypeError, ValueError)):
         ct.layer_norm(torch.randn(3, 8, requires_grad=True), 8,
                       torch.randn(8, dtype=torch.float64))
