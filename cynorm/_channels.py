@@ -35,6 +35,13 @@ _kernel = _kernels.by_storage(_k, ("channel_moments", "channel_grad_sums",
                                    "channel_normalize", "channel_grad_input"))
 
 
+def native_abi() -> int:
+    """The address of batch norm's raw-buffer table (cn_native_abi.h) in the
+    kernel module of the SIMD level in use: what cynorm.torch's compiled
+    operators call."""
+    return _k.native_abi()
+
+
 def channel_input(x, axis, name="x"):
     """x checked (floating, rank >= 2); returns (x, policy, axis wrapped, C, n)
     where n is the number of values per channel."""

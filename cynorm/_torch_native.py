@@ -1,6 +1,6 @@
 """cynorm.torch's compiled operators (cynorm/_torch_ops.cpp): layer norm and
-RMS norm, and their residual-fused forms, with their autograd formulas in
-C++, built against the installed torch the first time an eager call needs
+RMS norm, their residual-fused forms, and batch norm, with their autograd
+formulas in C++, built against the installed torch the first time an eager call needs
 them, kept in a cache directory, loaded into PyTorch and bound to cynorm's
 kernels.
 
@@ -111,10 +111,10 @@ def _library(torch: Any) -> Path:
     return path
 
 
-def load(torch: Any, table: int) -> Optional[Any]:
+def load(torch: Any, tables: tuple[int, int]) -> Optional[Any]:
     """torch.ops.cynorm_native, built or loaded and bound to the kernels'
-    table (layer_norm.native_abi()), or None (status() says why).  Tried
-    once a process."""
+    tables (layer_norm.native_abi(), batch_norm.native_abi()), or None
+    (status() says why).  Tried once a process."""
     global _ops, _status, _tried
     if _tried:
         return _ops
@@ -129,7 +129,7 @@ def load(torch: Any, table: int) -> Optional[Any]:
     try:
         path = _library(torch)
         torch.ops.load_library(str(path))
-        torch.ops.cynorm_native.bind(table)
+        torch.ops.cynorm_native.bind(*tables)
     except Exception as e:      # noqa: BLE001 -- any failure leaves the Python path
         _status = (f"unavailable ({e}): eager calls run cynorm's Python Functions; "
                    "CYNORM_TORCH_NATIVE=0 skips the attempt")

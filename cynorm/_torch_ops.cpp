@@ -1,25 +1,27 @@
-// cynorm's row norms as PyTorch operators with their autograd formulas in
-// C++: layer norm and RMS norm, and their residual-fused forms, for
+// cynorm's norms as PyTorch operators with their autograd formulas in C++:
+// layer norm and RMS norm, their residual-fused forms, and batch norm, for
 // cynorm.torch's eager calls that need gradients.  A Python
 // torch.autograd.Function costs tens of microseconds a call, several times
 // that where a model's large operators leave the caches cold; around their
 // kernels these operators cost a few microseconds more than PyTorch's own
 // norms.  cynorm/_torch_native.py compiles this file against the installed
-// torch, loads it and binds it to the kernels (cynorm_native::
-// bind, with the address of layer_norm.native_abi()'s table).
+// torch, loads it and binds it to the kernels (cynorm_native::bind, with
+// the addresses of layer_norm.native_abi()'s and batch_norm.native_abi()'s
+// tables).
 //
-// Each operator takes the plain case only (CPU, C-contiguous x of cynorm's
-// dtypes, parameters of the shape normalized over and of x's dtype or its
-// math type, no empty row) and returns an undefined tensor (None in
-// Python) for anything else: cynorm.torch then takes the call on its
-// Python path, which computes or raises.  The results are the bits of that
-// path: the same kernels, through cn_native_abi.h.
+// Each operator takes the plain case only (CPU tensors of cynorm's dtypes
+// laid out as the kernels read them in place, parameters of the expected
+// shape and of x's dtype or its math type, no empty reduction) and returns
+// an undefined tensor (None in Python) for anything else: cynorm.torch then
+// takes the call on its Python path, which computes or raises.  The results
+// are the bits of that path: the same kernels, through cn_native_abi.h.
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
 #include <cfloat>
+#include <cmath>
 #include <vector>
 
 #include "cn_native_abi.h"
@@ -30,6 +32,7 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 const cn_native_abi* kernels = nullptr;
+const cn_native_channels_abi* channel_kernels = nullptr;
 
 constexpr const char* kNoVmap =
     "cynorm.torch's operators do not support vmap: a batched tensor reached one "
@@ -37,11 +40,14 @@ constexpr const char* kNoVmap =
     "is_grads_batched=True); compute the derivatives one at a time, or use PyTorch's norms "
     "there";
 
-void bind(int64_t table) {
-  auto t = reinterpret_cast<const cn_native_abi*>(static_cast<intptr_t>(table));
-  TORCH_CHECK(t != nullptr && t->version == CN_NATIVE_ABI_VERSION,
-              "cynorm_native.bind: the kernels' table is not version ", CN_NATIVE_ABI_VERSION);
-  kernels = t;
+void bind(int64_t rows, int64_t channels) {
+  auto r = reinterpret_cast<const cn_native_abi*>(static_cast<intptr_t>(rows));
+  auto c = reinterpret_cast<const cn_native_channels_abi*>(static_cast<intptr_t>(channels));
+  TORCH_CHECK(r != nullptr && r->version == CN_NATIVE_ABI_VERSION && c != nullptr &&
+                  c->version == CN_NATIVE_ABI_VERSION,
+              "cynorm_native.bind: the kernels' tables are not version ", CN_NATIVE_ABI_VERSION);
+  kernels = r;
+  channel_kernels = c;
 }
 
 // cynorm's storage code of a dtype, or -1
@@ -57,6 +63,15 @@ int storage_of(at::ScalarType t) {
 
 at::ScalarType math_dtype(int storage) {
   return storage == CN_NATIVE_F64 ? at::kDouble : at::kFloat;
+}
+
+at::ScalarType dtype_of(int storage) {
+  switch (storage) {
+    case CN_NATIVE_F64: return at::kDouble;
+    case CN_NATIVE_BF16: return at::kBFloat16;
+    case CN_NATIVE_F16: return at::kHalf;
+    default: return at::kFloat;
+  }
 }
 
 bool dense_cpu(const at::Tensor& t) {
@@ -87,13 +102,13 @@ Rows rows_of(const at::Tensor& x, at::IntArrayRef normalized_shape) {
   return r;
 }
 
-// an absent parameter, or one of shape normalized_shape and of x's storage
-// or its math type
-bool plain_param(const std::optional<at::Tensor>& p, const Rows& r, at::IntArrayRef shape) {
+// an absent parameter, or one of the given shape and of x's storage or its
+// math type
+bool plain_param(const std::optional<at::Tensor>& p, int x_storage, at::IntArrayRef shape) {
   if (!p.has_value() || !p->defined()) return true;
   int s = storage_of(p->scalar_type());
   return dense_cpu(*p) && p->sizes() == shape &&
-         (s == r.storage || s == storage_of(math_dtype(r.storage)));
+         (s == x_storage || s == storage_of(math_dtype(x_storage)));
 }
 
 const void* ptr(const at::Tensor& t) { return t.defined() ? t.const_data_ptr() : nullptr; }
@@ -340,7 +355,8 @@ Pair add_layer_norm(const at::Tensor& x, const at::Tensor& residual,
                     const std::optional<at::Tensor>& bias, double eps) {
   Rows r = rows_of(x, normalized_shape);
   if (kernels == nullptr || r.storage < 0 || !plain_residual(residual, x) ||
-      !plain_param(weight, r, normalized_shape) || !plain_param(bias, r, normalized_shape))
+      !plain_param(weight, r.storage, normalized_shape) ||
+      !plain_param(bias, r.storage, normalized_shape))
     return {};
   auto out = AddLayerNorm::apply(x, residual, weight, bias, r, eps);
   return {out[0], out[1]};
@@ -351,7 +367,7 @@ Pair add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
                   std::optional<double> eps) {
   Rows r = rows_of(x, normalized_shape);
   if (kernels == nullptr || r.storage < 0 || !plain_residual(residual, x) ||
-      !plain_param(weight, r, normalized_shape))
+      !plain_param(weight, r.storage, normalized_shape))
     return {};
   auto out = AddRMSNorm::apply(x, residual, weight, r, rms_eps(eps, r));
   return {out[0], out[1]};
@@ -361,8 +377,8 @@ at::Tensor layer_norm(const at::Tensor& x, at::IntArrayRef normalized_shape,
                       const std::optional<at::Tensor>& weight,
                       const std::optional<at::Tensor>& bias, double eps) {
   Rows r = rows_of(x, normalized_shape);
-  if (kernels == nullptr || r.storage < 0 || !plain_param(weight, r, normalized_shape) ||
-      !plain_param(bias, r, normalized_shape))
+  if (kernels == nullptr || r.storage < 0 || !plain_param(weight, r.storage, normalized_shape) ||
+      !plain_param(bias, r.storage, normalized_shape))
     return at::Tensor();
   return LayerNorm::apply(x, weight, bias, r, eps);
 }
@@ -370,15 +386,172 @@ at::Tensor layer_norm(const at::Tensor& x, at::IntArrayRef normalized_shape,
 at::Tensor rms_norm(const at::Tensor& x, at::IntArrayRef normalized_shape,
                     const std::optional<at::Tensor>& weight, std::optional<double> eps) {
   Rows r = rows_of(x, normalized_shape);
-  if (kernels == nullptr || r.storage < 0 || !plain_param(weight, r, normalized_shape))
+  if (kernels == nullptr || r.storage < 0 || !plain_param(weight, r.storage, normalized_shape))
     return at::Tensor();
   return RMSNorm::apply(x, weight, r, rms_eps(eps, r));
+}
+
+// ---- batch norm ----------------------------------------------------------
+
+// x as (A, C, B) where the kernels read it in place, as cynorm's plain case
+// reads a tensor's NumPy view: C-contiguous (A = N, B the spatial size), or
+// stored channels last ((N, *spatial, C) memory: A = N * spatial, B = 1)
+// with no axis of length 1 (whose stride leaves the order open)
+struct Channels {
+  int storage = -1;
+  int64_t A = 0, C = 0, B = 0;
+};
+
+bool stored_channels_last(const at::Tensor& x) {
+  if (x.dim() < 3 || x.stride(1) != 1) return false;
+  int64_t step = x.size(1);
+  for (int64_t i = 0; i < x.dim(); ++i)
+    if (x.size(i) < 2) return false;
+  for (int64_t i = x.dim() - 1; i >= 2; --i) {
+    if (x.stride(i) != step) return false;
+    step *= x.size(i);
+  }
+  return x.stride(0) == step;
+}
+
+Channels channels_of(const at::Tensor& x) {
+  Channels ch;
+  if (!x.defined() || !x.device().is_cpu() || x.layout() != at::kStrided || !x.has_storage() ||
+      x.is_neg() || x.is_conj() || x.dim() < 2)
+    return ch;
+  int64_t spatial = 1;
+  for (int64_t i = 2; i < x.dim(); ++i) spatial *= x.size(i);
+  ch.C = x.size(1);
+  if (x.is_contiguous()) {
+    ch.A = x.size(0);
+    ch.B = spatial;
+  } else if (stored_channels_last(x)) {
+    ch.A = x.size(0) * spatial;
+    ch.B = 1;
+  } else {
+    return ch;
+  }
+  ch.storage = storage_of(x.scalar_type());
+  return ch;
+}
+
+// Inputs: x, weight, bias, running_mean, running_var (the tensors: autograd's
+// edges in that order, the absent ones skipped), then the rest.  Training
+// updates the running statistics in place, as PyTorch's batch norm does.
+struct BatchNorm : public torch::autograd::Function<BatchNorm> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
+                            const std::optional<at::Tensor>& weight,
+                            const std::optional<at::Tensor>& bias,
+                            const std::optional<at::Tensor>& running_mean,
+                            const std::optional<at::Tensor>& running_var, Channels ch,
+                            bool training, double momentum, double eps) {
+    const at::Tensor w = weight.value_or(at::Tensor()), b = bias.value_or(at::Tensor());
+    const at::Tensor rm = running_mean.value_or(at::Tensor());
+    const at::Tensor rv = running_var.value_or(at::Tensor());
+    auto y = at::empty_like(x);  // x's layout
+    auto stats = x.options().dtype(math_dtype(ch.storage));
+    auto save_mean = at::empty({training ? ch.C : 0}, stats);
+    auto save_invstd = at::empty({training ? ch.C : 0}, stats);
+    // (read only in inference)
+    void* prm = training ? mut(rm) : const_cast<void*>(ptr(rm));
+    void* prv = training ? mut(rv) : const_cast<void*>(ptr(rv));
+    int rc = channel_kernels->channels_forward(
+        ch.storage, ptr(x), mut(y), ptr(w), storage(w), ptr(b), storage(b), prm, storage(rm),
+        prv, storage(rv), training ? mut(save_mean) : nullptr,
+        training ? mut(save_invstd) : nullptr, ch.A, ch.C, ch.B, training, momentum, eps);
+    TORCH_CHECK(rc == 0, "batch_norm: could not allocate its workspace");
+    if (training) {
+      // an in-place update, as autograd counts them
+      for (const at::Tensor* s : {&rm, &rv})
+        if (s->defined()) torch::autograd::impl::bump_version(*s);
+      ctx->save_for_backward({x, w, save_mean, save_invstd});
+    } else {
+      // the running statistics as this call used them (a later call may
+      // update the module's buffers)
+      ctx->save_for_backward({x, w, rm.clone(), rv.clone()});
+    }
+    ctx->saved_data["training"] = training;
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["bias"] = b.defined();
+    ctx->set_materialize_grads(false);
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    check_first_order("batch_norm");
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &w = saved[1], &first = saved[2], &second = saved[3];
+    variable_list out(9);
+    const at::Tensor& grad = grads[0];
+    if (!grad.defined()) return out;
+    const bool training = ctx->saved_data["training"].toBool();
+    size_t edge = 1;
+    bool need_x = ctx->needs_input_grad(0);
+    bool need_w = w.defined() && ctx->needs_input_grad(edge++);
+    bool need_b = ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(edge);
+    TORCH_CHECK(grad.has_storage(), kNoVmap);
+    at::Tensor dy = grad.scalar_type() == x.scalar_type() ? grad : grad.to(x.scalar_type());
+    // x is C-contiguous or stored channels last (channels_of); grad_out in
+    // another layout is read in x's if that is C order, else both are, as
+    // cynorm's Python layer reads them (grad_x then copied into x's layout)
+    const bool last = !x.is_contiguous();
+    const at::Tensor xs = last && !stored_channels_last(dy) ? x.contiguous() : x;
+    if (!dy.is_contiguous() && !(last && xs.is_same(x))) dy = dy.contiguous();
+    const Channels ch = channels_of(xs);
+    const int gs = w.defined() ? storage(w) : storage_of(math_dtype(ch.storage));
+    auto gopt = x.options().dtype(dtype_of(gs));
+    at::Tensor gx = need_x ? at::empty_like(xs) : at::Tensor();
+    if (need_w) out[1] = at::empty({ch.C}, gopt);
+    if (need_b) out[2] = at::empty({ch.C}, gopt);
+    int rc = channel_kernels->channels_backward(
+        ch.storage, ptr(dy), ptr(xs), mut(gx), ptr(w), storage(w), ptr(first), storage(first),
+        ptr(second), storage(second), mut(out[1]), gs, mut(out[2]), gs, ch.A, ch.C, ch.B,
+        training, ctx->saved_data["eps"].toDouble());
+    TORCH_CHECK(rc == 0, "batch_norm_backward: could not allocate its workspace");
+    // grad_x laid out as x
+    out[0] = !need_x || xs.is_same(x) ? gx : at::empty_like(x).copy_(gx);
+    return out;
+  }
+};
+
+// a running statistic the kernels update in place: overlapping none of the
+// other arguments
+bool apart(const std::optional<at::Tensor>& s, std::initializer_list<const at::Tensor*> others) {
+  if (!s.has_value() || !s->defined()) return true;
+  for (const at::Tensor* o : others)
+    if (o->defined() && s->is_alias_of(*o)) return false;
+  return true;
+}
+
+at::Tensor batch_norm(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                      const std::optional<at::Tensor>& bias,
+                      const std::optional<at::Tensor>& running_mean,
+                      const std::optional<at::Tensor>& running_var, bool training,
+                      double momentum, double eps) {
+  Channels ch = channels_of(x);
+  // (no values per channel, or one in training, and eps 0 in training: the
+  // Python path, which raises or takes them)
+  if (channel_kernels == nullptr || ch.storage < 0 || ch.C == 0 || ch.A * ch.B == 0 ||
+      !std::isfinite(momentum) || !(eps >= 0.0) ||
+      (training && (ch.A * ch.B == 1 || eps == 0.0)))
+    return at::Tensor();
+  const std::vector<int64_t> shape{ch.C};
+  for (const auto* p : {&weight, &bias, &running_mean, &running_var})
+    if (!plain_param(*p, ch.storage, shape)) return at::Tensor();
+  const at::Tensor w = weight.value_or(at::Tensor()), b = bias.value_or(at::Tensor());
+  const at::Tensor rm = running_mean.value_or(at::Tensor());
+  const at::Tensor rv = running_var.value_or(at::Tensor());
+  if (training ? !(apart(running_mean, {&x, &w, &b, &rv}) && apart(running_var, {&x, &w, &b}))
+               : !(rm.defined() && rv.defined()))
+    return at::Tensor();
+  return BatchNorm::apply(x, weight, bias, running_mean, running_var, ch, training, momentum,
+                          eps);
 }
 
 }  // namespace cynorm_native
 
 TORCH_LIBRARY(cynorm_native, m) {
-  m.def("bind(int table) -> ()", &cynorm_native::bind);
+  m.def("bind(int rows, int channels) -> ()", &cynorm_native::bind);
   m.def("layer_norm(Tensor x, int[] normalized_shape, Tensor? weight, Tensor? bias, "
         "float eps) -> Tensor");
   m.def("rms_norm(Tensor x, int[] normalized_shape, Tensor? weight, float? eps) -> Tensor");
@@ -386,6 +559,8 @@ TORCH_LIBRARY(cynorm_native, m) {
         "Tensor? bias, float eps) -> (Tensor, Tensor)");
   m.def("add_rms_norm(Tensor x, Tensor residual, int[] normalized_shape, Tensor? weight, "
         "float? eps) -> (Tensor, Tensor)");
+  m.def("batch_norm(Tensor x, Tensor? weight, Tensor? bias, Tensor(a!)? running_mean, "
+        "Tensor(b!)? running_var, bool training, float momentum, float eps) -> Tensor");
 }
 
 // CompositeImplicitAutograd: the operators carry their own autograd
@@ -395,4 +570,5 @@ TORCH_LIBRARY_IMPL(cynorm_native, CompositeImplicitAutograd, m) {
   m.impl("rms_norm", &cynorm_native::rms_norm);
   m.impl("add_layer_norm", &cynorm_native::add_layer_norm);
   m.impl("add_rms_norm", &cynorm_native::add_rms_norm);
+  m.impl("batch_norm", &cynorm_native::batch_norm);
 }

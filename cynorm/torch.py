@@ -44,7 +44,7 @@ from cynorm import _dtypes, _torch_native
 from cynorm import layernorm as _layernorm
 from cynorm._validation import check_int
 from cynorm._channels import channel_input as _channel_input, prepare as _prepare
-from cynorm._channels import moments as _channel_moments
+from cynorm._channels import moments as _channel_moments, native_abi as _channels_abi
 from cynorm._kernels._alloc import OutsideCache
 from cynorm._kernels._dlpack import to_dlpack
 from cynorm._kernels._views import tensor_view
@@ -309,7 +309,7 @@ def _native_op(name: str) -> Any:
     off or could not be built."""
     op = _NATIVE.get(name, False)
     if op is False:
-        ops = _torch_native.load(torch, _layernorm.native_abi())
+        ops = _torch_native.load(torch, (_layernorm.native_abi(), _channels_abi()))
         overload = None if ops is None else getattr(ops, name).default
         # the overload's own callable: past OpOverload.__call__'s Python
         op = _NATIVE[name] = getattr(overload, "_op", overload)
@@ -1173,7 +1173,7 @@ _batch_norm = _register("batch_norm", _batch_norm_fwd, _batch_norm_fake, _batch_
                         backward_core=_batch_norm_backward_core, saved=_batch_norm_saved,
                         attrs=_batch_norm_attrs, grad=_batch_norm_grad,
                         tangents=lambda inputs, t: _running_tangents(_cn.batch_norm, inputs, t),
-                        running=(3, 4))
+                        running=(3, 4), native="batch_norm")
 
 
 # ---- batch norm inside a compiled graph --------------------------------------

@@ -15,67 +15,13 @@ import pytest
 torch = pytest.importorskip("torch")
 ct = pytest.importorskip("cynorm.torch")
 
+from torch_native_helpers import native, node as _node  # noqa: E402,F401
+from torch_native_helpers import run as _run, same as _same  # noqa: E402
+
 pytestmark = pytest.mark.torch
 
-NATIVE_OFF = os.environ.get("CYNORM_TORCH_NATIVE", "").strip() == "0"
-
-
-@pytest.fixture
-def native():
-    """The compiled operators, loaded; skips where they are off or cannot be
-    built here (no C++ compiler), unless CYNORM_REQUIRE_TORCH_NATIVE=1
-    (CI), where that fails."""
-    if NATIVE_OFF:
-        pytest.skip("CYNORM_TORCH_NATIVE=0 turns the compiled operators off")
-    ct.layer_norm(torch.randn(2, 4, requires_grad=True), 4)
-    status = ct.native_status()
-    if not status.startswith("loaded from "):
-        if os.environ.get("CYNORM_REQUIRE_TORCH_NATIVE") == "1":
-            pytest.fail(f"the compiled operators did not load: {status}")
-        pytest.skip(f"the compiled operators did not load: {status}")
 DTYPES = [torch.float64, torch.float32, torch.bfloat16, torch.float16]
-NATIVE_OPS = ("layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm")
-
-
-def _node(y):
-    return y.grad_fn.name()
-
-
-def _run(op, args, grads, python):
-    """op's outputs and the gradients of its tensor arguments that require
-    them (grads: one per output, None for an output not used further),
-    through the compiled operators or (python) the Python Functions."""
-    saved = dict(ct._NATIVE)
-    if python:
-        ct._NATIVE.update({k: None for k in NATIVE_OPS})
-    try:
-        leaves = [a.detach().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor)
-                  else a for a in args]
-        ys = op(*leaves)
-        ys = ys if isinstance(ys, tuple) else (ys,)
-        node = _node(ys[0])
-        used = [(y, g) for y, g in zip(ys, grads) if g is not None]
-        torch.autograd.backward([y for y, _ in used], [g for _, g in used])
-        out = [a.grad for a in leaves if isinstance(a, torch.Tensor) and a.requires_grad]
-        return node, [y.detach() for y in ys] + out
-    finally:
-        ct._NATIVE.clear()
-        ct._NATIVE.update(saved)
-
-
-def _bits(t):
-    return t.view(torch.int16 if t.element_size() == 2 else
-                  torch.int32 if t.element_size() == 4 else torch.int64)
-
-
-def _same(a, b):
-    assert len(a) == len(b)
-    for u, v in zip(a, b):
-        if u is None or v is None:     # a gradient neither path computes
-            assert u is None and v is None
-            continue
-        assert u.dtype == v.dtype and u.shape == v.shape and u.stride() == v.stride()
-        assert torch.equal(_bits(u.contiguous()), _bits(v.contiguous()))
+ROW_OPS = ("layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm")
 
 
 def test_the_compiled_operators_load(native):
@@ -100,7 +46,7 @@ def _cases():
 
 
 @pytest.mark.parametrize("case", list(_cases()), ids=str)
-@pytest.mark.parametrize("norm", NATIVE_OPS)
+@pytest.mark.parametrize("norm", ROW_OPS)
 def test_same_bits_as_the_python_functions(native, case, norm):
     dtype, shape, ns, params, pdtype, layout = case
     if "rms" in norm:

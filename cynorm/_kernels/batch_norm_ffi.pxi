@@ -140,35 +140,15 @@ cdef void* batch_norm_backward_ffi(void* frame) noexcept nogil:
         return cn_ffi_error(f, CN_FFI_INVALID_ARGUMENT, op,
                             "dy, grad_x of x's shape and dtype, c-value weight, statistics and "
                             "parameter gradients expected")
-    # 8 * C doubles of work, first and second as float64, a widened weight
-    cdef double* work = <double*>malloc((10 * C + 1) * sizeof(double) + C * sizeof(float))
-    if work == NULL:
-        return cn_ffi_error(f, CN_FFI_RESOURCE_EXHAUSTED, op,
-                            "could not allocate the per-channel workspace")
-    cdef double* p1 = work + 8 * C
-    cdef double* p2 = work + 9 * C
-    cdef Py_ssize_t c, s
-    cdef int rc = 0
+    cdef Py_ssize_t s
     for s in range(k):
-        for c in range(C):
-            p1[c] = value_at(first.data, ffi_storage(first), s * C + c)
-            p2[c] = value_at(second.data, ffi_storage(second), s * C + c)
-        rc = backward_any(storage, ffi_set(dy, s, A * C * B), ffi_set(x, s, A * C * B),
-                          ffi_set(gx, s, A * C * B), ffi_set(w, s, C), ffi_storage(w), p1, p2,
-                          work, <float*>(work + 10 * C), A, C, B, train, eps,
-                          want_gw or want_gb or train, max_threads())
-        if rc != 0:
-            break
-        # each sum rounded into its parameter's dtype as batch_norm_backward rounds it
-        for c in range(C):
-            if want_gw:
-                store_value(gw.data, ffi_storage(gw), s * C + c, work[3 * C + c])
-            if want_gb:
-                store_value(gb.data, ffi_storage(gb), s * C + c, work[c])
-    free(work)
-    if rc != 0:
-        return cn_ffi_error(f, CN_FFI_RESOURCE_EXHAUSTED, op,
-                            "could not allocate the reduction workspace")
+        if backward_params(storage, ffi_set(dy, s, A * C * B), ffi_set(x, s, A * C * B),
+                           ffi_set(gx, s, A * C * B), ffi_set(w, s, C), ffi_storage(w),
+                           ffi_set(first, s, C), ffi_storage(first), ffi_set(second, s, C),
+                           ffi_storage(second), ffi_set(gw, s, C), ffi_storage(gw),
+                           ffi_set(gb, s, C), ffi_storage(gb), A, C, B, train, eps) != 0:
+            return cn_ffi_error(f, CN_FFI_RESOURCE_EXHAUSTED, op,
+                                "could not allocate its workspace")
     return NULL
 
 

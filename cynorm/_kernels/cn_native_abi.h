@@ -1,24 +1,24 @@
-/* The row norms (layer norm, RMS norm, each with or without the residual
- * add) on raw buffers, for callers outside Python: cynorm's compiled
- * PyTorch operators (cynorm/_torch_ops.cpp).  A kernel module hands out the
- * address of its table (layer_norm.native_abi()); a caller checks the
- * version before it calls anything.
- *
- * Buffers are C-contiguous: x, res, y, h, dh, gx hold M rows of N values
- * of `storage`; mean and rstd M values of its math type (float64 for
- * float64, else float32).  Parameters (N values) are of the math type or,
- * for 16-bit storage, of x's own; NULL for none.  The results are the
- * bits cynorm's NumPy functions give for the same arguments. */
+/* cynorm's norms on raw buffers, for callers outside Python: cynorm's
+ * compiled PyTorch operators (cynorm/_torch_ops.cpp).  Each kernel module
+ * hands out the address of its table (layer_norm.native_abi(): the row
+ * norms; batch_norm.native_abi(): the channel norms); a caller checks the
+ * version before it calls anything.  The results are the bits cynorm's
+ * NumPy functions give for the same arguments. */
 #ifndef CN_NATIVE_ABI_H
 #define CN_NATIVE_ABI_H
 
 #include <stddef.h>
 
-#define CN_NATIVE_ABI_VERSION 1
+#define CN_NATIVE_ABI_VERSION 2
 
 /* storage codes (cynorm/_kernels/_plain.pxd.tp) */
 enum { CN_NATIVE_F32 = 0, CN_NATIVE_F64 = 1, CN_NATIVE_BF16 = 2, CN_NATIVE_F16 = 3 };
 
+/* The row norms (layer norm, RMS norm, each with or without the residual
+ * add).  Buffers are C-contiguous: x, res, y, h, dh, gx hold M rows of N
+ * values of `storage`; mean and rstd M values of its math type (float64
+ * for float64, else float32).  Parameters (N values) are of the math type
+ * or, for 16-bit storage, of x's own; NULL for none. */
 typedef struct {
     int version;
     /* y = norm(x) (res non-NULL: h = x + res, y = norm(h)); centered: layer
@@ -38,5 +38,31 @@ typedef struct {
                          void* gw, int gw_storage, void* gb, int gb_storage,
                          ptrdiff_t M, ptrdiff_t N);
 } cn_native_abi;
+
+/* Batch norm.  x, y, dy, gx: A * C * B values of `storage`, C-contiguous
+ * as (A, C, B): C channels, A the axes before them, B those after (a
+ * channels-last tensor: A = N * H * W, B = 1).  Per-channel vectors (C
+ * values) are of the math type or, for 16-bit storage, of x's own; NULL
+ * for none. */
+typedef struct {
+    int version;
+    /* y; in training (train non-zero) save_mean and save_invstd (C values
+     * of the math type) and the running statistics rm, rv (NULL: none),
+     * updated in place.  Needs A * B > 0.  Returns 0, or -1 if a workspace
+     * could not be allocated. */
+    int (*channels_forward)(int storage, const void* x, void* y, const void* w, int w_storage,
+                            const void* b, int b_storage, void* rm, int rm_storage, void* rv,
+                            int rv_storage, void* save_mean, void* save_invstd, ptrdiff_t A,
+                            ptrdiff_t C, ptrdiff_t B, int train, double momentum, double eps);
+    /* gx (NULL: not computed); gw, gb (NULL: not computed) the sums,
+     * rounded into their storage.  first, second: save_mean and
+     * save_invstd (training) or the running mean and variance, C values of
+     * any storage.  Returns 0, or -1 as channels_forward. */
+    int (*channels_backward)(int storage, const void* dy, const void* x, void* gx,
+                             const void* w, int w_storage, const void* first, int first_storage,
+                             const void* second, int second_storage, void* gw, int gw_storage,
+                             void* gb, int gb_storage, ptrdiff_t A, ptrdiff_t C, ptrdiff_t B,
+                             int train, double eps);
+} cn_native_channels_abi;
 
 #endif
