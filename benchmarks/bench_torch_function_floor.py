@@ -5,17 +5,17 @@ cynorm's, in the training steps of bench_torch_models.py.
     python benchmarks/bench_torch_function_floor.py [--threads 1,2] [--steps 8]
         [--models vit,resnet] [--dtypes float32,bfloat16]
 
-cynorm.torch's eager batch norm goes through a Python autograd.Function
-(its formula is Python; its layer norms run compiled operators whose
-formula is C++, as PyTorch's norms have theirs, where they are built:
-cynorm.torch.native_status(), printed first).  The middle model here keeps
-PyTorch's kernels (aten::native_layer_norm,
-aten::native_batch_norm and their backward ops) and changes only that: its
-LayerNorm and BatchNorm2d call them from an autograd.Function whose forward
-saves what the backward reads and whose backward calls the backward op,
-nothing else.  What it loses against PyTorch's norms is what any Python
-Function costs inside a model step; cynorm's norm ops reach PyTorch's only
-where its kernels gain more than that.  Norm-op time as
+cynorm.torch's eager layer and batch norms run compiled operators whose
+autograd formula is C++, as PyTorch's norms have theirs, where they are
+built (cynorm.torch.native_status(), printed first), else Python
+autograd.Functions.  The middle model here keeps PyTorch's kernels
+(aten::native_layer_norm, aten::native_batch_norm and their backward ops)
+and changes only that: its LayerNorm and BatchNorm2d call them from an
+autograd.Function whose forward saves what the backward reads and whose
+backward calls the backward op, nothing else.  What it loses against
+PyTorch's norms is what any Python Function costs inside a model step:
+the cost the compiled operators do not pay, and what cynorm's kernels must
+gain back where those operators cannot be built.  Norm-op time as
 bench_torch_models.py measures it (torch.profiler: forward op and backward
 node with what runs inside them); the models' profiled steps interleaved
 (the order reversed every other step), medians.

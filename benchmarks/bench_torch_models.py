@@ -131,8 +131,8 @@ def norm_time(step):
 
 
 def native_line():
-    """Which path cynorm.torch's eager layer norms take (its compiled
-    operators load on the first call that needs gradients)."""
+    """Which path cynorm.torch's eager layer and batch norms take (its
+    compiled operators load on the first call that needs gradients)."""
     ct.layer_norm(torch.randn(2, 4, requires_grad=True), 4)
     return f"cynorm.torch's compiled operators: {ct.native_status()}"
 
