@@ -1,6 +1,7 @@
 // cynorm's norms as PyTorch operators with their autograd formulas in C++:
-// layer norm and RMS norm, their residual-fused forms, and batch norm, for
-// cynorm.torch's eager calls that need gradients.  A Python
+// layer norm and RMS norm, their residual-fused forms, batch norm, group
+// norm and instance norm (with its own statistics), for cynorm.torch's
+// eager calls that need gradients.  A Python
 // torch.autograd.Function costs tens of microseconds a call, several times
 // that where a model's large operators leave the caches cold; around their
 // kernels these operators cost a few microseconds more than PyTorch's own
@@ -548,6 +549,161 @@ at::Tensor batch_norm(const at::Tensor& x, const std::optional<at::Tensor>& weig
                           eps);
 }
 
+// ---- group norm and instance norm ----------------------------------------
+
+// x as the kernels read it in place, as cynorm's plain case reads a
+// tensor's NumPy view: (N, C, HW) C-contiguous, or (N, HW, C) (last): an
+// (N, C) tensor, or one stored channels last ((N, *spatial, C) memory, an
+// axis of length 1 other than the channels' with any stride)
+struct Groups {
+  int storage = -1;
+  int64_t N = 0, C = 0, HW = 0;
+  bool last = false;
+};
+
+bool groups_channels_last(const at::Tensor& x) {
+  if (x.dim() < 3 || x.stride(1) != 1) return false;
+  int64_t step = x.size(1);
+  for (int64_t i = x.dim() - 1; i >= 2; --i) {
+    if (x.size(i) != 1 && x.stride(i) != step) return false;
+    step *= x.size(i);
+  }
+  return x.size(0) == 1 || x.stride(0) == step;
+}
+
+Groups groups_of(const at::Tensor& x) {
+  Groups g;
+  if (!x.defined() || !x.device().is_cpu() || x.layout() != at::kStrided || !x.has_storage() ||
+      x.is_neg() || x.is_conj() || x.dim() < 2)
+    return g;
+  g.N = x.size(0);
+  g.C = x.size(1);
+  g.HW = 1;
+  for (int64_t i = 2; i < x.dim(); ++i) g.HW *= x.size(i);
+  if (g.N * g.C * g.HW == 0) return g;
+  if (x.is_contiguous()) {
+    g.last = x.dim() == 2;
+  } else if (groups_channels_last(x)) {
+    g.last = true;
+  } else {
+    return g;
+  }
+  g.storage = storage_of(x.scalar_type());
+  return g;
+}
+
+// The autograd formula of group norm over G groups (instance norm: G = C,
+// y contiguous, as PyTorch's instance norm returns it).  Inputs: x, weight,
+// bias (the tensors: autograd's edges in that order, the absent ones
+// skipped), then the rest.
+struct Groupwise {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
+                            const std::optional<at::Tensor>& weight,
+                            const std::optional<at::Tensor>& bias, const Groups& g, int64_t G,
+                            double eps, bool dense) {
+    const at::Tensor w = weight.value_or(at::Tensor()), b = bias.value_or(at::Tensor());
+    auto y = at::empty_like(x);  // x's layout, which the kernels write
+    auto stats = x.options().dtype(math_dtype(g.storage));
+    auto mean = at::empty({g.N, G}, stats), rstd = at::empty({g.N, G}, stats);
+    int rc = channel_kernels->groups_forward(g.storage, ptr(x), mut(y), ptr(w), storage(w),
+                                             ptr(b), storage(b), mut(mean), mut(rstd), g.N, g.C,
+                                             g.HW, G, eps, g.last);
+    TORCH_CHECK(rc == 0, dense ? "instance_norm" : "group_norm",
+                ": could not allocate its workspace");
+    ctx->save_for_backward({x, mean, rstd, w});
+    ctx->saved_data["groups"] = G;
+    ctx->saved_data["bias"] = b.defined();
+    ctx->set_materialize_grads(false);
+    return dense && !y.is_contiguous() ? y.contiguous() : y;
+  }
+
+  // gradients of x, weight, bias
+  static variable_list backward(AutogradContext* ctx, const at::Tensor& grad, bool instance) {
+    check_first_order(instance ? "instance_norm" : "group_norm");
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &mean = saved[1], &rstd = saved[2], &w = saved[3];
+    variable_list out(3);
+    if (!grad.defined()) return out;
+    size_t edge = 1;
+    bool need_x = ctx->needs_input_grad(0);
+    bool need_w = w.defined() && ctx->needs_input_grad(edge++);
+    bool need_b = ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(edge);
+    TORCH_CHECK(grad.has_storage(), kNoVmap);
+    at::Tensor dy = grad.scalar_type() == x.scalar_type() ? grad : grad.to(x.scalar_type());
+    const Groups g = groups_of(x);
+    // grad_out in another layout than x's: copied into x's, as cynorm's
+    // Python layer reads it
+    if (g.last && x.dim() > 2 ? !groups_channels_last(dy) : !dy.is_contiguous())
+      dy = g.last && x.dim() > 2 ? at::empty_like(x).copy_(dy) : dy.contiguous();
+    // the parameters' gradients in weight's dtype (x's without one)
+    auto popt = x.options().dtype(w.defined() ? w.scalar_type() : x.scalar_type());
+    if (need_x) out[0] = at::empty_like(x);
+    if (need_w) out[1] = at::empty({g.C}, popt);
+    if (need_b) out[2] = at::empty({g.C}, popt);
+    int rc = channel_kernels->groups_backward(
+        g.storage, ptr(dy), ptr(x), mut(out[0]), ptr(mean), ptr(rstd), ptr(w), storage(w),
+        mut(out[1]), storage(out[1]), mut(out[2]), storage(out[2]), g.N, g.C, g.HW,
+        ctx->saved_data["groups"].toInt(), g.last, false);
+    TORCH_CHECK(rc == 0, instance ? "instance_norm_backward" : "group_norm_backward",
+                ": could not allocate its workspace");
+    return out;
+  }
+};
+
+struct GroupNorm : public torch::autograd::Function<GroupNorm> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
+                            const std::optional<at::Tensor>& weight,
+                            const std::optional<at::Tensor>& bias, Groups g, int64_t G,
+                            double eps) {
+    return Groupwise::forward(ctx, x, weight, bias, g, G, eps, false);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto gr = Groupwise::backward(ctx, grads[0], false);
+    return {gr[0], gr[1], gr[2], at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+struct InstanceNorm : public torch::autograd::Function<InstanceNorm> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
+                            const std::optional<at::Tensor>& weight,
+                            const std::optional<at::Tensor>& bias, Groups g, double eps) {
+    return Groupwise::forward(ctx, x, weight, bias, g, g.C, eps, true);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto gr = Groupwise::backward(ctx, grads[0], true);
+    return {gr[0], gr[1], gr[2], at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor group_norm(const at::Tensor& x, int64_t num_groups,
+                      const std::optional<at::Tensor>& weight,
+                      const std::optional<at::Tensor>& bias, double eps) {
+  Groups g = groups_of(x);
+  const std::vector<int64_t> shape{g.C};
+  if (channel_kernels == nullptr || g.storage < 0 || num_groups < 1 || g.C % num_groups != 0 ||
+      !(eps >= 0.0) || !plain_param(weight, g.storage, shape) ||
+      !plain_param(bias, g.storage, shape))
+    return at::Tensor();
+  return GroupNorm::apply(x, weight, bias, g, num_groups, eps);
+}
+
+// with its own statistics and no running ones (the rest: the Python path)
+at::Tensor instance_norm(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                         const std::optional<at::Tensor>& bias,
+                         const std::optional<at::Tensor>& running_mean,
+                         const std::optional<at::Tensor>& running_var, bool use_input_stats,
+                         double momentum, double eps) {
+  (void)momentum;
+  Groups g = groups_of(x);
+  const std::vector<int64_t> shape{g.C};
+  if (channel_kernels == nullptr || g.storage < 0 || x.dim() < 3 || !use_input_stats ||
+      (running_mean.has_value() && running_mean->defined()) ||
+      (running_var.has_value() && running_var->defined()) || !(eps >= 0.0) ||
+      !plain_param(weight, g.storage, shape) || !plain_param(bias, g.storage, shape))
+    return at::Tensor();
+  return InstanceNorm::apply(x, weight, bias, g, eps);
+}
+
 }  // namespace cynorm_native
 
 TORCH_LIBRARY(cynorm_native, m) {
@@ -561,6 +717,10 @@ TORCH_LIBRARY(cynorm_native, m) {
         "float? eps) -> (Tensor, Tensor)");
   m.def("batch_norm(Tensor x, Tensor? weight, Tensor? bias, Tensor(a!)? running_mean, "
         "Tensor(b!)? running_var, bool training, float momentum, float eps) -> Tensor");
+  m.def("group_norm(Tensor x, int num_groups, Tensor? weight, Tensor? bias, float eps) "
+        "-> Tensor");
+  m.def("instance_norm(Tensor x, Tensor? weight, Tensor? bias, Tensor(a!)? running_mean, "
+        "Tensor(b!)? running_var, bool use_input_stats, float momentum, float eps) -> Tensor");
 }
 
 // CompositeImplicitAutograd: the operators carry their own autograd
@@ -571,4 +731,6 @@ TORCH_LIBRARY_IMPL(cynorm_native, CompositeImplicitAutograd, m) {
   m.impl("add_layer_norm", &cynorm_native::add_layer_norm);
   m.impl("add_rms_norm", &cynorm_native::add_rms_norm);
   m.impl("batch_norm", &cynorm_native::batch_norm);
+  m.impl("group_norm", &cynorm_native::group_norm);
+  m.impl("instance_norm", &cynorm_native::instance_norm);
 }

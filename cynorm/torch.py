@@ -1041,7 +1041,8 @@ _group_norm = _register("group_norm", _group_norm_fwd, _group_norm_fake, _group_
                         _group_norm_bwd_fake, core=_cn.group_norm,
                         backward_core=_group_norm_backward_core, saved=_group_norm_saved,
                         attrs=_group_norm_attrs, grad=_group_norm_grad,
-                        tangents=lambda inputs, t: _tangents(_cn.group_norm, inputs, t))
+                        tangents=lambda inputs, t: _tangents(_cn.group_norm, inputs, t),
+                        native="group_norm")
 
 
 def group_norm(input: Tensor, num_groups: int, weight: Optional[Tensor] = None,
@@ -1415,7 +1416,7 @@ _instance_norm = _register("instance_norm", _instance_norm_fwd, _instance_norm_f
                            grad=_instance_norm_grad,
                            tangents=lambda inputs, t: _running_tangents(_cn.instance_norm,
                                                                         inputs, t, dense=True),
-                           running=(3, 4), dense=True)
+                           running=(3, 4), dense=True, native="instance_norm")
 
 
 def instance_norm(input: Tensor, running_mean: Optional[Tensor] = None,

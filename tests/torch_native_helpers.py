@@ -10,7 +10,8 @@ import cynorm.torch as ct
 
 NATIVE_OFF = os.environ.get("CYNORM_TORCH_NATIVE", "").strip() == "0"
 # every compiled operator (cynorm.torch's _native_op names)
-NATIVE_OPS = ("layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "batch_norm")
+NATIVE_OPS = ("layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "batch_norm",
+              "group_norm", "instance_norm")
 
 
 @pytest.fixture

@@ -152,17 +152,6 @@ cdef void* batch_norm_backward_ffi(void* frame) noexcept nogil:
     return NULL
 
 
-cdef void group_params(const cn_ffi_buffer* w, const cn_ffi_buffer* b, Py_ssize_t C,
-                       Py_ssize_t s, double* dst) noexcept nogil:
-    # set s of weight and bias (NULL: none; each checked to hold C values a
-    # set) as float64 into dst[:C], dst[C:2C] (1 and 0 for none), as
-    # gn_params reads them
-    cdef Py_ssize_t i
-    for i in range(C):
-        dst[i] = 1.0 if w == NULL else value_at(w.data, ffi_storage(w), s * C + i)
-        dst[C + i] = 0.0 if b == NULL else value_at(b.data, ffi_storage(b), s * C + i)
-
-
 cdef bint group_attrs(cn_ffi_frame* f, int64_t* N, int64_t* C, int64_t* HW, int64_t* G,
                       int64_t* last) noexcept nogil:
     # x's N, C, HW, its number of groups and layout; False if one is missing
@@ -268,7 +257,8 @@ cdef void* groups_forward_ffi(cn_ffi_frame* f, bint instance) noexcept nogil:
     cdef int rc = 0
     cdef Py_ssize_t i, s
     for s in range(sets):
-        group_params(w, b, C, s, buf)
+        channel_params(ffi_set(w, s, C), ffi_storage(w), ffi_set(b, s, C), ffi_storage(b), C,
+                       buf)
         if not use_stats:
             # each instance normalized with the running statistics, as instance_norm
             for i in range(n * C):
@@ -353,37 +343,15 @@ cdef void* groups_backward_ffi(cn_ffi_frame* f, bint instance) noexcept nogil:
     cdef int64_t sets = k, n = N
     if k > 1 and not (want_gw or want_gb) and sets_equal(w, k, C):
         sets, n = 1, k * N
-    # the weight as float64 (and an unused bias slot), the sums, the statistics as float64
-    cdef double* buf = <double*>malloc((4 * C + 2 * n * G + 1) * sizeof(double))
-    if buf == NULL:
-        return cn_ffi_error(f, CN_FFI_RESOURCE_EXHAUSTED, op, "could not allocate the coefficients")
-    cdef double* sums = buf + 2 * C
-    cdef double* st = buf + 4 * C
-    cdef Py_ssize_t i, s
-    cdef int rc = 0
+    cdef Py_ssize_t s
     for s in range(sets):
-        group_params(w, NULL, C, s, buf)
-        for i in range(n * G):
-            st[i] = value_at(mean.data, math, s * n * G + i)
-            st[n * G + i] = value_at(rstd.data, math, s * n * G + i)
-        if n > 0:
-            rc = group_backward_any(storage, ffi_set(dy, s, n * C * HW),
-                                    ffi_set(x, s, n * C * HW), ffi_set(gx, s, n * C * HW), st,
-                                    st + n * G, buf if has_w else NULL, sums, sums + C, n, C,
-                                    HW, G, last, not use_stats, max_threads())
-        else:
-            memset(sums, 0, 2 * C * sizeof(double))
-        if rc != 0:
-            break
-        for i in range(C):
-            if want_gw:
-                store_value(gw.data, ffi_storage(gw), s * C + i, sums[i])
-            if want_gb:
-                store_value(gb.data, ffi_storage(gb), s * C + i, sums[C + i])
-    free(buf)
-    if rc != 0:
-        return cn_ffi_error(f, CN_FFI_RESOURCE_EXHAUSTED, op,
-                            "could not allocate the reduction workspace")
+        if groups_backward(storage, ffi_set(dy, s, n * C * HW), ffi_set(x, s, n * C * HW),
+                           ffi_set(gx, s, n * C * HW), ffi_set(mean, s, n * G),
+                           ffi_set(rstd, s, n * G), ffi_set(w, s, C), ffi_storage(w),
+                           ffi_set(gw, s, C), ffi_storage(gw), ffi_set(gb, s, C),
+                           ffi_storage(gb), n, C, HW, G, last, not use_stats) != 0:
+            return cn_ffi_error(f, CN_FFI_RESOURCE_EXHAUSTED, op,
+                                "could not allocate its workspace")
     return NULL
 
 

@@ -39,7 +39,7 @@ typedef struct {
                          ptrdiff_t M, ptrdiff_t N);
 } cn_native_abi;
 
-/* Batch norm.  x, y, dy, gx: A * C * B values of `storage`, C-contiguous
+/* Batch norm and group norm.  x, y, dy, gx: A * C * B values of `storage`, C-contiguous
  * as (A, C, B): C channels, A the axes before them, B those after (a
  * channels-last tensor: A = N * H * W, B = 1).  Per-channel vectors (C
  * values) are of the math type or, for 16-bit storage, of x's own; NULL
@@ -63,6 +63,19 @@ typedef struct {
                              const void* second, int second_storage, void* gw, int gw_storage,
                              void* gb, int gb_storage, ptrdiff_t A, ptrdiff_t C, ptrdiff_t B,
                              int train, double eps);
+    /* Group norm over G groups of C / G channels: x, y, dy, gx hold N * C
+     * * HW values, as (N, C, HW) or, last non-zero, (N, HW, C); mean and
+     * rstd N * G values of the math type, written by the forward (N * C *
+     * HW > 0).  gx, gw, gb as channels_backward's (gw, gb in their
+     * storage); fixed: statistics that do not depend on x.  Returns 0, or
+     * -1 as channels_forward. */
+    int (*groups_forward)(int storage, const void* x, void* y, const void* w, int w_storage,
+                          const void* b, int b_storage, void* mean, void* rstd, ptrdiff_t N,
+                          ptrdiff_t C, ptrdiff_t HW, ptrdiff_t G, double eps, int last);
+    int (*groups_backward)(int storage, const void* dy, const void* x, void* gx,
+                           const void* mean, const void* rstd, const void* w, int w_storage,
+                           void* gw, int gw_storage, void* gb, int gb_storage, ptrdiff_t N,
+                           ptrdiff_t C, ptrdiff_t HW, ptrdiff_t G, int last, int fixed);
 } cn_native_channels_abi;
 
 #endif

@@ -103,28 +103,6 @@ cdef object gn_out_like(object x, bint moved, int ax):
     return cnp.PyArray_Transpose(<cnp.ndarray>mem, &order)
 
 
-cdef bint gn_params(object weight, object bias, int storage, Py_ssize_t C,
-                    double* dst) noexcept:
-    # weight and bias (None or plain per-channel parameters) as float64
-    # into dst[:C], dst[C:2C] (1 and 0 for None)
-    cdef cnp.npy_intp c_dims[1]
-    cdef Py_ssize_t i
-    c_dims[0] = C
-    if not (plain_param(weight, storage, 1, c_dims) and plain_param(bias, storage, 1, c_dims)):
-        return False
-    if weight is None:
-        for i in range(C):
-            dst[i] = 1.0
-    elif not doubles_from(weight, C, dst):
-        return False
-    if bias is None:
-        for i in range(C):
-            dst[C + i] = 0.0
-    elif not doubles_from(bias, C, dst + C):
-        return False
-    return True
-
-
 cdef object plain_group_forward(object x, Py_ssize_t G, object weight, object bias, double eps,
                                 object axis, object out, str op):
     # group_norm / instance_norm (G = C) in the plain case: (y, mean, rstd) or None
@@ -157,32 +135,24 @@ cdef object plain_group_forward(object x, Py_ssize_t G, object weight, object bi
             and plain_out(mean, stat, 2, s_dims) and plain_out(rstd, stat, 2, s_dims)
             and written_apart((y, mean, rstd), (x, weight, bias))):
         return None
-    cdef double* buf = <double*>malloc((2 * C + 3 * N * G) * sizeof(double))
-    if buf == NULL:
-        raise MemoryError(op + ": could not allocate the coefficients")
-    if not gn_params(weight, bias, storage, C, buf):
-        free(buf)
-        return None
     if y is None:
         y = gn_out_like(x, moved, ax)
-    cdef double* m64 = buf + 2 * C
+    if mean is None:
+        mean = new_array(2, s_dims, typenum(stat), 0)
+    if rstd is None:
+        rstd = new_array(2, s_dims, typenum(stat), 0)
     cdef void* px = data(x)
     cdef void* py = data(y)
-    cdef bint affine = weight is not None or bias is not None
-    cdef int nt = max_threads(), rc = 0
+    cdef void* pw = data(weight)
+    cdef void* pb = data(bias)
+    cdef void* pm = data(mean)
+    cdef void* pr = data(rstd)
+    cdef int w_st = param_storage(weight, storage), b_st = param_storage(bias, storage), rc
     with nogil:
-        rc = group_forward_any(storage, px, py, buf if affine else NULL,
-                               buf + C if affine else NULL, m64, m64 + N * G, m64 + 2 * N * G,
-                               N, C, HW, G, eps, last, False, nt)
-    try:
-        if rc != 0:
-            raise MemoryError(op + ": could not allocate the reduction workspace")
-        mean = doubles_as(m64, stat, 2, s_dims) if mean is None else doubles_into(m64, stat, mean)
-        rstd = (doubles_as(m64 + 2 * N * G, stat, 2, s_dims) if rstd is None
-                else doubles_into(m64 + 2 * N * G, stat, rstd))
-        return y, mean, rstd
-    finally:
-        free(buf)
+        rc = groups_forward(storage, px, py, pw, w_st, pb, b_st, pm, pr, N, C, HW, G, eps, last)
+    if rc != 0:
+        raise MemoryError(op + ": could not allocate its workspace")
+    return y, mean, rstd
 
 
 def group_forward_plain(x, num_groups, weight, bias, eps, axis, out=None):
@@ -240,38 +210,30 @@ cdef object plain_group_backward(object grad_out, object x, object mean, object 
     mask = plain_mask(output_mask, 3)
     if mask is None:
         return None
-    cdef double* buf = <double*>malloc((4 * C + 2 * N * G) * sizeof(double))
-    if buf == NULL:
-        raise MemoryError(op + ": could not allocate the coefficients")
-    if not gn_params(weight, None, storage, C, buf):
-        free(buf)
+    cdef cnp.npy_intp c_dims[1]
+    c_dims[0] = C
+    if not plain_param(weight, storage, 1, c_dims):
         return None
-    cdef double* sums = buf + 2 * C
-    cdef double* st = buf + 4 * C
-    for i in range(N * G):
-        st[i] = value_at(data(mean), stat, i)
-        st[N * G + i] = value_at(data(rstd), stat, i)
     gx = gn_out_like(x, moved, ax) if mask[0] else None
+    # each in the weight's dtype (x's for a missing one)
+    cdef int pdt = storage if weight is None else kernel_storage(weight)
+    grad_weight = new_array(1, c_dims, typenum(pdt), 0) if mask[1] else None
+    grad_bias = new_array(1, c_dims, typenum(pdt), 0) if mask[2] else None
     cdef void* pdy = data(grad_out)
     cdef void* px = data(x)
     cdef void* pgx = data(gx)
-    cdef bint weighted = weight is not None
-    cdef int nt = max_threads(), rc = 0
+    cdef void* pm = data(mean)
+    cdef void* pr = data(rstd)
+    cdef void* pw = data(weight)
+    cdef void* pgw = data(grad_weight)
+    cdef void* pgb = data(grad_bias)
+    cdef int w_st = param_storage(weight, storage), rc
     with nogil:
-        rc = group_backward_any(storage, pdy, px, pgx, st, st + N * G,
-                                buf if weighted else NULL, sums, sums + C, N, C, HW, G, last,
-                                fixed, nt)
-    cdef cnp.npy_intp c_dims[1]
-    c_dims[0] = C
-    try:
-        if rc != 0:
-            raise MemoryError(op + ": could not allocate the reduction workspace")
-        # each in the weight's dtype (x's for a missing one)
-        pdt = storage if weight is None else kernel_storage(weight)
-        return (gx, doubles_as(sums, pdt, 1, c_dims) if mask[1] else None,
-                doubles_as(sums + C, pdt, 1, c_dims) if mask[2] else None)
-    finally:
-        free(buf)
+        rc = groups_backward(storage, pdy, px, pgx, pm, pr, pw, w_st, pgw, pdt, pgb, pdt, N, C,
+                             HW, G, last, fixed)
+    if rc != 0:
+        raise MemoryError(op + ": could not allocate its workspace")
+    return gx, grad_weight, grad_bias
 
 
 def group_backward_plain(grad_out, x, mean, rstd, weight, num_groups, output_mask, axis):
