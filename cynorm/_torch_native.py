@@ -1,8 +1,8 @@
 """cynorm.torch's compiled operators (cynorm/_torch_ops.cpp): layer norm and
-RMS norm, their residual-fused forms, and batch norm, with their autograd
-formulas in C++, built against the installed torch the first time an eager call needs
-them, kept in a cache directory, loaded into PyTorch and bound to cynorm's
-kernels.
+RMS norm, their residual-fused forms, batch, group and instance norm, with
+their autograd formulas in C++, built against the installed torch the first
+time an eager call needs them, kept in a cache directory, loaded into
+PyTorch and bound to cynorm's kernels.
 
 Where they cannot be built (no C++ compiler, PyTorch's headers missing) or
 are turned off (``CYNORM_TORCH_NATIVE=0``), cynorm.torch runs the same

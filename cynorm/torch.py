@@ -20,10 +20,9 @@ fused loops).  On top of them:
   cynorm's kernel (the :class:`WeightNorm` parametrization);
 - :func:`replace_norms`, which swaps a model's CPU norms (and weight-norm
   parametrizations) for these in place;
-- :func:`native_status`: whether eager layer norm, RMS norm (and their
-  residual-fused forms) and batch norm calls with gradients run compiled
-  operators (their autograd formula in C++, built against the installed
-  torch on first use) or cynorm's Python Functions.
+- :func:`native_status`: whether eager norm calls with gradients run
+  compiled operators (their autograd formula in C++, built against the
+  installed torch on first use) or cynorm's Python Functions.
 
 Tensors that cynorm cannot take (on a device, or of a dtype outside
 float64, float32, bfloat16 and float16) run PyTorch's own kernels.
@@ -320,8 +319,10 @@ def native_status() -> str:
     """Which path eager norm calls with gradients take.
 
     :func:`layer_norm`, :func:`rms_norm`, :func:`add_layer_norm`,
-    :func:`add_rms_norm` and :func:`batch_norm` calls (and the modules')
-    that need gradients run cynorm's compiled operators, whose autograd formula is C++, where they
+    :func:`add_rms_norm`, :func:`batch_norm`, :func:`group_norm` and
+    :func:`instance_norm` calls (and the modules') that need gradients run
+    cynorm's compiled operators (instance norm's without running
+    statistics), whose autograd formula is C++, where they
     are loaded, else its Python autograd Functions.  Both run the same
     kernels and give the same bits; the compiled operators cost less a call
     (docs/torch.rst, "Cost per call").  ``CYNORM_TORCH_NATIVE=0`` turns
