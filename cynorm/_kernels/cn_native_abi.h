@@ -39,7 +39,8 @@ typedef struct {
                          ptrdiff_t M, ptrdiff_t N);
 } cn_native_abi;
 
-/* Batch norm and group norm.  x, y, dy, gx: A * C * B values of `storage`, C-contiguous
+/* The channel norms: batch norm, and group norm (instance norm: G = C).
+ * Batch norm's x, y, dy, gx: A * C * B values of `storage`, C-contiguous
  * as (A, C, B): C channels, A the axes before them, B those after (a
  * channels-last tensor: A = N * H * W, B = 1).  Per-channel vectors (C
  * values) are of the math type or, for 16-bit storage, of x's own; NULL
