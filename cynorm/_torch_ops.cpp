@@ -164,6 +164,20 @@ DyRows dy_rows(const at::Tensor& grad, const at::Tensor& x, int64_t k) {
   return d;
 }
 
+// which of x, weight and bias need gradients (autograd's edges in that
+// order, an absent parameter none)
+struct Wanted {
+  bool x, w, b;
+};
+
+Wanted wanted(AutogradContext* ctx, bool has_w, bool has_b) {
+  size_t edge = 1;
+  Wanted n{ctx->needs_input_grad(0), false, false};
+  n.w = has_w && ctx->needs_input_grad(edge++);
+  n.b = has_b && ctx->needs_input_grad(edge);
+  return n;
+}
+
 void check_first_order(const char* op) {
   TORCH_CHECK_NOT_IMPLEMENTED(
       !at::GradMode::is_enabled(), "cynorm.torch.", op,
@@ -207,14 +221,10 @@ struct RowNorm {
     if (!grad.defined()) return out;
     const int64_t k = ctx->saved_data["k"].toInt();
     Rows r = rows_of(x, x.sizes().slice(static_cast<size_t>(x.dim() - k)));
-    // autograd's edges: x, then weight and bias where given
-    size_t edge = 1;
-    bool need_x = ctx->needs_input_grad(0);
-    bool need_w = w.defined() && ctx->needs_input_grad(edge++);
-    bool need_b = b.defined() && ctx->needs_input_grad(edge);
-    if (need_x) out[0] = at::empty(x.sizes(), x.options());
-    if (need_w) out[1] = at::empty(w.sizes(), w.options());
-    if (need_b) out[2] = at::empty(b.sizes(), b.options());
+    const Wanted need = wanted(ctx, w.defined(), b.defined());
+    if (need.x) out[0] = at::empty(x.sizes(), x.options());
+    if (need.w) out[1] = at::empty(w.sizes(), w.options());
+    if (need.b) out[2] = at::empty(b.sizes(), b.options());
     DyRows dy = dy_rows(grad, x, k);
     int rc = kernels->rows_backward(
         r.storage, ptr(dy.dy), dy.offsets.empty() ? nullptr : dy.offsets.data(), nullptr,
@@ -486,10 +496,7 @@ struct BatchNorm : public torch::autograd::Function<BatchNorm> {
     const at::Tensor& grad = grads[0];
     if (!grad.defined()) return out;
     const bool training = ctx->saved_data["training"].toBool();
-    size_t edge = 1;
-    bool need_x = ctx->needs_input_grad(0);
-    bool need_w = w.defined() && ctx->needs_input_grad(edge++);
-    bool need_b = ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(edge);
+    const Wanted need = wanted(ctx, w.defined(), ctx->saved_data["bias"].toBool());
     TORCH_CHECK(grad.has_storage(), kNoVmap);
     at::Tensor dy = grad.scalar_type() == x.scalar_type() ? grad : grad.to(x.scalar_type());
     // x is C-contiguous or stored channels last (channels_of); grad_out in
@@ -501,16 +508,16 @@ struct BatchNorm : public torch::autograd::Function<BatchNorm> {
     const Channels ch = channels_of(xs);
     const int gs = w.defined() ? storage(w) : storage_of(math_dtype(ch.storage));
     auto gopt = x.options().dtype(dtype_of(gs));
-    at::Tensor gx = need_x ? at::empty_like(xs) : at::Tensor();
-    if (need_w) out[1] = at::empty({ch.C}, gopt);
-    if (need_b) out[2] = at::empty({ch.C}, gopt);
+    at::Tensor gx = need.x ? at::empty_like(xs) : at::Tensor();
+    if (need.w) out[1] = at::empty({ch.C}, gopt);
+    if (need.b) out[2] = at::empty({ch.C}, gopt);
     int rc = channel_kernels->channels_backward(
         ch.storage, ptr(dy), ptr(xs), mut(gx), ptr(w), storage(w), ptr(first), storage(first),
         ptr(second), storage(second), mut(out[1]), gs, mut(out[2]), gs, ch.A, ch.C, ch.B,
         training, ctx->saved_data["eps"].toDouble());
     TORCH_CHECK(rc == 0, "batch_norm_backward: could not allocate its workspace");
     // grad_x laid out as x
-    out[0] = !need_x || xs.is_same(x) ? gx : at::empty_like(x).copy_(gx);
+    out[0] = !need.x || xs.is_same(x) ? gx : at::empty_like(x).copy_(gx);
     return out;
   }
 };
@@ -624,10 +631,7 @@ struct Groupwise {
     const at::Tensor &x = saved[0], &mean = saved[1], &rstd = saved[2], &w = saved[3];
     variable_list out(3);
     if (!grad.defined()) return out;
-    size_t edge = 1;
-    bool need_x = ctx->needs_input_grad(0);
-    bool need_w = w.defined() && ctx->needs_input_grad(edge++);
-    bool need_b = ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(edge);
+    const Wanted need = wanted(ctx, w.defined(), ctx->saved_data["bias"].toBool());
     TORCH_CHECK(grad.has_storage(), kNoVmap);
     at::Tensor dy = grad.scalar_type() == x.scalar_type() ? grad : grad.to(x.scalar_type());
     const Groups g = groups_of(x);
@@ -637,9 +641,9 @@ struct Groupwise {
       dy = g.last && x.dim() > 2 ? at::empty_like(x).copy_(dy) : dy.contiguous();
     // the parameters' gradients in weight's dtype (x's without one)
     auto popt = x.options().dtype(w.defined() ? w.scalar_type() : x.scalar_type());
-    if (need_x) out[0] = at::empty_like(x);
-    if (need_w) out[1] = at::empty({g.C}, popt);
-    if (need_b) out[2] = at::empty({g.C}, popt);
+    if (need.x) out[0] = at::empty_like(x);
+    if (need.w) out[1] = at::empty({g.C}, popt);
+    if (need.b) out[2] = at::empty({g.C}, popt);
     int rc = channel_kernels->groups_backward(
         g.storage, ptr(dy), ptr(x), mut(out[0]), ptr(mean), ptr(rstd), ptr(w), storage(w),
         mut(out[1]), storage(out[1]), mut(out[2]), storage(out[2]), g.N, g.C, g.HW,
