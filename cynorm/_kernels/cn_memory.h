@@ -124,13 +124,14 @@ static inline int cn_aligned64(const void *p) { return ((uintptr_t)p & 63u) == 0
  * each) at p.  Rows of a strided set (one batch-norm channel's rows, one
  * per sample) are far apart, so past the row's end the look-ahead goes on
  * at element nx, the start of the set's next row, and stops (NULL) past
- * that row's end.  nx == n: plain look-ahead. */
+ * that row's end.  nx == n: plain look-ahead; nx < 0: none past the row's
+ * end. */
 CN_ALWAYS_INLINE const char *cn_ahead_by(const void *p, ptrdiff_t i, ptrdiff_t n, ptrdiff_t nx,
                                          ptrdiff_t isz, ptrdiff_t dist) {
     ptrdiff_t t = i + dist / isz;
     if (t < n || nx == n)
         return (const char *)p + t * isz;
-    if (t - n < n)
+    if (nx >= 0 && t - n < n)
         return (const char *)p + (nx + t - n) * isz;
     return NULL;
 }
