@@ -75,10 +75,13 @@ at::ScalarType dtype_of(int storage) {
   }
 }
 
-bool dense_cpu(const at::Tensor& t) {
+// a CPU tensor whose memory the kernels can read as it is (strides aside)
+bool cpu_memory(const at::Tensor& t) {
   return t.defined() && t.device().is_cpu() && t.layout() == at::kStrided && t.has_storage() &&
-         !t.is_neg() && !t.is_conj() && t.is_contiguous();
+         !t.is_neg() && !t.is_conj();
 }
+
+bool dense_cpu(const at::Tensor& t) { return cpu_memory(t) && t.is_contiguous(); }
 
 // x as M rows of N (its last k axes), its shape ending in normalized_shape
 struct Rows {
@@ -404,6 +407,19 @@ at::Tensor rms_norm(const at::Tensor& x, at::IntArrayRef normalized_shape,
 
 // ---- batch norm ----------------------------------------------------------
 
+// (N, *spatial, C) memory with the channels on axis 1, as cynorm's plain
+// case tells a channels-last view (an axis of length 1 other than the
+// channels' with any stride)
+bool channels_last_memory(const at::Tensor& x) {
+  if (x.dim() < 3 || x.stride(1) != 1) return false;
+  int64_t step = x.size(1);
+  for (int64_t i = x.dim() - 1; i >= 2; --i) {
+    if (x.size(i) != 1 && x.stride(i) != step) return false;
+    step *= x.size(i);
+  }
+  return x.size(0) == 1 || x.stride(0) == step;
+}
+
 // x as (A, C, B) where the kernels read it in place, as cynorm's plain case
 // reads a tensor's NumPy view: C-contiguous (A = N, B the spatial size), or
 // stored channels last ((N, *spatial, C) memory: A = N * spatial, B = 1)
@@ -413,22 +429,16 @@ struct Channels {
   int64_t A = 0, C = 0, B = 0;
 };
 
-bool stored_channels_last(const at::Tensor& x) {
-  if (x.dim() < 3 || x.stride(1) != 1) return false;
-  int64_t step = x.size(1);
+// no axis of length 1 (batch norm's plain case reads channels last only so)
+bool no_unit_axis(const at::Tensor& x) {
   for (int64_t i = 0; i < x.dim(); ++i)
     if (x.size(i) < 2) return false;
-  for (int64_t i = x.dim() - 1; i >= 2; --i) {
-    if (x.stride(i) != step) return false;
-    step *= x.size(i);
-  }
-  return x.stride(0) == step;
+  return true;
 }
 
 Channels channels_of(const at::Tensor& x) {
   Channels ch;
-  if (!x.defined() || !x.device().is_cpu() || x.layout() != at::kStrided || !x.has_storage() ||
-      x.is_neg() || x.is_conj() || x.dim() < 2)
+  if (!cpu_memory(x) || x.dim() < 2)
     return ch;
   int64_t spatial = 1;
   for (int64_t i = 2; i < x.dim(); ++i) spatial *= x.size(i);
@@ -436,7 +446,7 @@ Channels channels_of(const at::Tensor& x) {
   if (x.is_contiguous()) {
     ch.A = x.size(0);
     ch.B = spatial;
-  } else if (stored_channels_last(x)) {
+  } else if (no_unit_axis(x) && channels_last_memory(x)) {
     ch.A = x.size(0) * spatial;
     ch.B = 1;
   } else {
@@ -503,7 +513,8 @@ struct BatchNorm : public torch::autograd::Function<BatchNorm> {
     // another layout is read in x's if that is C order, else both are, as
     // cynorm's Python layer reads them (grad_x then copied into x's layout)
     const bool last = !x.is_contiguous();
-    const at::Tensor xs = last && !stored_channels_last(dy) ? x.contiguous() : x;
+    const bool dy_last = no_unit_axis(dy) && channels_last_memory(dy);
+    const at::Tensor xs = last && !dy_last ? x.contiguous() : x;
     if (!dy.is_contiguous() && !(last && xs.is_same(x))) dy = dy.contiguous();
     const Channels ch = channels_of(xs);
     const int gs = w.defined() ? storage(w) : storage_of(math_dtype(ch.storage));
@@ -568,20 +579,9 @@ struct Groups {
   bool last = false;
 };
 
-bool groups_channels_last(const at::Tensor& x) {
-  if (x.dim() < 3 || x.stride(1) != 1) return false;
-  int64_t step = x.size(1);
-  for (int64_t i = x.dim() - 1; i >= 2; --i) {
-    if (x.size(i) != 1 && x.stride(i) != step) return false;
-    step *= x.size(i);
-  }
-  return x.size(0) == 1 || x.stride(0) == step;
-}
-
 Groups groups_of(const at::Tensor& x) {
   Groups g;
-  if (!x.defined() || !x.device().is_cpu() || x.layout() != at::kStrided || !x.has_storage() ||
-      x.is_neg() || x.is_conj() || x.dim() < 2)
+  if (!cpu_memory(x) || x.dim() < 2)
     return g;
   g.N = x.size(0);
   g.C = x.size(1);
@@ -590,7 +590,7 @@ Groups groups_of(const at::Tensor& x) {
   if (g.N * g.C * g.HW == 0) return g;
   if (x.is_contiguous()) {
     g.last = x.dim() == 2;
-  } else if (groups_channels_last(x)) {
+  } else if (channels_last_memory(x)) {
     g.last = true;
   } else {
     return g;
@@ -637,7 +637,7 @@ struct Groupwise {
     const Groups g = groups_of(x);
     // grad_out in another layout than x's: copied into x's, as cynorm's
     // Python layer reads it
-    if (g.last && x.dim() > 2 ? !groups_channels_last(dy) : !dy.is_contiguous())
+    if (g.last && x.dim() > 2 ? !channels_last_memory(dy) : !dy.is_contiguous())
       dy = g.last && x.dim() > 2 ? at::empty_like(x).copy_(dy) : dy.contiguous();
     // the parameters' gradients in weight's dtype (x's without one)
     auto popt = x.options().dtype(w.defined() ? w.scalar_type() : x.scalar_type());
